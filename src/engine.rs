@@ -1,0 +1,1218 @@
+//! The storage engine: one log holding journal records, index runs, data
+//! blocks and checkpoints; an LSM index over it; recovery from the newest
+//! valid checkpoint by rolling the log forward.
+//!
+//! Locks, always taken in this order: `ckpt` (one flush, merge or checkpoint
+//! at a time), `sync` (the group-commit leader), `core` (log writer, sequence
+//! numbers, memtable switch), `version` (what readers see).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtOrd};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::thread::JoinHandle;
+
+use rayon::prelude::*;
+
+use crate::bytes::{Put, Reader};
+use crate::codec::{CodecId, CodecSpec};
+use crate::error::{Error, Result};
+use crate::index::run::{
+    encode_data_block, encode_index_block, BlockCache, Bloom, IndexEntry, Run, RunMeta,
+};
+use crate::index::{retain_versions, Entry, Memtable, MergeIter, MAX_KEY, MAX_VALUE};
+use crate::log::format::*;
+use crate::log::{self, max_block_raw, LogWriter, NewBlock, SegUsage};
+use crate::store::{MetaSlot, Store};
+
+/// Tunables of an open engine (none of them is part of the format).
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Freeze and flush the memtable past this many bytes.
+    pub memtable_bytes: usize,
+    /// Merge runs when there are more than this many.
+    pub max_runs: usize,
+    /// Target uncompressed size of a run data block.
+    pub run_block_bytes: usize,
+    /// Codec for index runs and checkpoints.
+    pub index_codec: CodecSpec,
+    /// Codec for journal blocks.
+    pub journal_codec: CodecSpec,
+    /// Flush and merge on a background thread (otherwise inline).
+    pub background: bool,
+    /// Bytes of decoded run blocks to cache.
+    pub cache_bytes: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            memtable_bytes: 32 << 20,
+            max_runs: 6,
+            run_block_bytes: 16 << 10,
+            index_codec: CodecSpec::new(CodecId::Zstd, 3),
+            journal_codec: CodecSpec::new(CodecId::Lz4, 0),
+            background: true,
+            cache_bytes: 256 << 20,
+        }
+    }
+}
+
+/// One mutation of a [`WriteBatch`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Set a key.
+    Put(Vec<u8>, Vec<u8>),
+    /// Delete a key.
+    Delete(Vec<u8>),
+    /// A data block is no longer referenced (space accounting).
+    Free(BlockAddr),
+}
+
+/// Mutations applied atomically, in order, by one commit.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WriteBatch {
+    /// The mutations.
+    pub ops: Vec<Op>,
+}
+
+impl WriteBatch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Add a put.
+    pub fn put(&mut self, k: impl Into<Vec<u8>>, v: impl Into<Vec<u8>>) -> &mut Self {
+        self.ops.push(Op::Put(k.into(), v.into()));
+        self
+    }
+    /// Add a delete.
+    pub fn delete(&mut self, k: impl Into<Vec<u8>>) -> &mut Self {
+        self.ops.push(Op::Delete(k.into()));
+        self
+    }
+    /// Release a data block.
+    pub fn free(&mut self, a: BlockAddr) -> &mut Self {
+        self.ops.push(Op::Free(a));
+        self
+    }
+    fn encode(&self, first_seq: u64, out: &mut Vec<u8>) {
+        out.put_var(first_seq);
+        out.put_var(self.ops.len() as u64);
+        for op in &self.ops {
+            match op {
+                Op::Put(k, v) => {
+                    out.put_u8(1);
+                    out.put_lenbytes(k);
+                    out.put_lenbytes(v);
+                }
+                Op::Delete(k) => {
+                    out.put_u8(2);
+                    out.put_lenbytes(k);
+                }
+                Op::Free(a) => {
+                    out.put_u8(3);
+                    a.put(out);
+                }
+            }
+        }
+    }
+}
+
+/// Decode the journal records of one journal block.
+pub fn decode_journal(buf: &[u8], what: &str) -> Result<Vec<(u64, WriteBatch)>> {
+    let mut r = Reader::new(buf, what);
+    let mut out = Vec::new();
+    while !r.is_empty() {
+        let first = r.var()?;
+        let n = r.var_max(buf.len() as u64, "operation count")?;
+        let mut b = WriteBatch::new();
+        for _ in 0..n {
+            match r.u8()? {
+                1 => {
+                    let k = r.lenbytes(MAX_KEY, "key length")?.to_vec();
+                    let v = r.lenbytes(MAX_VALUE, "value length")?.to_vec();
+                    b.ops.push(Op::Put(k, v));
+                }
+                2 => b.ops.push(Op::Delete(r.lenbytes(MAX_KEY, "key length")?.to_vec())),
+                3 => b.ops.push(Op::Free(BlockAddr::get(&mut r)?)),
+                t => return Err(r.err(format!("unknown journal operation {t}"))),
+            }
+        }
+        out.push((first, b));
+    }
+    Ok(out)
+}
+
+/// What a checkpoint body holds (a block in the log).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointBody {
+    /// Checkpoint number.
+    pub number: u64,
+    /// Every mutation with a sequence number up to this one is in a run.
+    pub flushed_seq: u64,
+    /// Next sequence number to assign.
+    pub next_seq: u64,
+    /// Reads below this sequence number may see merged-away versions.
+    pub horizon: u64,
+    /// Next run id.
+    pub next_run_id: u64,
+    /// Body of the previous checkpoint.
+    pub prev_body: BlockAddr,
+    /// Blocks freed by checkpoint N, usable once checkpoint N+1 is durable.
+    pub deferred: Vec<(u64, BlockAddr)>,
+    /// Runs, newest first.
+    pub runs: Vec<RunMeta>,
+    /// Segment usage as of the body (the body's own block excluded).
+    pub usage: Vec<SegUsage>,
+}
+
+impl CheckpointBody {
+    /// Encode.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.put_var(self.number);
+        v.put_var(self.flushed_seq);
+        v.put_var(self.next_seq);
+        v.put_var(self.horizon);
+        v.put_var(self.next_run_id);
+        self.prev_body.put(&mut v);
+        v.put_var(self.deferred.len() as u64);
+        for (n, a) in &self.deferred {
+            v.put_var(*n);
+            a.put(&mut v);
+        }
+        v.put_var(self.runs.len() as u64);
+        for r in &self.runs {
+            r.put(&mut v);
+        }
+        v.put_var(self.usage.len() as u64);
+        for u in &self.usage {
+            v.put_var(u64::from(u.live));
+            v.put_var(u.last_batch);
+        }
+        v
+    }
+
+    /// Decode.
+    pub fn decode(buf: &[u8], what: &str) -> Result<CheckpointBody> {
+        let mut r = Reader::new(buf, what);
+        let number = r.var()?;
+        let flushed_seq = r.var()?;
+        let next_seq = r.var()?;
+        let horizon = r.var()?;
+        let next_run_id = r.var()?;
+        let prev_body = BlockAddr::get(&mut r)?;
+        let n = r.var_max(buf.len() as u64, "deferred count")?;
+        let mut deferred = Vec::new();
+        for _ in 0..n {
+            deferred.push((r.var()?, BlockAddr::get(&mut r)?));
+        }
+        let n = r.var_max(buf.len() as u64, "run count")?;
+        let mut runs = Vec::new();
+        for _ in 0..n {
+            runs.push(RunMeta::get(&mut r)?);
+        }
+        let n = r.var_max(buf.len() as u64, "segment count")?;
+        let mut usage = Vec::new();
+        for _ in 0..n {
+            let live = r.var()?;
+            let live = u32::try_from(live).map_err(|_| r.err("live bytes overflow"))?;
+            usage.push(SegUsage { live, last_batch: r.var()? });
+        }
+        r.finish()?;
+        Ok(CheckpointBody {
+            number,
+            flushed_seq,
+            next_seq,
+            horizon,
+            next_run_id,
+            prev_body,
+            deferred,
+            runs,
+            usage,
+        })
+    }
+}
+
+/// Create an empty image on `store`: superblock and the first checkpoint.
+pub fn mkfs(store: Arc<dyn Store>) -> Result<Superblock> {
+    let geometry = store.geometry();
+    validate_geometry(geometry).map_err(Error::Invalid)?;
+    let uuid: [u8; 16] = rand::random();
+    let created_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let sb = Superblock {
+        version: FORMAT_VERSION,
+        compat: 0,
+        incompat: 0,
+        ro_compat: 0,
+        uuid,
+        geometry,
+        created_ns,
+    };
+    let start =
+        LogPos { seg: 0, offset: 0, batch_seq: 1, prev_crc: 0, next_seg: NO_SEGMENT };
+    let usage = vec![SegUsage::default(); geometry.segment_count as usize];
+    let mut log = LogWriter::new(store.clone(), sb.log_id(), start, usage, Options::default().journal_codec);
+    let body = CheckpointBody {
+        number: 0,
+        flushed_seq: 0,
+        next_seq: 1,
+        horizon: 0,
+        next_run_id: 1,
+        prev_body: BlockAddr::default(),
+        deferred: Vec::new(),
+        runs: Vec::new(),
+        usage: log.usage.clone(),
+    };
+    let blk = NewBlock::encode(BlockKind::Checkpoint, 0, Options::default().index_codec, &body.encode());
+    let addr = log.add_blocks(vec![blk], true)?[0];
+    log.write_pending(true)?;
+    let slot = CheckpointSlot { number: 0, uuid, body: addr, replay: start, after_body: log.pos() };
+    let wr = |s: MetaSlot, b: &[u8; 4096]| {
+        store.write_meta(s, b).map_err(|e| Error::io(format!("writing {s:?}"), e))
+    };
+    wr(MetaSlot::CheckpointA, &slot.encode())?;
+    wr(MetaSlot::CheckpointB, &[0u8; 4096])?;
+    store.sync().map_err(|e| Error::io("syncing the new image", e))?;
+    // The superblock last: an image without one is not an image.
+    wr(MetaSlot::Super, &sb.encode())?;
+    store.sync().map_err(|e| Error::io("syncing the new image", e))?;
+    Ok(sb)
+}
+
+/// Read and check the superblock.
+pub fn read_superblock(store: &dyn Store) -> Result<Superblock> {
+    let mut buf = [0u8; 4096];
+    store.read_meta(MetaSlot::Super, &mut buf).map_err(|e| Error::io("reading the superblock", e))?;
+    Superblock::decode(&buf)
+}
+
+/// A frozen memtable waiting to be flushed.
+struct Frozen {
+    mem: Arc<Memtable>,
+    /// Log position after its last record.
+    end: LogPos,
+    /// Its largest sequence number.
+    max_seq: u64,
+}
+
+/// What readers see: memtables and runs.
+struct Version {
+    active: Arc<Memtable>,
+    /// Newest first.
+    frozen: Vec<Arc<Frozen>>,
+    /// Newest first.
+    runs: Vec<Arc<Run>>,
+}
+
+/// Checkpoint bookkeeping.
+struct CkptState {
+    number: u64,
+    body: BlockAddr,
+    prev_body: BlockAddr,
+    replay: LogPos,
+    prev_replay_batch: u64,
+    flushed_seq: u64,
+    next_run_id: u64,
+    deferred: Vec<(u64, BlockAddr)>,
+}
+
+struct Core {
+    log: LogWriter,
+    next_seq: u64,
+    ckpt: CkptState,
+    /// Frees waiting for their journal batch to become durable.
+    pending_frees: Vec<(u64, BlockAddr)>,
+}
+
+struct Shared {
+    store: Arc<dyn Store>,
+    sb: Superblock,
+    opts: Options,
+    core: Mutex<Core>,
+    version: RwLock<Arc<Version>>,
+    sync_lock: Mutex<()>,
+    ckpt_lock: Mutex<()>,
+    cache: Arc<BlockCache>,
+    visible: AtomicU64,
+    horizon: AtomicU64,
+    failed: AtomicBool,
+    snapshots: Mutex<BTreeMap<u64, usize>>,
+    bg: (Mutex<BgState>, Condvar),
+}
+
+#[derive(Default)]
+struct BgState {
+    stop: bool,
+    work: bool,
+    error: Option<String>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Counters for `stats` and benchmarks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Segments in the store.
+    pub segments: u32,
+    /// Segments free for reuse.
+    pub free_segments: u32,
+    /// Live bytes of blocks.
+    pub live_bytes: u64,
+    /// Bytes written to the device since open.
+    pub device_bytes_written: u64,
+    /// Number of index runs.
+    pub runs: usize,
+    /// Entries in all runs.
+    pub run_entries: u64,
+    /// Versions in memtables.
+    pub memtable_entries: usize,
+    /// Last checkpoint number.
+    pub checkpoint: u64,
+    /// Highest visible sequence number.
+    pub seq: u64,
+}
+
+/// An open image.
+pub struct Engine {
+    sh: Arc<Shared>,
+    worker: Option<JoinHandle<()>>,
+}
+
+/// A pinned read point: versions it can see are kept by merges.
+pub struct Snapshot {
+    sh: Arc<Shared>,
+    /// The sequence number it reads at.
+    pub seq: u64,
+}
+
+impl Drop for Snapshot {
+    fn drop(&mut self) {
+        let mut s = lock(&self.sh.snapshots);
+        if let Some(c) = s.get_mut(&self.seq) {
+            *c -= 1;
+            if *c == 0 {
+                s.remove(&self.seq);
+            }
+        }
+    }
+}
+
+impl Engine {
+    /// Open the image on `store`, recovering to its last durable state.
+    pub fn open(store: Arc<dyn Store>, opts: Options) -> Result<Engine> {
+        let sb = read_superblock(store.as_ref())?;
+        if sb.geometry != store.geometry() {
+            return Err(Error::Invalid(format!(
+                "the store's geometry {:?} differs from the superblock's {:?}",
+                store.geometry(),
+                sb.geometry
+            )));
+        }
+        // Both checkpoint slots; the newest that loads wins.
+        let mut slots = Vec::new();
+        let mut slot_errors = Vec::new();
+        for s in [MetaSlot::CheckpointA, MetaSlot::CheckpointB] {
+            let mut buf = [0u8; 4096];
+            store.read_meta(s, &mut buf).map_err(|e| Error::io(format!("reading {s:?}"), e))?;
+            match CheckpointSlot::decode(&buf, &format!("checkpoint slot {s:?}")) {
+                Ok(Some(c)) if c.uuid == sb.uuid => slots.push(c),
+                Ok(_) => {}
+                Err(e) => slot_errors.push(e),
+            }
+        }
+        slots.sort_by_key(|c| std::cmp::Reverse(c.number));
+        let mut loaded = None;
+        for (i, slot) in slots.iter().enumerate() {
+            let r = log::read_block(store.as_ref(), slot.body, BlockKind::Checkpoint).and_then(|raw| {
+                CheckpointBody::decode(&raw, &format!("checkpoint {} body at {}", slot.number, slot.body))
+            });
+            match r {
+                Ok(b) if b.number == slot.number && b.usage.len() == sb.geometry.segment_count as usize => {
+                    loaded = Some((slot.clone(), b, slots.get(i + 1).cloned()));
+                    break;
+                }
+                Ok(_) => slot_errors.push(Error::corrupt(
+                    format!("checkpoint {} body at {}", slot.number, slot.body),
+                    "does not match its slot",
+                )),
+                Err(e) => slot_errors.push(e),
+            }
+        }
+        let Some((slot, body, other)) = loaded else {
+            return Err(slot_errors.into_iter().next().unwrap_or_else(|| {
+                Error::corrupt("checkpoint slots", "neither slot holds a checkpoint")
+            }));
+        };
+        let runs = body
+            .runs
+            .iter()
+            .map(|m| Run::open(store.as_ref(), m.clone()).map(Arc::new))
+            .collect::<Result<Vec<_>>>()?;
+        let mut usage = body.usage.clone();
+        usage[slot.body.seg as usize].live += slot.body.len;
+
+        // Roll forward.
+        let mem = Arc::new(Memtable::new());
+        let mut max_seq = body.next_seq.saturating_sub(1);
+        let mut journal_blocks = Vec::new();
+        let mut frees = Vec::new();
+        let end = log::scan(store.as_ref(), sb.log_id(), slot.replay, |b| {
+            let accounted = b.header.seq >= slot.after_body.batch_seq;
+            for (i, e) in b.entries.iter().enumerate() {
+                let kind = BlockKind::from_u8(e.kind);
+                if accounted && matches!(kind, Some(BlockKind::Journal | BlockKind::Data)) {
+                    usage[b.pos.seg as usize].live += e.len;
+                }
+                if kind != Some(BlockKind::Journal) {
+                    continue;
+                }
+                journal_blocks.push((b.header.seq, b.pos.seg, e.len));
+                let addr = b.addr(i);
+                let raw = log::decode_block(b.block_bytes(i), addr, BlockKind::Journal)?;
+                for (first, wb) in decode_journal(&raw, &format!("journal block at {addr}"))? {
+                    let mut seq = first;
+                    for op in wb.ops {
+                        match op {
+                            Op::Put(k, v) => {
+                                if seq > body.flushed_seq {
+                                    mem.insert(k, seq, Some(v));
+                                }
+                                seq += 1;
+                            }
+                            Op::Delete(k) => {
+                                if seq > body.flushed_seq {
+                                    mem.insert(k, seq, None);
+                                }
+                                seq += 1;
+                            }
+                            Op::Free(a) => {
+                                if accounted {
+                                    frees.push(a);
+                                }
+                            }
+                        }
+                    }
+                    max_seq = max_seq.max(seq.saturating_sub(1));
+                }
+            }
+            if accounted {
+                usage[b.pos.seg as usize].last_batch = b.header.seq;
+            }
+            Ok(())
+        })?;
+        for a in frees {
+            if let Some(u) = usage.get_mut(a.seg as usize) {
+                u.live = u.live.saturating_sub(a.len);
+            }
+        }
+        let mut log = LogWriter::new(store.clone(), sb.log_id(), end, usage, opts.journal_codec);
+        log.journal_blocks = journal_blocks;
+        log.keep_from_batch =
+            other.as_ref().map_or(slot.replay.batch_seq, |o| o.replay.batch_seq.min(slot.replay.batch_seq));
+        // What we recovered may sit in a volatile cache only: make it durable
+        // before building on it.
+        log.sync_store()?;
+        let next_seq = max_seq + 1;
+        let ckpt = CkptState {
+            number: slot.number,
+            body: slot.body,
+            prev_body: body.prev_body,
+            replay: slot.replay,
+            prev_replay_batch: other.map_or(slot.replay.batch_seq, |o| o.replay.batch_seq),
+            flushed_seq: body.flushed_seq,
+            next_run_id: body.next_run_id,
+            deferred: body.deferred.clone(),
+        };
+        let version = Version { active: mem, frozen: Vec::new(), runs };
+        let sh = Arc::new(Shared {
+            store,
+            sb,
+            cache: Arc::new(BlockCache::new(opts.cache_bytes)),
+            opts,
+            core: Mutex::new(Core { log, next_seq, ckpt, pending_frees: Vec::new() }),
+            version: RwLock::new(Arc::new(version)),
+            sync_lock: Mutex::new(()),
+            ckpt_lock: Mutex::new(()),
+            visible: AtomicU64::new(next_seq - 1),
+            horizon: AtomicU64::new(body.horizon),
+            failed: AtomicBool::new(false),
+            snapshots: Mutex::new(BTreeMap::new()),
+            bg: (Mutex::new(BgState::default()), Condvar::new()),
+        });
+        let worker = if sh.opts.background {
+            let s2 = sh.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("zlogfs-index".into())
+                    .spawn(move || background(s2))
+                    .map_err(|e| Error::io("starting the index thread", e))?,
+            )
+        } else {
+            None
+        };
+        Ok(Engine { sh, worker })
+    }
+
+    /// The superblock.
+    pub fn superblock(&self) -> &Superblock {
+        &self.sh.sb
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.sh.store
+    }
+
+    /// The highest sequence number readers see.
+    pub fn seq(&self) -> u64 {
+        self.sh.visible.load(AtOrd::Acquire)
+    }
+
+    fn check_ok(&self) -> Result<()> {
+        if self.sh.failed.load(AtOrd::Acquire) {
+            return Err(Error::Failed);
+        }
+        Ok(())
+    }
+
+    /// Apply `batch` atomically; returns the sequence number of its last
+    /// mutation. Not durable until [`Engine::sync`].
+    pub fn write(&self, batch: &WriteBatch) -> Result<u64> {
+        self.check_ok()?;
+        for op in &batch.ops {
+            match op {
+                Op::Put(k, v) if k.len() > MAX_KEY || v.len() > MAX_VALUE => {
+                    return Err(Error::Invalid(format!(
+                        "key of {} bytes or value of {} bytes exceeds the limits ({MAX_KEY}, {MAX_VALUE})",
+                        k.len(),
+                        v.len()
+                    )))
+                }
+                Op::Delete(k) if k.len() > MAX_KEY => {
+                    return Err(Error::Invalid(format!("key of {} bytes exceeds {MAX_KEY}", k.len())))
+                }
+                _ => {}
+            }
+        }
+        let need_flush;
+        let last;
+        {
+            let mut core = lock(&self.sh.core);
+            let first = core.next_seq;
+            let mut rec = Vec::new();
+            batch.encode(first, &mut rec);
+            let r = core.log.add_journal(&rec, first);
+            self.latch(&core, r)?;
+            let batch_seq = core.log.pos().batch_seq;
+            let ver = self.version();
+            let mut seq = first;
+            for op in &batch.ops {
+                match op {
+                    Op::Put(k, v) => ver.active.insert(k.clone(), seq, Some(v.clone())),
+                    Op::Delete(k) => ver.active.insert(k.clone(), seq, None),
+                    Op::Free(a) => {
+                        core.pending_frees.push((batch_seq, *a));
+                        continue;
+                    }
+                }
+                seq += 1;
+            }
+            core.next_seq = seq;
+            last = seq - 1;
+            self.sh.visible.store(last, AtOrd::Release);
+            need_flush = ver.active.bytes() >= self.sh.opts.memtable_bytes;
+            if need_flush {
+                self.freeze(&mut core)?;
+            }
+        }
+        if need_flush {
+            if self.sh.opts.background && self.version().frozen.len() < 2 {
+                self.kick();
+            } else {
+                self.flush_frozen()?;
+                self.maybe_merge()?;
+            }
+        }
+        Ok(last)
+    }
+
+    fn latch<T>(&self, core: &Core, r: Result<T>) -> Result<T> {
+        if core.log.failed {
+            self.sh.failed.store(true, AtOrd::Release);
+        }
+        r
+    }
+
+    fn version(&self) -> Arc<Version> {
+        self.sh.version.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set_version(&self, v: Version) {
+        *self.sh.version.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(v);
+    }
+
+    /// Switch to a new memtable; the old one waits to be flushed.
+    fn freeze(&self, core: &mut Core) -> Result<()> {
+        let ver = self.version();
+        if ver.active.is_empty() {
+            return Ok(());
+        }
+        if !core.log.pending_empty() {
+            let r = core.log.write_pending(false);
+            self.latch(core, r)?;
+        }
+        let f = Arc::new(Frozen {
+            mem: ver.active.clone(),
+            end: core.log.pos(),
+            max_seq: core.next_seq - 1,
+        });
+        let mut frozen = vec![f];
+        frozen.extend(ver.frozen.iter().cloned());
+        self.set_version(Version {
+            active: Arc::new(Memtable::new()),
+            frozen,
+            runs: ver.runs.clone(),
+        });
+        Ok(())
+    }
+
+    /// Make every write so far durable. Concurrent callers share one device
+    /// sync (group commit).
+    pub fn sync(&self) -> Result<()> {
+        self.check_ok()?;
+        let target = {
+            let core = lock(&self.sh.core);
+            core.log.pos().batch_seq - u64::from(core.log.pending_empty())
+        };
+        let _leader = lock(&self.sh.sync_lock);
+        let upto = {
+            let mut core = lock(&self.sh.core);
+            if core.log.durable_batch >= target {
+                return Ok(());
+            }
+            if !core.log.pending_empty() {
+                let r = core.log.write_pending(false);
+                self.latch(&core, r)?;
+            }
+            core.log.pos().batch_seq - 1
+        };
+        if let Err(e) = self.sh.store.sync() {
+            let mut core = lock(&self.sh.core);
+            core.log.failed = true;
+            self.sh.failed.store(true, AtOrd::Release);
+            return Err(Error::io("syncing the device", e));
+        }
+        let mut core = lock(&self.sh.core);
+        core.log.durable_batch = core.log.durable_batch.max(upto);
+        Self::apply_frees(&mut core);
+        Ok(())
+    }
+
+    fn apply_frees(core: &mut Core) {
+        let durable = core.log.durable_batch;
+        let mut frees = std::mem::take(&mut core.pending_frees);
+        frees.retain(|&(b, a)| {
+            if b <= durable {
+                core.log.free_block(a);
+                false
+            } else {
+                true
+            }
+        });
+        core.pending_frees = frees;
+    }
+
+    /// [`Engine::write`] then [`Engine::sync`].
+    pub fn write_sync(&self, batch: &WriteBatch) -> Result<u64> {
+        let s = self.write(batch)?;
+        self.sync()?;
+        Ok(s)
+    }
+
+    /// The current value of `key`.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.get_at(key, self.seq())
+    }
+
+    /// The value of `key` as of sequence number `seq`.
+    pub fn get_at(&self, key: &[u8], seq: u64) -> Result<Option<Vec<u8>>> {
+        self.check_horizon(seq)?;
+        let ver = self.version();
+        if let Some(v) = ver.active.get(key, seq) {
+            return Ok(v);
+        }
+        for f in &ver.frozen {
+            if let Some(v) = f.mem.get(key, seq) {
+                return Ok(v);
+            }
+        }
+        for r in &ver.runs {
+            if let Some(v) = r.get(self.sh.store.as_ref(), &self.sh.cache, key, seq)? {
+                return Ok(v);
+            }
+        }
+        Ok(None)
+    }
+
+    fn check_horizon(&self, seq: u64) -> Result<()> {
+        let h = self.sh.horizon.load(AtOrd::Acquire);
+        if seq < h {
+            return Err(Error::SnapshotTooOld { requested: seq, horizon: h });
+        }
+        Ok(())
+    }
+
+    /// Keys in `[start, end)` (end `None`: to the last key) with their
+    /// values as of the current sequence number, at most `limit` of them.
+    pub fn scan(&self, start: &[u8], end: Option<&[u8]>, limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.scan_at(start, end, limit, self.seq())
+    }
+
+    /// [`Engine::scan`] as of sequence number `seq`.
+    pub fn scan_at(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+        seq: u64,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.check_horizon(seq)?;
+        let ver = self.version();
+        let mut sources: Vec<Box<dyn Iterator<Item = Result<Entry>>>> = Vec::new();
+        sources.push(Box::new(ver.active.range(start, end, usize::MAX).into_iter().map(Ok)));
+        for f in &ver.frozen {
+            sources.push(Box::new(f.mem.range(start, end, usize::MAX).into_iter().map(Ok)));
+        }
+        for r in &ver.runs {
+            sources.push(Box::new(r.cursor(self.sh.store.clone(), self.sh.cache.clone(), start)));
+        }
+        let mut out = Vec::new();
+        let mut last: Option<Vec<u8>> = None;
+        for e in MergeIter::new(sources)? {
+            let e = e?;
+            if end.is_some_and(|end| e.key.as_slice() >= end) || out.len() >= limit {
+                break;
+            }
+            if e.seq > seq || last.as_ref() == Some(&e.key) {
+                continue;
+            }
+            last = Some(e.key.clone());
+            if let Some(v) = e.value {
+                out.push((e.key, v));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Pin the current state for reads at its sequence number.
+    pub fn snapshot(&self) -> Snapshot {
+        let seq = self.seq();
+        *lock(&self.sh.snapshots).entry(seq).or_insert(0) += 1;
+        Snapshot { sh: self.sh.clone(), seq }
+    }
+
+    /// Store data blocks (compressed on all cores); returns their addresses.
+    /// They are durable with the next sync; reference them from a
+    /// [`WriteBatch`] to keep them.
+    pub fn write_blocks(&self, owner: u64, spec: CodecSpec, raws: &[&[u8]]) -> Result<Vec<BlockAddr>> {
+        self.check_ok()?;
+        let max = max_block_raw(self.sh.sb.geometry);
+        if let Some(r) = raws.iter().find(|r| r.len() > max) {
+            return Err(Error::Invalid(format!("block of {} bytes exceeds {max}", r.len())));
+        }
+        let blocks: Vec<NewBlock> =
+            raws.par_iter().map(|r| NewBlock::encode(BlockKind::Data, owner, spec, r)).collect();
+        let mut core = lock(&self.sh.core);
+        let r = core.log.add_blocks(blocks, false);
+        self.latch(&core, r)
+    }
+
+    /// Read and verify a data block.
+    pub fn read_block(&self, addr: BlockAddr) -> Result<Vec<u8>> {
+        let pending = lock(&self.sh.core).log.read_pending(addr);
+        match pending {
+            Some(buf) => log::decode_block(&buf, addr, BlockKind::Data),
+            None => log::read_block(self.sh.store.as_ref(), addr, BlockKind::Data),
+        }
+    }
+
+    /// Flush the memtable into a run and write a checkpoint.
+    pub fn flush(&self) -> Result<()> {
+        self.check_ok()?;
+        {
+            let mut core = lock(&self.sh.core);
+            self.freeze(&mut core)?;
+        }
+        while self.flush_frozen()? {}
+        self.checkpoint()
+    }
+
+    /// Merge every run into one.
+    pub fn merge(&self) -> Result<()> {
+        self.check_ok()?;
+        self.merge_runs(true).map(|_| ())
+    }
+
+    fn maybe_merge(&self) -> Result<()> {
+        while self.version().runs.len() > self.sh.opts.max_runs {
+            if !self.merge_runs(false)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn kick(&self) {
+        let (m, cv) = &self.sh.bg;
+        lock(m).work = true;
+        cv.notify_one();
+    }
+
+    /// Write the run built from `entries` (internal order) into the log.
+    fn write_run(&self, entries: impl Iterator<Item = Result<Entry>>) -> Result<Option<Run>> {
+        let id = {
+            let mut core = lock(&self.sh.core);
+            core.ckpt.next_run_id += 1;
+            core.ckpt.next_run_id - 1
+        };
+        let spec = self.sh.opts.index_codec;
+        let target = self.sh.opts.run_block_bytes;
+        let mut index: Vec<IndexEntry> = Vec::new();
+        let mut keys: Vec<Vec<u8>> = Vec::new();
+        let mut meta = RunMeta {
+            id,
+            entries: 0,
+            min_seq: u64::MAX,
+            max_seq: 0,
+            min_key: Vec::new(),
+            max_key: Vec::new(),
+            index: BlockAddr::default(),
+            filter: BlockAddr::default(),
+            bytes: 0,
+        };
+        let mut blocks: Vec<Vec<Entry>> = Vec::new();
+        let mut cur: Vec<Entry> = Vec::new();
+        let mut cur_bytes = 0;
+        let flush_blocks = |blocks: &mut Vec<Vec<Entry>>, index: &mut Vec<IndexEntry>, meta: &mut RunMeta| -> Result<()> {
+            if blocks.is_empty() {
+                return Ok(());
+            }
+            let enc: Vec<NewBlock> = blocks
+                .par_iter()
+                .map(|b| NewBlock::encode(BlockKind::RunData, id, spec, &encode_data_block(b)))
+                .collect();
+            let addrs = {
+                let mut core = lock(&self.sh.core);
+                let r = core.log.add_blocks(enc, true);
+                self.latch(&core, r)?
+            };
+            for (b, a) in blocks.iter().zip(addrs) {
+                let l = b.last().ok_or_else(|| Error::Invalid("empty block".into()))?;
+                index.push(IndexEntry { last_key: l.key.clone(), last_seq: l.seq, addr: a });
+                meta.bytes += u64::from(a.len);
+            }
+            blocks.clear();
+            Ok(())
+        };
+        for e in entries {
+            let e = e?;
+            if meta.entries == 0 {
+                meta.min_key = e.key.clone();
+            }
+            meta.entries += 1;
+            meta.min_seq = meta.min_seq.min(e.seq);
+            meta.max_seq = meta.max_seq.max(e.seq);
+            if keys.last() != Some(&e.key) {
+                keys.push(e.key.clone());
+            }
+            meta.max_key.clone_from(&e.key);
+            cur_bytes += e.key.len() + e.value.as_ref().map_or(0, |v| v.len()) + 12;
+            cur.push(e);
+            if cur_bytes >= target {
+                blocks.push(std::mem::take(&mut cur));
+                cur_bytes = 0;
+                if blocks.len() >= 32 {
+                    flush_blocks(&mut blocks, &mut index, &mut meta)?;
+                }
+            }
+        }
+        if !cur.is_empty() {
+            blocks.push(cur);
+        }
+        flush_blocks(&mut blocks, &mut index, &mut meta)?;
+        if meta.entries == 0 {
+            return Ok(None);
+        }
+        let filter = Bloom::build(keys.len(), keys.iter().map(|k| k.as_slice()));
+        let ib = NewBlock::encode(BlockKind::RunIndex, id, spec, &encode_index_block(&index));
+        let fb = NewBlock::encode(BlockKind::RunFilter, id, spec, &filter.encode());
+        let addrs = {
+            let mut core = lock(&self.sh.core);
+            let r = core.log.add_blocks(vec![ib, fb], true);
+            self.latch(&core, r)?
+        };
+        meta.index = addrs[0];
+        meta.filter = addrs[1];
+        meta.bytes += u64::from(addrs[0].len) + u64::from(addrs[1].len);
+        let run = Run::from_parts(meta, index, filter);
+        Ok(Some(run))
+    }
+
+    /// Flush the oldest frozen memtable; false if there was none.
+    fn flush_frozen(&self) -> Result<bool> {
+        let _g = lock(&self.sh.ckpt_lock);
+        let Some(f) = self.version().frozen.last().cloned() else { return Ok(false) };
+        let run = self.write_run(f.mem.entries().into_iter().map(Ok))?;
+        {
+            let _core = lock(&self.sh.core);
+            let ver = self.version();
+            let mut runs = Vec::new();
+            runs.extend(run.map(Arc::new));
+            runs.extend(ver.runs.iter().cloned());
+            let frozen = ver.frozen.iter().filter(|x| !Arc::ptr_eq(x, &f)).cloned().collect();
+            self.set_version(Version { active: ver.active.clone(), frozen, runs });
+        }
+        self.checkpoint_locked(Some((f.end, f.max_seq)))?;
+        Ok(true)
+    }
+
+    /// Merge runs: all of them, or the cheapest window of adjacent runs.
+    fn merge_runs(&self, all: bool) -> Result<bool> {
+        let _g = lock(&self.sh.ckpt_lock);
+        let ver = self.version();
+        let n = ver.runs.len();
+        if n < 2 && !(all && n == 1) {
+            return Ok(false);
+        }
+        let (lo, hi) = if all {
+            (0, n)
+        } else {
+            let w = n.min(4);
+            (0..=n - w)
+                .min_by_key(|&i| ver.runs[i..i + w].iter().map(|r| r.meta.bytes).sum::<u64>())
+                .map(|i| (i, i + w))
+                .unwrap_or((0, n))
+        };
+        let window: Vec<Arc<Run>> = ver.runs[lo..hi].to_vec();
+        let horizon = {
+            let snaps = lock(&self.sh.snapshots);
+            let oldest = snaps.keys().next().copied().unwrap_or(u64::MAX);
+            oldest.min(self.seq()).max(self.sh.horizon.load(AtOrd::Acquire))
+        };
+        let sources: Vec<_> =
+            window.iter().map(|r| r.cursor(self.sh.store.clone(), self.sh.cache.clone(), &[])).collect();
+        let merged = retain_versions(MergeIter::new(sources)?, horizon, hi == n);
+        let run = self.write_run(merged)?.map(Arc::new);
+        {
+            let mut core = lock(&self.sh.core);
+            let ver = self.version();
+            // Runs may have been added in front meanwhile; the window is
+            // found by identity.
+            let mut runs = Vec::new();
+            let mut placed = false;
+            for r in &ver.runs {
+                if window.iter().any(|w| Arc::ptr_eq(w, r)) {
+                    if !placed {
+                        runs.extend(run.iter().cloned());
+                        placed = true;
+                    }
+                } else {
+                    runs.push(r.clone());
+                }
+            }
+            let next = core.ckpt.number + 1;
+            for r in &window {
+                for a in r.blocks() {
+                    core.ckpt.deferred.push((next, a));
+                }
+                self.sh.cache.forget_run(r.meta.id);
+            }
+            self.sh.horizon.fetch_max(horizon, AtOrd::AcqRel);
+            self.set_version(Version { active: ver.active.clone(), frozen: ver.frozen.clone(), runs });
+        }
+        self.checkpoint_locked(None)?;
+        Ok(true)
+    }
+
+    /// Write a checkpoint: the run list and usage go into a body block, then
+    /// a checkpoint slot points at it.
+    pub fn checkpoint(&self) -> Result<()> {
+        self.check_ok()?;
+        let _g = lock(&self.sh.ckpt_lock);
+        self.checkpoint_locked(None)
+    }
+
+    fn checkpoint_locked(&self, flushed: Option<(LogPos, u64)>) -> Result<()> {
+        let _s = lock(&self.sh.sync_lock);
+        let mut core = lock(&self.sh.core);
+        let r = self.checkpoint_core(&mut core, flushed);
+        self.latch(&core, r)
+    }
+
+    fn checkpoint_core(&self, core: &mut Core, flushed: Option<(LogPos, u64)>) -> Result<()> {
+        // Everything before the body durable, so frees it implies are in.
+        core.log.sync()?;
+        Self::apply_frees(core);
+        let ver = self.version();
+        if let Some((end, seq)) = flushed {
+            core.ckpt.replay = end;
+            core.ckpt.flushed_seq = seq;
+        }
+        if ver.frozen.is_empty() && ver.active.is_empty() {
+            // Nothing unflushed: replay can start at the tail.
+            core.ckpt.replay = core.log.pos();
+            core.ckpt.flushed_seq = core.next_seq - 1;
+        }
+        let replay = core.ckpt.replay;
+        let number = core.ckpt.number + 1;
+        // Journal blocks before the replay start are dead once this
+        // checkpoint is durable; segment reuse waits for the older slot too.
+        let jb = std::mem::take(&mut core.log.journal_blocks);
+        let (dead, keep): (Vec<_>, Vec<_>) = jb.into_iter().partition(|&(b, _, _)| b < replay.batch_seq);
+        core.log.journal_blocks = keep;
+        for (_, seg, len) in dead {
+            core.log.free_block(BlockAddr { seg, offset: 0, len });
+        }
+        // Usage as it will be once this checkpoint is durable.
+        let mut usage = core.log.usage.clone();
+        let sub = |usage: &mut Vec<SegUsage>, a: BlockAddr| {
+            if let Some(u) = usage.get_mut(a.seg as usize) {
+                u.live = u.live.saturating_sub(a.len);
+            }
+        };
+        let (ready, later): (Vec<_>, Vec<_>) =
+            core.ckpt.deferred.iter().partition(|&&(n, _)| n < number);
+        for &(_, a) in &ready {
+            sub(&mut usage, a);
+        }
+        if number >= 2 {
+            sub(&mut usage, core.ckpt.prev_body);
+        }
+        let body = CheckpointBody {
+            number,
+            flushed_seq: core.ckpt.flushed_seq,
+            next_seq: core.next_seq,
+            horizon: self.sh.horizon.load(AtOrd::Acquire),
+            next_run_id: core.ckpt.next_run_id,
+            prev_body: core.ckpt.body,
+            deferred: later.clone(),
+            runs: ver.runs.iter().map(|r| r.meta.clone()).collect(),
+            usage,
+        };
+        let blk = NewBlock::encode(BlockKind::Checkpoint, number, self.sh.opts.index_codec, &body.encode());
+        let addr = core.log.add_blocks(vec![blk], true)?[0];
+        core.log.write_pending(true)?;
+        let after_body = core.log.pos();
+        core.log.sync_store()?;
+        let slot = CheckpointSlot { number, uuid: self.sh.sb.uuid, body: addr, replay, after_body };
+        let which = if number % 2 == 0 { MetaSlot::CheckpointA } else { MetaSlot::CheckpointB };
+        if let Err(e) = self.sh.store.write_meta(which, &slot.encode()) {
+            core.log.failed = true;
+            return Err(Error::io(format!("writing checkpoint slot {which:?}"), e));
+        }
+        core.log.sync_store()?;
+        // Durable: apply what it implies.
+        for (_, a) in ready {
+            core.log.free_block(a);
+        }
+        if number >= 2 {
+            core.log.free_block(core.ckpt.prev_body);
+        }
+        core.ckpt.deferred = later;
+        core.ckpt.prev_body = core.ckpt.body;
+        core.ckpt.body = addr;
+        core.ckpt.number = number;
+        core.log.keep_from_batch = core.ckpt.prev_replay_batch.min(replay.batch_seq);
+        core.ckpt.prev_replay_batch = replay.batch_seq;
+        Ok(())
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> EngineStats {
+        let core = lock(&self.sh.core);
+        let ver = self.version();
+        EngineStats {
+            segments: self.sh.sb.geometry.segment_count,
+            free_segments: core.log.free_segments(),
+            live_bytes: core.log.usage.iter().map(|u| u64::from(u.live)).sum(),
+            device_bytes_written: core.log.device_bytes,
+            runs: ver.runs.len(),
+            run_entries: ver.runs.iter().map(|r| r.meta.entries).sum(),
+            memtable_entries: ver.active.len() + ver.frozen.iter().map(|f| f.mem.len()).sum::<usize>(),
+            checkpoint: core.ckpt.number,
+            seq: self.seq(),
+        }
+    }
+
+    /// Per-segment usage.
+    pub fn segment_usage(&self) -> Vec<SegUsage> {
+        lock(&self.sh.core).log.usage.clone()
+    }
+
+    /// Sync and checkpoint, stop the background thread.
+    pub fn close(mut self) -> Result<()> {
+        self.stop_worker();
+        self.check_ok()?;
+        self.sync()?;
+        self.checkpoint()
+    }
+
+    fn stop_worker(&mut self) {
+        if let Some(w) = self.worker.take() {
+            {
+                let (m, cv) = &self.sh.bg;
+                lock(m).stop = true;
+                cv.notify_all();
+            }
+            let _ = w.join();
+        }
+    }
+
+    /// The error that stopped the background thread, if any.
+    pub fn background_error(&self) -> Option<String> {
+        lock(&self.sh.bg.0).error.clone()
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stop_worker();
+    }
+}
+
+fn background(sh: Arc<Shared>) {
+    let e = Engine { sh, worker: None };
+    loop {
+        {
+            let (m, cv) = &e.sh.bg;
+            let mut st = lock(m);
+            while !st.stop && !st.work {
+                st = cv.wait_timeout(st, std::time::Duration::from_secs(1)).map(|r| r.0).unwrap_or_else(|p| p.into_inner().0);
+                if e.version().runs.len() > e.sh.opts.max_runs || !e.version().frozen.is_empty() {
+                    break;
+                }
+            }
+            if st.stop {
+                break;
+            }
+            st.work = false;
+        }
+        if e.sh.failed.load(AtOrd::Acquire) {
+            continue;
+        }
+        let r = (|| -> Result<()> {
+            while e.flush_frozen()? {}
+            e.maybe_merge()
+        })();
+        if let Err(err) = r {
+            lock(&e.sh.bg.0).error = Some(err.to_string());
+            e.sh.failed.store(true, AtOrd::Release);
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! The index: an LSM tree of (key, sequence number, value or tombstone).
+//!
+//! New versions go to the active [`Memtable`]; a full memtable is frozen and
+//! flushed into a sorted [`run::Run`]; runs are merged in the background.
+//! Reads look at the memtables, then the runs from newest to oldest, and
+//! take the newest version whose sequence number is at most the one read at.
+
+pub mod run;
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BTreeMap, BinaryHeap};
+use std::ops::Bound;
+use std::sync::atomic::{AtomicUsize, Ordering as AtOrd};
+use std::sync::RwLock;
+
+use crate::error::Result;
+use run::cmp_internal;
+
+/// Largest key.
+pub const MAX_KEY: usize = 4096;
+/// Largest value.
+pub const MAX_VALUE: usize = 64 * 1024;
+
+/// One version of a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The user key.
+    pub key: Vec<u8>,
+    /// Sequence number of the mutation that wrote it.
+    pub seq: u64,
+    /// The value; `None` is a tombstone (the key was deleted).
+    pub value: Option<Vec<u8>>,
+}
+
+/// The in-memory sorted buffer of recent versions.
+#[derive(Default)]
+pub struct Memtable {
+    map: RwLock<BTreeMap<(Vec<u8>, Reverse<u64>), Option<Vec<u8>>>>,
+    bytes: AtomicUsize,
+}
+
+impl Memtable {
+    /// An empty memtable.
+    pub fn new() -> Memtable {
+        Memtable::default()
+    }
+
+    /// Insert one version.
+    pub fn insert(&self, key: Vec<u8>, seq: u64, value: Option<Vec<u8>>) {
+        let sz = key.len() + value.as_ref().map_or(0, |v| v.len()) + 64;
+        self.bytes.fetch_add(sz, AtOrd::Relaxed);
+        let mut m = self.map.write().unwrap_or_else(|p| p.into_inner());
+        m.insert((key, Reverse(seq)), value);
+    }
+
+    /// Approximate memory used.
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(AtOrd::Relaxed)
+    }
+
+    /// Number of versions.
+    pub fn len(&self) -> usize {
+        self.map.read().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Newest version of `key` at or below `seq`.
+    pub fn get(&self, key: &[u8], seq: u64) -> Option<Option<Vec<u8>>> {
+        let m = self.map.read().unwrap_or_else(|p| p.into_inner());
+        // (key, Reverse(seq)) sorts before older versions of key.
+        let lo = (key.to_vec(), Reverse(seq));
+        m.range(lo..).next().filter(|((k, _), _)| k.as_slice() == key).map(|(_, v)| v.clone())
+    }
+
+    /// Every version with key >= `start` and key < `end` (if given), in
+    /// internal order, at most `limit_keys` distinct keys.
+    pub fn range(&self, start: &[u8], end: Option<&[u8]>, limit_keys: usize) -> Vec<Entry> {
+        let m = self.map.read().unwrap_or_else(|p| p.into_inner());
+        let lo = (start.to_vec(), Reverse(u64::MAX));
+        let mut out: Vec<Entry> = Vec::new();
+        let mut keys = 0usize;
+        for ((k, Reverse(s)), v) in m.range((Bound::Included(lo), Bound::Unbounded)) {
+            if end.is_some_and(|e| k.as_slice() >= e) {
+                break;
+            }
+            if out.last().is_none_or(|l| l.key != *k) {
+                keys += 1;
+                if keys > limit_keys {
+                    break;
+                }
+            }
+            out.push(Entry { key: k.clone(), seq: *s, value: v.clone() });
+        }
+        out
+    }
+
+    /// Every version in internal order.
+    pub fn entries(&self) -> Vec<Entry> {
+        self.range(&[], None, usize::MAX)
+    }
+}
+
+/// Merges sorted sources of entries into one stream in internal order.
+/// Sources earlier in the list win ties (they never occur: every version
+/// has its own sequence number).
+pub struct MergeIter<I: Iterator<Item = Result<Entry>>> {
+    sources: Vec<I>,
+    heap: BinaryHeap<Reverse<HeapItem>>,
+    failed: bool,
+}
+
+/// A heap item: an entry and the source it came from.
+#[derive(PartialEq, Eq)]
+pub struct HeapItem(Entry, usize);
+
+impl Ord for HeapItem {
+    fn cmp(&self, o: &Self) -> Ordering {
+        cmp_internal(&self.0.key, self.0.seq, &o.0.key, o.0.seq).then(self.1.cmp(&o.1))
+    }
+}
+impl PartialOrd for HeapItem {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+impl<I: Iterator<Item = Result<Entry>>> MergeIter<I> {
+    /// Merge `sources`, each already in internal order.
+    pub fn new(sources: Vec<I>) -> Result<Self> {
+        let mut m = MergeIter { sources, heap: BinaryHeap::new(), failed: false };
+        for i in 0..m.sources.len() {
+            m.pull(i)?;
+        }
+        Ok(m)
+    }
+
+    fn pull(&mut self, i: usize) -> Result<()> {
+        if let Some(e) = self.sources[i].next() {
+            self.heap.push(Reverse(HeapItem(e?, i)));
+        }
+        Ok(())
+    }
+}
+
+impl<I: Iterator<Item = Result<Entry>>> Iterator for MergeIter<I> {
+    type Item = Result<Entry>;
+    fn next(&mut self) -> Option<Result<Entry>> {
+        if self.failed {
+            return None;
+        }
+        let Reverse(HeapItem(e, i)) = self.heap.pop()?;
+        if let Err(err) = self.pull(i) {
+            self.failed = true;
+            return Some(Err(err));
+        }
+        Some(Ok(e))
+    }
+}
+
+/// Keep what reads at or after `horizon` can see: every version newer than
+/// `horizon`, and per key the newest version at or below it (dropped when it
+/// is a tombstone and `drop_tombstones` says no older run exists).
+pub fn retain_versions(
+    input: impl Iterator<Item = Result<Entry>>,
+    horizon: u64,
+    drop_tombstones: bool,
+) -> impl Iterator<Item = Result<Entry>> {
+    let mut last_key: Option<Vec<u8>> = None;
+    let mut below_seen = false;
+    input.filter_map(move |r| {
+        let e = match r {
+            Ok(e) => e,
+            Err(err) => return Some(Err(err)),
+        };
+        if last_key.as_deref() != Some(e.key.as_slice()) {
+            last_key = Some(e.key.clone());
+            below_seen = false;
+        }
+        if e.seq > horizon {
+            return Some(Ok(e));
+        }
+        if below_seen {
+            return None;
+        }
+        below_seen = true;
+        if e.value.is_none() && drop_tombstones {
+            return None;
+        }
+        Some(Ok(e))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(k: &str, seq: u64, v: Option<&str>) -> Entry {
+        Entry { key: k.as_bytes().to_vec(), seq, value: v.map(|v| v.as_bytes().to_vec()) }
+    }
+
+    #[test]
+    fn memtable_versions() {
+        let m = Memtable::new();
+        m.insert(b"a".to_vec(), 1, Some(b"1".to_vec()));
+        m.insert(b"a".to_vec(), 3, None);
+        m.insert(b"a".to_vec(), 5, Some(b"5".to_vec()));
+        assert_eq!(m.get(b"a", 0), None);
+        assert_eq!(m.get(b"a", 2), Some(Some(b"1".to_vec())));
+        assert_eq!(m.get(b"a", 4), Some(None));
+        assert_eq!(m.get(b"a", 9), Some(Some(b"5".to_vec())));
+        assert_eq!(m.get(b"b", 9), None);
+        assert_eq!(m.entries().iter().map(|e| e.seq).collect::<Vec<_>>(), vec![5, 3, 1]);
+    }
+
+    #[test]
+    fn merge_and_retain() {
+        let a = vec![Ok(e("a", 5, Some("x"))), Ok(e("c", 2, None))];
+        let b = vec![Ok(e("a", 1, Some("y"))), Ok(e("b", 3, Some("z"))), Ok(e("c", 1, Some("w")))];
+        let merged: Vec<Entry> =
+            MergeIter::new(vec![a.into_iter(), b.into_iter()]).unwrap().map(|r| r.unwrap()).collect();
+        let order: Vec<(String, u64)> =
+            merged.iter().map(|e| (String::from_utf8(e.key.clone()).unwrap(), e.seq)).collect();
+        assert_eq!(
+            order,
+            vec![("a".into(), 5), ("a".into(), 1), ("b".into(), 3), ("c".into(), 2), ("c".into(), 1)]
+        );
+        let kept: Vec<Entry> =
+            retain_versions(merged.clone().into_iter().map(Ok), 10, true).map(|r| r.unwrap()).collect();
+        assert_eq!(kept, vec![e("a", 5, Some("x")), e("b", 3, Some("z"))]);
+        let kept: Vec<Entry> =
+            retain_versions(merged.into_iter().map(Ok), 1, false).map(|r| r.unwrap()).collect();
+        assert_eq!(kept.len(), 5);
+    }
+}

@@ -1,0 +1,25 @@
+//! zlogfs: a log-structured file system with transparent, on-line
+//! compression.
+//!
+//! Layers, each a module with one job, imports pointing down only:
+//! - [`engine`]: the storage engine (log + index + recovery), the API the
+//!   file system layer builds on;
+//! - [`index`]: the LSM tree of (key, sequence number, value);
+//! - [`log`]: segments, batches, summaries, checkpoints, roll-forward;
+//! - [`codec`]: compression algorithms behind one trait;
+//! - [`store`]: where segments live (file, memory, fault injection).
+
+#![deny(clippy::unwrap_used)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+#![warn(missing_docs)]
+
+pub mod bytes;
+pub mod codec;
+pub mod engine;
+pub mod error;
+pub mod index;
+pub mod log;
+pub mod store;
+
+pub use engine::{mkfs, Engine, Op, Options, Snapshot, WriteBatch};
+pub use error::{Error, Result};

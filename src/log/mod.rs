@@ -1,0 +1,589 @@
+//! The log: fixed-size segments filled by batches appended at the tail.
+//!
+//! A batch is a header, blocks (each with its own header and crc), and a
+//! summary naming every block's kind, owner and lengths. Batches start at
+//! 512-byte boundaries. Each batch header carries a consecutive sequence
+//! number and the crc of the previous batch, so roll-forward follows exactly
+//! one chain and stops at the first batch that is torn, missing, or stale.
+//!
+//! [`LogWriter`] assembles the pending batch in memory and writes it out when
+//! it is full, when a segment ends, or when the engine syncs.
+//! [`scan`] walks the chain from a checkpoint's replay position.
+
+pub mod format;
+
+use std::sync::Arc;
+
+use crate::bytes::crc;
+use crate::codec::{self, CodecSpec, Encoded};
+use crate::error::{Error, Result};
+use crate::store::{Geometry, Store};
+use format::*;
+
+/// Per-segment accounting kept for the cleaner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SegUsage {
+    /// Bytes of blocks in the segment still referenced.
+    pub live: u32,
+    /// Sequence number of the last batch written into the segment; 0 if
+    /// the segment was never written.
+    pub last_batch: u64,
+}
+
+/// Largest payload of one block before compression.
+pub fn max_block_raw(g: Geometry) -> usize {
+    (g.segment_size / 4) as usize
+}
+
+/// An encoded block waiting to be placed in a batch.
+pub struct NewBlock {
+    /// What it is.
+    pub kind: BlockKind,
+    /// Who owns it.
+    pub owner: u64,
+    /// Uncompressed length.
+    pub raw_len: u32,
+    /// The compressed payload.
+    pub enc: Encoded,
+}
+
+impl NewBlock {
+    /// Compress `raw` with `spec` into a new block.
+    pub fn encode(kind: BlockKind, owner: u64, spec: CodecSpec, raw: &[u8]) -> NewBlock {
+        NewBlock { kind, owner, raw_len: raw.len() as u32, enc: codec::encode(spec, raw) }
+    }
+    fn stored_len(&self) -> usize {
+        BLOCK_HEADER_SIZE + self.enc.data.len()
+    }
+}
+
+/// The batch being assembled.
+struct Pending {
+    /// Header placeholder followed by the blocks placed so far.
+    buf: Vec<u8>,
+    entries: Vec<SummaryEntry>,
+    /// Journal records of this batch; they become one journal block.
+    journal: Vec<u8>,
+    journal_owner: u64,
+}
+
+impl Pending {
+    fn new() -> Pending {
+        Pending {
+            buf: vec![0u8; BATCH_HEADER_SIZE],
+            entries: Vec::new(),
+            journal: Vec::new(),
+            journal_owner: 0,
+        }
+    }
+    fn is_empty(&self) -> bool {
+        self.entries.is_empty() && self.journal.is_empty()
+    }
+    /// Bytes the batch would take if written now, journal stored raw.
+    fn projected(&self, extra_blocks: usize, extra_bytes: usize) -> usize {
+        let jblock = if self.journal.is_empty() { 0 } else { BLOCK_HEADER_SIZE + self.journal.len() + 8 };
+        let nblocks = self.entries.len() + extra_blocks + usize::from(!self.journal.is_empty());
+        self.buf.len() + extra_bytes + jblock + nblocks * SUMMARY_ENTRY_SIZE
+    }
+}
+
+/// The writing end of the log. Owned by the engine under its lock.
+pub struct LogWriter {
+    store: Arc<dyn Store>,
+    geometry: Geometry,
+    log_id: u64,
+    /// Where the pending batch will be written.
+    pos: LogPos,
+    /// The last batch written into `pos.seg` named `pos.next_seg`.
+    next_named: bool,
+    pending: Pending,
+    /// Codec for journal blocks.
+    journal_codec: CodecSpec,
+    /// Per-segment usage.
+    pub usage: Vec<SegUsage>,
+    /// Highest batch seq known durable.
+    pub durable_batch: u64,
+    /// Segments that must not be reused: everything written at or after
+    /// this batch seq (the older checkpoint's replay start).
+    pub keep_from_batch: u64,
+    /// Segments kept back for the engine's own writes (checkpoints, runs).
+    pub reserve_segments: u32,
+    /// Latched after a failed write or sync.
+    pub failed: bool,
+    /// Bytes written to the device (batches, padding included).
+    pub device_bytes: u64,
+    /// Journal blocks written since the replay start: (position, seg, len).
+    pub journal_blocks: Vec<(u64, u32, u32)>,
+}
+
+/// Largest batch the writer assembles before writing it out.
+const MAX_BATCH: usize = 1 << 20;
+
+impl LogWriter {
+    /// A writer that continues the log at `pos` (from recovery or mkfs).
+    pub fn new(
+        store: Arc<dyn Store>,
+        log_id: u64,
+        pos: LogPos,
+        usage: Vec<SegUsage>,
+        journal_codec: CodecSpec,
+    ) -> LogWriter {
+        let geometry = store.geometry();
+        LogWriter {
+            store,
+            geometry,
+            log_id,
+            next_named: pos.next_seg != NO_SEGMENT,
+            pos,
+            pending: Pending::new(),
+            journal_codec,
+            usage,
+            durable_batch: pos.batch_seq.saturating_sub(1),
+            keep_from_batch: 0,
+            reserve_segments: 2,
+            failed: false,
+            device_bytes: 0,
+            journal_blocks: Vec::new(),
+        }
+    }
+
+    /// Where the pending batch will go.
+    pub fn pos(&self) -> LogPos {
+        self.pos
+    }
+
+    /// Geometry of the store.
+    pub fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    fn check_ok(&self) -> Result<()> {
+        if self.failed {
+            return Err(Error::Failed);
+        }
+        Ok(())
+    }
+
+    /// Segments that hold nothing live and are not needed by recovery.
+    pub fn is_free(&self, seg: u32) -> bool {
+        let u = self.usage[seg as usize];
+        seg != self.pos.seg
+            && seg != self.pos.next_seg
+            && u.live == 0
+            && (u.last_batch == 0 || u.last_batch < self.keep_from_batch)
+    }
+
+    /// Number of free segments.
+    pub fn free_segments(&self) -> u32 {
+        (0..self.geometry.segment_count).filter(|&s| self.is_free(s)).count() as u32
+    }
+
+    fn choose_next(&mut self, system: bool) -> Result<()> {
+        if self.pos.next_seg != NO_SEGMENT {
+            return Ok(());
+        }
+        let free: Vec<u32> =
+            (0..self.geometry.segment_count).filter(|&s| self.is_free(s)).take(64).collect();
+        let need = if system { 1 } else { self.reserve_segments as usize + 1 };
+        if free.len() < need {
+            return Err(Error::NoSpace(format!(
+                "no free segment left in the log ({} segments of {} bytes, {} free, {} reserved)",
+                self.geometry.segment_count,
+                self.geometry.segment_size,
+                self.free_segments(),
+                self.reserve_segments
+            )));
+        }
+        self.pos.next_seg = free[0];
+        self.next_named = false;
+        Ok(())
+    }
+
+    fn seg_room(&self) -> usize {
+        (self.geometry.segment_size - self.pos.offset) as usize
+    }
+
+    /// Make room for `blocks` more blocks of `bytes` in the pending batch,
+    /// writing it out or moving to the next segment as needed.
+    fn make_room(&mut self, blocks: usize, bytes: usize, system: bool) -> Result<()> {
+        if self.pending.projected(blocks, bytes) <= self.seg_room()
+            && self.pending.projected(blocks, bytes) <= MAX_BATCH.max(bytes + 4096)
+        {
+            return Ok(());
+        }
+        if !self.pending.is_empty() {
+            self.write_pending(system)?;
+        }
+        if self.pending.projected(blocks, bytes) > self.seg_room() {
+            self.advance(system)?;
+        }
+        if self.pending.projected(blocks, bytes) > self.seg_room() {
+            return Err(Error::Invalid(format!(
+                "{bytes} bytes do not fit in a {}-byte segment",
+                self.geometry.segment_size
+            )));
+        }
+        Ok(())
+    }
+
+    /// Move the tail to the next segment (naming it in a batch first).
+    fn advance(&mut self, system: bool) -> Result<()> {
+        self.choose_next(system)?;
+        if !self.next_named {
+            // An empty batch whose header names the next segment, so that
+            // recovery can follow the log there.
+            if self.seg_room() < BATCH_HEADER_SIZE + BATCH_ALIGN as usize {
+                return Err(Error::NoSpace("log segment ended without a successor".into()));
+            }
+            self.write_pending(system)?;
+        }
+        self.pos.seg = self.pos.next_seg;
+        self.pos.offset = 0;
+        self.pos.next_seg = NO_SEGMENT;
+        self.next_named = false;
+        Ok(())
+    }
+
+    /// Place encoded blocks in the pending batch; returns their addresses.
+    /// `system` writes (index runs, checkpoints) may use the reserve.
+    pub fn add_blocks(&mut self, blocks: Vec<NewBlock>, system: bool) -> Result<Vec<BlockAddr>> {
+        self.check_ok()?;
+        let max = max_block_raw(self.geometry);
+        let mut addrs = Vec::with_capacity(blocks.len());
+        for b in blocks {
+            if b.raw_len as usize > max || b.stored_len() > max + BLOCK_HEADER_SIZE + 64 {
+                return Err(Error::Invalid(format!(
+                    "block of {} bytes exceeds the limit of {max}",
+                    b.raw_len
+                )));
+            }
+            let len = b.stored_len();
+            self.make_room(1, len + 8, system)?;
+            addrs.push(self.place(b));
+        }
+        Ok(addrs)
+    }
+
+    fn place(&mut self, b: NewBlock) -> BlockAddr {
+        // Blocks start 8-byte aligned inside the batch.
+        let pad = (8 - self.pending.buf.len() % 8) % 8;
+        self.pending.buf.resize(self.pending.buf.len() + pad, 0);
+        let off = self.pending.buf.len();
+        let len = BLOCK_HEADER_SIZE + b.enc.data.len();
+        BlockHeader {
+            crc: 0,
+            codec: b.enc.codec as u8,
+            level: b.enc.level,
+            raw_reason: b.enc.raw_reason,
+            kind: b.kind as u8,
+            raw_len: b.raw_len,
+            stored_len: b.enc.data.len() as u32,
+        }
+        .seal(&b.enc.data, &mut self.pending.buf);
+        self.pending.entries.push(SummaryEntry {
+            kind: b.kind as u8,
+            codec: b.enc.codec as u8,
+            offset: off as u32,
+            len: len as u32,
+            raw_len: b.raw_len,
+            owner: b.owner,
+        });
+        BlockAddr { seg: self.pos.seg, offset: self.pos.offset + off as u32, len: len as u32 }
+    }
+
+    /// Append one journal record (already encoded) to the pending batch.
+    pub fn add_journal(&mut self, record: &[u8], first_seq: u64) -> Result<()> {
+        self.check_ok()?;
+        let max = max_block_raw(self.geometry);
+        if self.pending.journal.len() + record.len() > max {
+            if record.len() > max {
+                return Err(Error::Invalid(format!(
+                    "commit of {} bytes exceeds the journal limit of {max}",
+                    record.len()
+                )));
+            }
+            self.write_pending(false)?;
+        }
+        // Room for the record in the journal block, stored raw at worst.
+        if self.pending.projected(0, record.len()) > self.seg_room() {
+            self.make_room(0, record.len() + BLOCK_HEADER_SIZE + SUMMARY_ENTRY_SIZE, false)?;
+        }
+        if self.pending.journal.is_empty() {
+            self.pending.journal_owner = first_seq;
+        }
+        self.pending.journal.extend_from_slice(record);
+        Ok(())
+    }
+
+    /// True when nothing waits to be written.
+    pub fn pending_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// Bytes in the pending batch.
+    pub fn pending_bytes(&self) -> usize {
+        self.pending.projected(0, 0)
+    }
+
+    /// If `addr` lies in the pending batch, its bytes.
+    pub fn read_pending(&self, addr: BlockAddr) -> Option<Vec<u8>> {
+        if addr.seg != self.pos.seg || addr.offset < self.pos.offset {
+            return None;
+        }
+        let start = (addr.offset - self.pos.offset) as usize;
+        self.pending.buf.get(start..start + addr.len as usize).map(|b| b.to_vec())
+    }
+
+    /// Write the pending batch to the store (not synced). Writes an empty
+    /// batch when nothing is pending (used to name the next segment).
+    pub fn write_pending(&mut self, system: bool) -> Result<()> {
+        self.check_ok()?;
+        if !self.pending.journal.is_empty() {
+            let j = std::mem::take(&mut self.pending.journal);
+            let b = NewBlock::encode(BlockKind::Journal, self.pending.journal_owner, self.journal_codec, &j);
+            let addr = self.place(b);
+            self.journal_blocks.push((self.pos.batch_seq, addr.seg, addr.len));
+        }
+        // Name the successor segment in every batch once there is one.
+        if self.pos.next_seg == NO_SEGMENT {
+            // Best effort: a full device is reported when the segment ends.
+            let _ = self.choose_next(system);
+        }
+        let mut p = std::mem::replace(&mut self.pending, Pending::new());
+        let summary_off = p.buf.len();
+        for e in &p.entries {
+            e.put(&mut p.buf);
+        }
+        let total_len = p.buf.len();
+        debug_assert!(self.pos.offset as usize + total_len <= self.geometry.segment_size as usize);
+        let mut h = BatchHeader {
+            batch_crc: 0,
+            log_id: self.log_id,
+            seq: self.pos.batch_seq,
+            prev_crc: self.pos.prev_crc,
+            total_len: total_len as u32,
+            summary_off: summary_off as u32,
+            summary_count: p.entries.len() as u32,
+            next_seg: self.pos.next_seg,
+            durable_seq: self.durable_batch,
+        };
+        p.buf[..BATCH_HEADER_SIZE].copy_from_slice(&h.encode());
+        h.batch_crc = crc(&p.buf[8..total_len]);
+        p.buf[4..8].copy_from_slice(&h.batch_crc.to_le_bytes());
+        let padded = align_up(total_len as u32) as usize;
+        p.buf.resize(padded.min(self.seg_room()), 0);
+        if let Err(e) = self.store.write(self.pos.seg, self.pos.offset, &p.buf) {
+            self.failed = true;
+            return Err(Error::io(
+                format!("writing batch {} to segment {} at {}", h.seq, self.pos.seg, self.pos.offset),
+                e,
+            ));
+        }
+        self.device_bytes += p.buf.len() as u64;
+        let u = &mut self.usage[self.pos.seg as usize];
+        u.last_batch = h.seq;
+        for e in &p.entries {
+            u.live = u.live.saturating_add(e.len);
+        }
+        self.next_named = self.pos.next_seg != NO_SEGMENT;
+        self.pos.offset += p.buf.len() as u32;
+        self.pos.batch_seq += 1;
+        self.pos.prev_crc = h.batch_crc;
+        Ok(())
+    }
+
+    /// Write out what is pending and make everything durable.
+    pub fn sync(&mut self) -> Result<()> {
+        if !self.pending.is_empty() {
+            self.write_pending(false)?;
+        }
+        self.sync_store()
+    }
+
+    /// Sync the store only (the caller wrote what it wanted written).
+    pub fn sync_store(&mut self) -> Result<()> {
+        self.check_ok()?;
+        if let Err(e) = self.store.sync() {
+            self.failed = true;
+            return Err(Error::io("syncing the device", e));
+        }
+        self.durable_batch = self.pos.batch_seq - 1;
+        Ok(())
+    }
+
+    /// A block is no longer referenced.
+    pub fn free_block(&mut self, addr: BlockAddr) {
+        if let Some(u) = self.usage.get_mut(addr.seg as usize) {
+            u.live = u.live.saturating_sub(addr.len);
+        }
+    }
+
+    /// The engine's view of the device: the store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+}
+
+/// Read and verify a block, returning its header and decompressed payload.
+pub fn read_block(store: &dyn Store, addr: BlockAddr, expect: BlockKind) -> Result<Vec<u8>> {
+    let g = store.geometry();
+    if addr.seg >= g.segment_count
+        || u64::from(addr.offset) + u64::from(addr.len) > u64::from(g.segment_size)
+        || (addr.len as usize) < BLOCK_HEADER_SIZE
+    {
+        return Err(Error::corrupt(format!("reference to block at {addr}"), "outside the device"));
+    }
+    let mut buf = vec![0u8; addr.len as usize];
+    store
+        .read(addr.seg, addr.offset, &mut buf)
+        .map_err(|e| Error::io(format!("reading block at {addr}"), e))?;
+    decode_block(&buf, addr, expect)
+}
+
+/// Verify and decompress a block read from `addr`.
+pub fn decode_block(buf: &[u8], addr: BlockAddr, expect: BlockKind) -> Result<Vec<u8>> {
+    let (h, payload) = BlockHeader::open(buf, addr)?;
+    if h.kind != expect as u8 {
+        return Err(Error::corrupt(
+            format!("block at {addr}"),
+            format!("holds kind {} where a {} block was expected", h.kind, expect.name()),
+        ));
+    }
+    let max = max_block_raw(Geometry { segment_size: MAX_SEGMENT_SIZE, segment_count: 1 });
+    if h.raw_len as usize > max {
+        return Err(Error::corrupt(format!("block at {addr}"), "raw length out of range"));
+    }
+    codec::decode(h.codec, payload, h.raw_len as usize)
+        .map_err(|e| Error::corrupt(format!("{} block at {addr}", expect.name()), e.to_string()))
+}
+
+/// A batch found by [`scan`].
+pub struct ScannedBatch<'a> {
+    /// Where it starts.
+    pub pos: LogPos,
+    /// Its header.
+    pub header: BatchHeader,
+    /// Its bytes (header to end of summary).
+    pub bytes: &'a [u8],
+    /// Its summary.
+    pub entries: Vec<SummaryEntry>,
+}
+
+impl ScannedBatch<'_> {
+    /// The address of the `i`th block.
+    pub fn addr(&self, i: usize) -> BlockAddr {
+        let e = &self.entries[i];
+        BlockAddr { seg: self.pos.seg, offset: self.pos.offset + e.offset, len: e.len }
+    }
+    /// The bytes of the `i`th block (header included).
+    pub fn block_bytes(&self, i: usize) -> &[u8] {
+        let e = &self.entries[i];
+        &self.bytes[e.offset as usize..(e.offset + e.len) as usize]
+    }
+}
+
+/// Try to read a valid batch continuing the chain at `pos`.
+fn read_batch(store: &dyn Store, log_id: u64, pos: LogPos, buf: &mut Vec<u8>) -> Result<Option<BatchHeader>> {
+    let seg_size = store.geometry().segment_size;
+    if pos.offset as usize + BATCH_HEADER_SIZE > seg_size as usize {
+        return Ok(None);
+    }
+    let mut hb = [0u8; BATCH_HEADER_SIZE];
+    store
+        .read(pos.seg, pos.offset, &mut hb)
+        .map_err(|e| Error::io(format!("reading the log at segment {} offset {}", pos.seg, pos.offset), e))?;
+    let Some(h) = BatchHeader::decode(&hb)? else { return Ok(None) };
+    if h.log_id != log_id
+        || h.seq != pos.batch_seq
+        || h.prev_crc != pos.prev_crc
+        || (h.total_len as usize) < BATCH_HEADER_SIZE
+        || u64::from(pos.offset) + u64::from(h.total_len) > u64::from(seg_size)
+    {
+        return Ok(None);
+    }
+    buf.resize(h.total_len as usize, 0);
+    store
+        .read(pos.seg, pos.offset, buf)
+        .map_err(|e| Error::io(format!("reading batch {} in segment {}", h.seq, pos.seg), e))?;
+    if crc(&buf[8..]) != h.batch_crc {
+        return Ok(None);
+    }
+    Ok(Some(h))
+}
+
+/// Walk the log from `start`, calling `visit` for every batch of the chain,
+/// and return the position after the last one (where writing continues).
+///
+/// The walk ends at the first position holding no valid continuation: the
+/// torn or unwritten tail. If a later batch shows that the batch at the end
+/// had been synced (its `durable_seq` covers it), the log is damaged, not
+/// torn, and that is an error naming the place.
+pub fn scan(
+    store: &dyn Store,
+    log_id: u64,
+    start: LogPos,
+    mut visit: impl FnMut(&ScannedBatch) -> Result<()>,
+) -> Result<LogPos> {
+    let mut pos = start;
+    let mut buf = Vec::new();
+    let seg_count = store.geometry().segment_count;
+    loop {
+        let mut h = read_batch(store, log_id, pos, &mut buf)?;
+        if h.is_none() && pos.next_seg != NO_SEGMENT && pos.next_seg < seg_count {
+            let moved = LogPos { seg: pos.next_seg, offset: 0, next_seg: NO_SEGMENT, ..pos };
+            h = read_batch(store, log_id, moved, &mut buf)?;
+            if h.is_some() {
+                pos = moved;
+            }
+        }
+        let Some(h) = h else { break };
+        let what = format!("summary of batch {} in segment {} at {}", h.seq, pos.seg, pos.offset);
+        let entries = SummaryEntry::decode_all(&buf, &h, &what)?;
+        visit(&ScannedBatch { pos, header: h, bytes: &buf, entries })?;
+        let next_off = align_up(pos.offset + h.total_len);
+        pos = LogPos {
+            seg: pos.seg,
+            offset: next_off,
+            batch_seq: h.seq + 1,
+            prev_crc: h.batch_crc,
+            next_seg: h.next_seg,
+        };
+    }
+    check_not_damaged(store, log_id, pos)?;
+    Ok(pos)
+}
+
+/// Look past the end of the chain for a batch written after the end
+/// position had been synced: evidence of damage rather than a torn tail.
+fn check_not_damaged(store: &dyn Store, log_id: u64, end: LogPos) -> Result<()> {
+    let g = store.geometry();
+    let mut places = vec![(end.seg, end.offset + BATCH_ALIGN)];
+    if end.next_seg != NO_SEGMENT && end.next_seg < g.segment_count {
+        places.push((end.next_seg, 0));
+    }
+    for (seg, from) in places {
+        if from as usize + BATCH_HEADER_SIZE > g.segment_size as usize {
+            continue;
+        }
+        let mut rest = vec![0u8; (g.segment_size - from) as usize];
+        store
+            .read(seg, from, &mut rest)
+            .map_err(|e| Error::io(format!("reading segment {seg}"), e))?;
+        for off in (0..rest.len()).step_by(BATCH_ALIGN as usize) {
+            if let Ok(Some(h)) = BatchHeader::decode(&rest[off..]) {
+                if h.log_id == log_id && h.seq > end.batch_seq && h.durable_seq >= end.batch_seq {
+                    return Err(Error::corrupt(
+                        format!("log batch {} in segment {} at offset {}", end.batch_seq, end.seg, end.offset),
+                        format!(
+                            "it is damaged or missing, but batch {} (segment {seg} offset {}) was \
+                             written after it had been synced",
+                            h.seq,
+                            from as usize + off
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,120 @@
+//! Where segments live. A store is a set of fixed-size segments addressed by
+//! (segment, offset), plus a few fixed 4 KiB metadata slots (the superblock
+//! and the two checkpoint slots) kept apart from the segments.
+//!
+//! Contract (what lets a segment become one object in an object store, or
+//! live on a second device, without a format change):
+//! - inside a segment, the engine only appends: a write starts at the end of
+//!   what the engine considers the segment's valid contents (after a crash
+//!   that is the end of the recovered log, which may be before bytes a torn
+//!   write left behind);
+//! - a written segment is never rewritten until the engine frees it with
+//!   [`Store::discard`];
+//! - metadata slots are rewritten whole, always 4 KiB at a time;
+//! - nothing is durable until [`Store::sync`] returns `Ok`.
+
+use std::io;
+
+mod fault;
+mod file;
+mod mem;
+
+pub use fault::{CrashMode, FaultConfig, FaultStore, OpKind, Target};
+pub use file::FileStore;
+pub use mem::MemStore;
+
+/// Size of one metadata slot.
+pub const META_SLOT_SIZE: usize = 4096;
+/// Bytes reserved at the start of an image file or device for metadata
+/// slots; segment 0 starts here. Room for 16 slots, 3 used today.
+pub const META_AREA_SIZE: u64 = 64 * 1024;
+/// The unit a device writes atomically at best; torn writes tear here.
+pub const SECTOR_SIZE: usize = 512;
+
+/// A fixed metadata slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MetaSlot {
+    /// The superblock: written at mkfs, read at open.
+    Super,
+    /// Checkpoint slot A (even checkpoint numbers).
+    CheckpointA,
+    /// Checkpoint slot B (odd checkpoint numbers).
+    CheckpointB,
+}
+
+impl MetaSlot {
+    /// The slot's index in the metadata area.
+    pub fn index(self) -> u64 {
+        match self {
+            MetaSlot::Super => 0,
+            MetaSlot::CheckpointA => 1,
+            MetaSlot::CheckpointB => 2,
+        }
+    }
+}
+
+/// The shape of a store's segment space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    /// Bytes per segment; a multiple of [`SECTOR_SIZE`].
+    pub segment_size: u32,
+    /// Number of segments.
+    pub segment_count: u32,
+}
+
+impl Geometry {
+    /// Total bytes of segment space.
+    pub fn capacity(&self) -> u64 {
+        u64::from(self.segment_size) * u64::from(self.segment_count)
+    }
+}
+
+/// A device holding segments and metadata slots.
+///
+/// Implementations are shared between threads; every method takes `&self`.
+/// Reads and writes outside the geometry fail with `InvalidInput`.
+pub trait Store: Send + Sync {
+    /// The segment space.
+    fn geometry(&self) -> Geometry;
+    /// Read a whole metadata slot.
+    fn read_meta(&self, slot: MetaSlot, buf: &mut [u8; META_SLOT_SIZE]) -> io::Result<()>;
+    /// Overwrite a whole metadata slot (not durable until [`Store::sync`]).
+    fn write_meta(&self, slot: MetaSlot, buf: &[u8; META_SLOT_SIZE]) -> io::Result<()>;
+    /// Read `buf.len()` bytes of segment `seg` at `offset`. Bytes never
+    /// written read as zeros.
+    fn read(&self, seg: u32, offset: u32, buf: &mut [u8]) -> io::Result<()>;
+    /// Append `data` to segment `seg` at `offset` (see the module contract).
+    fn write(&self, seg: u32, offset: u32, data: &[u8]) -> io::Result<()>;
+    /// Make every write so far durable.
+    fn sync(&self) -> io::Result<()>;
+    /// The engine no longer needs segment `seg`; it may be rewritten from
+    /// offset 0. A hint: an implementation may do nothing.
+    fn discard(&self, seg: u32) -> io::Result<()>;
+}
+
+fn check_range(g: Geometry, seg: u32, offset: u32, len: usize) -> io::Result<()> {
+    let end = u64::from(offset) + len as u64;
+    if seg >= g.segment_count || end > u64::from(g.segment_size) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "segment {seg} offset {offset} length {len} is outside the store \
+                 ({} segments of {} bytes)",
+                g.segment_count, g.segment_size
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Seed for a randomised test: `ZLOGFS_SEED` if set, else random. Printed so
+/// a failure can be replayed.
+#[cfg(test)]
+pub(crate) fn test_seed() -> u64 {
+    let seed = match std::env::var("ZLOGFS_SEED") {
+        Ok(s) => s.trim().parse().expect("ZLOGFS_SEED must be a u64"),
+        Err(_) => rand::random(),
+    };
+    eprintln!("ZLOGFS_SEED={seed}");
+    seed
+}
