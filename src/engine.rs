@@ -16,9 +16,7 @@ use rayon::prelude::*;
 use crate::bytes::{Put, Reader};
 use crate::codec::{CodecId, CodecSpec};
 use crate::error::{Error, Result};
-use crate::index::run::{
-    encode_data_block, encode_index_block, BlockCache, Bloom, IndexEntry, Run, RunMeta,
-};
+use crate::index::run::{encode_data_block, encode_index_block, BlockCache, Bloom, IndexEntry, Run, RunMeta};
 use crate::index::{retain_versions, Entry, Memtable, MergeIter, MAX_KEY, MAX_VALUE};
 use crate::log::format::*;
 use crate::log::{self, max_block_raw, LogWriter, NewBlock, SegUsage};
@@ -252,8 +250,7 @@ pub fn mkfs(store: Arc<dyn Store>) -> Result<Superblock> {
         geometry,
         created_ns,
     };
-    let start =
-        LogPos { seg: 0, offset: 0, batch_seq: 1, prev_crc: 0, next_seg: NO_SEGMENT };
+    let start = LogPos { seg: 0, offset: 0, batch_seq: 1, prev_crc: 0, next_seg: NO_SEGMENT };
     let usage = vec![SegUsage::default(); geometry.segment_count as usize];
     let mut log = LogWriter::new(store.clone(), sb.log_id(), start, usage, Options::default().journal_codec);
     let body = CheckpointBody {
@@ -445,9 +442,10 @@ impl Engine {
             }
         }
         let Some((slot, body, other)) = loaded else {
-            return Err(slot_errors.into_iter().next().unwrap_or_else(|| {
-                Error::corrupt("checkpoint slots", "neither slot holds a checkpoint")
-            }));
+            return Err(slot_errors
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| Error::corrupt("checkpoint slots", "neither slot holds a checkpoint")));
         };
         let runs = body
             .runs
@@ -667,18 +665,10 @@ impl Engine {
             let r = core.log.write_pending(false);
             self.latch(core, r)?;
         }
-        let f = Arc::new(Frozen {
-            mem: ver.active.clone(),
-            end: core.log.pos(),
-            max_seq: core.next_seq - 1,
-        });
+        let f = Arc::new(Frozen { mem: ver.active.clone(), end: core.log.pos(), max_seq: core.next_seq - 1 });
         let mut frozen = vec![f];
         frozen.extend(ver.frozen.iter().cloned());
-        self.set_version(Version {
-            active: Arc::new(Memtable::new()),
-            frozen,
-            runs: ver.runs.clone(),
-        });
+        self.set_version(Version { active: Arc::new(Memtable::new()), frozen, runs: ver.runs.clone() });
         Ok(())
     }
 
@@ -726,6 +716,18 @@ impl Engine {
             }
         });
         core.pending_frees = frees;
+    }
+
+    /// Hand the pending batch to the device without waiting for it to be
+    /// durable (what a page-cache writeback would do).
+    pub fn write_out(&self) -> Result<()> {
+        self.check_ok()?;
+        let mut core = lock(&self.sh.core);
+        if core.log.pending_empty() {
+            return Ok(());
+        }
+        let r = core.log.write_pending(false);
+        self.latch(&core, r)
     }
 
     /// [`Engine::write`] then [`Engine::sync`].
@@ -899,27 +901,28 @@ impl Engine {
         let mut blocks: Vec<Vec<Entry>> = Vec::new();
         let mut cur: Vec<Entry> = Vec::new();
         let mut cur_bytes = 0;
-        let flush_blocks = |blocks: &mut Vec<Vec<Entry>>, index: &mut Vec<IndexEntry>, meta: &mut RunMeta| -> Result<()> {
-            if blocks.is_empty() {
-                return Ok(());
-            }
-            let enc: Vec<NewBlock> = blocks
-                .par_iter()
-                .map(|b| NewBlock::encode(BlockKind::RunData, id, spec, &encode_data_block(b)))
-                .collect();
-            let addrs = {
-                let mut core = lock(&self.sh.core);
-                let r = core.log.add_blocks(enc, true);
-                self.latch(&core, r)?
+        let flush_blocks =
+            |blocks: &mut Vec<Vec<Entry>>, index: &mut Vec<IndexEntry>, meta: &mut RunMeta| -> Result<()> {
+                if blocks.is_empty() {
+                    return Ok(());
+                }
+                let enc: Vec<NewBlock> = blocks
+                    .par_iter()
+                    .map(|b| NewBlock::encode(BlockKind::RunData, id, spec, &encode_data_block(b)))
+                    .collect();
+                let addrs = {
+                    let mut core = lock(&self.sh.core);
+                    let r = core.log.add_blocks(enc, true);
+                    self.latch(&core, r)?
+                };
+                for (b, a) in blocks.iter().zip(addrs) {
+                    let l = b.last().ok_or_else(|| Error::Invalid("empty block".into()))?;
+                    index.push(IndexEntry { last_key: l.key.clone(), last_seq: l.seq, addr: a });
+                    meta.bytes += u64::from(a.len);
+                }
+                blocks.clear();
+                Ok(())
             };
-            for (b, a) in blocks.iter().zip(addrs) {
-                let l = b.last().ok_or_else(|| Error::Invalid("empty block".into()))?;
-                index.push(IndexEntry { last_key: l.key.clone(), last_seq: l.seq, addr: a });
-                meta.bytes += u64::from(a.len);
-            }
-            blocks.clear();
-            Ok(())
-        };
         for e in entries {
             let e = e?;
             if meta.entries == 0 {
@@ -1086,8 +1089,7 @@ impl Engine {
                 u.live = u.live.saturating_sub(a.len);
             }
         };
-        let (ready, later): (Vec<_>, Vec<_>) =
-            core.ckpt.deferred.iter().partition(|&&(n, _)| n < number);
+        let (ready, later): (Vec<_>, Vec<_>) = core.ckpt.deferred.iter().partition(|&&(n, _)| n < number);
         for &(_, a) in &ready {
             sub(&mut usage, a);
         }
@@ -1193,7 +1195,10 @@ fn background(sh: Arc<Shared>) {
             let (m, cv) = &e.sh.bg;
             let mut st = lock(m);
             while !st.stop && !st.work {
-                st = cv.wait_timeout(st, std::time::Duration::from_secs(1)).map(|r| r.0).unwrap_or_else(|p| p.into_inner().0);
+                st = cv
+                    .wait_timeout(st, std::time::Duration::from_secs(1))
+                    .map(|r| r.0)
+                    .unwrap_or_else(|p| p.into_inner().0);
                 if e.version().runs.len() > e.sh.opts.max_runs || !e.version().frozen.is_empty() {
                     break;
                 }

@@ -86,7 +86,7 @@ impl Error {
             Error::Io { source, .. } => source.raw_os_error().unwrap_or(5),
             Error::ChecksumMismatch { .. } | Error::Corrupt { .. } => 5, // EIO
             Error::NotAnImage(_) | Error::Unsupported(_) | Error::Invalid(_) => 22, // EINVAL
-            Error::NoSpace(_) => 28,                                                // ENOSPC
+            Error::NoSpace(_) => 28,                                     // ENOSPC
             Error::Failed => 5,
             Error::SnapshotTooOld { .. } => 22,
         }

@@ -55,14 +55,8 @@ pub enum CodecId {
 
 impl CodecId {
     /// Every codec, in on-disk byte order.
-    pub const ALL: [CodecId; 6] = [
-        CodecId::None,
-        CodecId::Lz4,
-        CodecId::Zstd,
-        CodecId::Deflate,
-        CodecId::Pred1,
-        CodecId::Pred2,
-    ];
+    pub const ALL: [CodecId; 6] =
+        [CodecId::None, CodecId::Lz4, CodecId::Zstd, CodecId::Deflate, CodecId::Pred1, CodecId::Pred2];
 
     /// The codec with on-disk byte `v`, if any.
     pub fn from_u8(v: u8) -> Option<CodecId> {
@@ -83,10 +77,7 @@ impl CodecId {
 
     /// The codec called `name` (case-insensitive), if any.
     pub fn from_name(name: &str) -> Option<CodecId> {
-        CodecId::ALL
-            .iter()
-            .copied()
-            .find(|c| c.name().eq_ignore_ascii_case(name))
+        CodecId::ALL.iter().copied().find(|c| c.name().eq_ignore_ascii_case(name))
     }
 
     /// True if the codec takes a level (zstd, deflate).
@@ -158,9 +149,7 @@ impl FromStr for CodecSpec {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = |why: String| {
-            crate::Error::Invalid(format!(
-                "bad codec {s:?}: {why}; valid forms: {VALID_SPECS}"
-            ))
+            crate::Error::Invalid(format!("bad codec {s:?}: {why}; valid forms: {VALID_SPECS}"))
         };
         let t = s.trim();
         let (name, level) = match t.split_once(':') {
@@ -178,12 +167,7 @@ impl FromStr for CodecSpec {
                     v
                 } else {
                     let r = id.level_range();
-                    return Err(bad(format!(
-                        "{} level must be {}..={}",
-                        id.name(),
-                        r.start(),
-                        r.end()
-                    )));
+                    return Err(bad(format!("{} level must be {}..={}", id.name(), r.start(), r.end())));
                 }
             }
         };
@@ -213,10 +197,7 @@ impl DecodeError {
 
     /// "`codec` payload does not expand to `raw_len` bytes (detail)".
     pub(crate) fn size(codec: CodecId, raw_len: usize, detail: impl fmt::Display) -> Self {
-        DecodeError(format!(
-            "{} payload does not expand to {raw_len} bytes ({detail})",
-            codec.name()
-        ))
+        DecodeError(format!("{} payload does not expand to {raw_len} bytes ({detail})", codec.name()))
     }
 }
 
@@ -245,8 +226,7 @@ pub trait Codec: Send + Sync {
     /// appending to `dst`. Never panics and never allocates more than
     /// `raw_len` (+ small constant) on any input. On error `dst` may hold
     /// partial output beyond its original length.
-    fn decompress(&self, src: &[u8], raw_len: usize, dst: &mut Vec<u8>)
-        -> Result<(), DecodeError>;
+    fn decompress(&self, src: &[u8], raw_len: usize, dst: &mut Vec<u8>) -> Result<(), DecodeError>;
 }
 
 static NONE: none::NoneCodec = none::NoneCodec;

@@ -28,12 +28,12 @@ fn runner(test: &str, cases: u32) -> TestRunner {
 }
 
 const WORDS: &[&str] = &[
-    "the", "of", "and", "a", "to", "in", "is", "you", "that", "it", "he", "was", "for", "on",
-    "are", "as", "with", "his", "they", "I", "at", "be", "this", "have", "from", "or", "one",
-    "had", "by", "word", "but", "not", "what", "all", "were", "we", "when", "your", "can",
-    "said", "there", "use", "an", "each", "which", "she", "do", "how", "their", "if", "struct",
-    "fn", "let", "mut", "return", "int", "char", "#include", "static", "const", "void",
-    "unsigned", "long", "{", "}", "(", ")", ";", "=", "==", "->", "*", "0", "1", "42",
+    "the", "of", "and", "a", "to", "in", "is", "you", "that", "it", "he", "was", "for", "on", "are", "as",
+    "with", "his", "they", "I", "at", "be", "this", "have", "from", "or", "one", "had", "by", "word", "but",
+    "not", "what", "all", "were", "we", "when", "your", "can", "said", "there", "use", "an", "each", "which",
+    "she", "do", "how", "their", "if", "struct", "fn", "let", "mut", "return", "int", "char", "#include",
+    "static", "const", "void", "unsigned", "long", "{", "}", "(", ")", ";", "=", "==", "->", "*", "0", "1",
+    "42",
 ];
 
 /// Text-like data: words from a small vocabulary with punctuation and lines.
@@ -88,11 +88,8 @@ fn round_trip(id: CodecId, level: u8, data: &[u8]) {
 #[test]
 fn round_trip_all_codecs_levels_and_sizes() {
     let mut r = rng("round_trip_all_codecs_levels_and_sizes");
-    let mut inputs: Vec<(String, Vec<u8>)> = vec![
-        ("empty".into(), vec![]),
-        ("one".into(), vec![b'x']),
-        ("one zero".into(), vec![0]),
-    ];
+    let mut inputs: Vec<(String, Vec<u8>)> =
+        vec![("empty".into(), vec![]), ("one".into(), vec![b'x']), ("one zero".into(), vec![0])];
     for size in [16 << 10, 64 << 10, 1 << 20] {
         inputs.push((format!("zeros {size}"), vec![0; size]));
         inputs.push((format!("text {size}"), text(&mut r, size)));
@@ -294,8 +291,7 @@ fn proptest_round_trip_structured() {
         (any::<u8>(), 1usize..5000).prop_map(|(b, n)| vec![b; n]),
         proptest::collection::vec(0u8..4, 0..5000),
         proptest::collection::vec(prop_oneof![Just(b' '), b'a'..=b'z', Just(b'\n')], 0..5000),
-        (proptest::collection::vec(any::<u8>(), 1..64), 1usize..200)
-            .prop_map(|(p, n)| p.repeat(n)),
+        (proptest::collection::vec(any::<u8>(), 1..64), 1usize..200).prop_map(|(p, n)| p.repeat(n)),
         proptest::collection::vec(any::<u8>(), 0..2000),
     ];
     let strat = proptest::collection::vec(piece, 0..40).prop_map(|ps| {
@@ -370,10 +366,8 @@ fn probe() {
 #[ignore]
 fn bench_codecs() {
     use std::time::Instant;
-    let limit: usize = std::env::var("ZLOGFS_BENCH_BYTES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(32 << 20);
+    let limit: usize =
+        std::env::var("ZLOGFS_BENCH_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(32 << 20);
     let mut data = Vec::new();
     let mut stack = vec![std::path::PathBuf::from("/usr/include")];
     let mut files = Vec::new();
@@ -406,7 +400,19 @@ fn bench_codecs() {
     let t = Instant::now();
     let n = blocks.iter().filter(|b| looks_incompressible(b)).count();
     eprintln!("probe: {:.0} MB/s ({n} blocks judged incompressible)", mb / t.elapsed().as_secs_f64());
-    let specs = ["none", "lz4", "zstd:1", "zstd:3", "zstd:9", "zstd:19", "deflate:1", "deflate:6", "deflate:9", "pred1", "pred2"];
+    let specs = [
+        "none",
+        "lz4",
+        "zstd:1",
+        "zstd:3",
+        "zstd:9",
+        "zstd:19",
+        "deflate:1",
+        "deflate:6",
+        "deflate:9",
+        "pred1",
+        "pred2",
+    ];
     for s in specs {
         let spec: CodecSpec = s.parse().expect("spec");
         let c = codec(spec.id);
@@ -428,12 +434,6 @@ fn bench_codecs() {
             assert!(out == *b);
         }
         let dt = t.elapsed().as_secs_f64();
-        eprintln!(
-            "{:<10} {:>7.3} {:>10.1} {:>10.1}",
-            s,
-            total as f64 / data.len() as f64,
-            mb / ct,
-            mb / dt
-        );
+        eprintln!("{:<10} {:>7.3} {:>10.1} {:>10.1}", s, total as f64 / data.len() as f64, mb / ct, mb / dt);
     }
 }

@@ -349,7 +349,13 @@ impl Run {
 
     /// The newest version of `key` with sequence number at most `seq`:
     /// `Some(None)` for a tombstone, `None` if the run has no such version.
-    pub fn get(&self, store: &dyn Store, cache: &BlockCache, key: &[u8], seq: u64) -> Result<Option<Option<Vec<u8>>>> {
+    pub fn get(
+        &self,
+        store: &dyn Store,
+        cache: &BlockCache,
+        key: &[u8],
+        seq: u64,
+    ) -> Result<Option<Option<Vec<u8>>>> {
         if seq < self.meta.min_seq
             || key < self.meta.min_key.as_slice()
             || key > self.meta.max_key.as_slice()
@@ -370,7 +376,12 @@ impl Run {
     }
 
     /// A cursor over entries with key >= `start`, in internal order.
-    pub fn cursor(self: &Arc<Self>, store: Arc<dyn Store>, cache: Arc<BlockCache>, start: &[u8]) -> RunCursor {
+    pub fn cursor(
+        self: &Arc<Self>,
+        store: Arc<dyn Store>,
+        cache: Arc<BlockCache>,
+        start: &[u8],
+    ) -> RunCursor {
         let bi = self.find_block(start, u64::MAX);
         RunCursor { run: self.clone(), store, cache, bi, block: None, ei: 0, start: start.to_vec() }
     }

@@ -89,8 +89,7 @@ impl Superblock {
     pub fn decode(buf: &[u8; META_SLOT_SIZE]) -> Result<Superblock> {
         if buf[..8] != SUPER_MAGIC {
             return Err(Error::NotAnImage(
-                "no zlogfs superblock at the start (wrong magic); create one with `zlogfs mkfs`"
-                    .into(),
+                "no zlogfs superblock at the start (wrong magic); create one with `zlogfs mkfs`".into(),
             ));
         }
         check_slot_crc(buf, "superblock")?;

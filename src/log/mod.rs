@@ -182,8 +182,7 @@ impl LogWriter {
         if self.pos.next_seg != NO_SEGMENT {
             return Ok(());
         }
-        let free: Vec<u32> =
-            (0..self.geometry.segment_count).filter(|&s| self.is_free(s)).take(64).collect();
+        let free: Vec<u32> = (0..self.geometry.segment_count).filter(|&s| self.is_free(s)).take(64).collect();
         let need = if system { 1 } else { self.reserve_segments as usize + 1 };
         if free.len() < need {
             return Err(Error::NoSpace(format!(
@@ -566,14 +565,15 @@ fn check_not_damaged(store: &dyn Store, log_id: u64, end: LogPos) -> Result<()> 
             continue;
         }
         let mut rest = vec![0u8; (g.segment_size - from) as usize];
-        store
-            .read(seg, from, &mut rest)
-            .map_err(|e| Error::io(format!("reading segment {seg}"), e))?;
+        store.read(seg, from, &mut rest).map_err(|e| Error::io(format!("reading segment {seg}"), e))?;
         for off in (0..rest.len()).step_by(BATCH_ALIGN as usize) {
             if let Ok(Some(h)) = BatchHeader::decode(&rest[off..]) {
                 if h.log_id == log_id && h.seq > end.batch_seq && h.durable_seq >= end.batch_seq {
                     return Err(Error::corrupt(
-                        format!("log batch {} in segment {} at offset {}", end.batch_seq, end.seg, end.offset),
+                        format!(
+                            "log batch {} in segment {} at offset {}",
+                            end.batch_seq, end.seg, end.offset
+                        ),
                         format!(
                             "it is damaged or missing, but batch {} (segment {seg} offset {}) was \
                              written after it had been synced",

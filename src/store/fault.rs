@@ -101,8 +101,8 @@ impl Image {
     fn bytes_mut(&mut self, target: Target, segment_size: u32) -> &mut [u8] {
         match target {
             Target::Segment(s) => {
-                let seg = self.segments[s as usize]
-                    .get_or_insert_with(|| Arc::new(vec![0; segment_size as usize]));
+                let seg =
+                    self.segments[s as usize].get_or_insert_with(|| Arc::new(vec![0; segment_size as usize]));
                 Arc::make_mut(seg).as_mut_slice()
             }
             Target::Meta(slot) => &mut self.meta[slot.index() as usize],
@@ -208,9 +208,7 @@ impl State {
 /// The device address of byte `offset` of `target` (see the file layout).
 fn device_addr(target: Target, offset: u32, segment_size: u32) -> u64 {
     match target {
-        Target::Segment(s) => {
-            META_AREA_SIZE + u64::from(s) * u64::from(segment_size) + u64::from(offset)
-        }
+        Target::Segment(s) => META_AREA_SIZE + u64::from(s) * u64::from(segment_size) + u64::from(offset),
         Target::Meta(slot) => slot.index() * META_SLOT_SIZE as u64 + u64::from(offset),
     }
 }
@@ -221,11 +219,7 @@ fn device_addr(target: Target, offset: u32, segment_size: u32) -> u64 {
 fn tear_points(addr: u64, len: usize) -> (usize, usize) {
     let sector = SECTOR_SIZE as u64;
     let first = (sector - addr % sector) as usize;
-    let count = if first < len {
-        (len - 1 - first) / SECTOR_SIZE + 1
-    } else {
-        0
-    };
+    let count = if first < len { (len - 1 - first) / SECTOR_SIZE + 1 } else { 0 };
     (first, count)
 }
 
@@ -282,8 +276,7 @@ impl FaultStore {
         let pending = std::mem::take(&mut st.pending);
         let last = pending.len().wrapping_sub(1);
         for (i, p) in pending.iter().enumerate() {
-            let (first, count) =
-                tear_points(device_addr(p.target, p.offset, seg_size), p.data.len());
+            let (first, count) = tear_points(device_addr(p.target, p.offset, seg_size), p.data.len());
             let keep = match mode {
                 CrashMode::DropUnsynced => 0,
                 CrashMode::TearLast if i < last => p.data.len(),
@@ -302,8 +295,7 @@ impl FaultStore {
                 }
             };
             if keep > 0 {
-                st.durable
-                    .apply(p.target, p.offset, &p.data[..keep], seg_size);
+                st.durable.apply(p.target, p.offset, &p.data[..keep], seg_size);
             }
         }
         st.current = st.durable.clone();
@@ -316,9 +308,7 @@ impl FaultStore {
     pub fn fork(&self) -> FaultStore {
         let mut st = self.lock().clone();
         st.clear_faults();
-        FaultStore {
-            inner: Mutex::new(st),
-        }
+        FaultStore { inner: Mutex::new(st) }
     }
 
     /// Counted operations since the last [`FaultStore::set_faults`] (or
@@ -385,11 +375,7 @@ impl FaultStore {
     /// offset any successful write reached, whether or not it survived.
     pub fn written_segments(&self) -> Vec<(u32, u32)> {
         let st = self.lock();
-        st.written_end
-            .iter()
-            .enumerate()
-            .filter_map(|(s, end)| end.map(|e| (s as u32, e)))
-            .collect()
+        st.written_end.iter().enumerate().filter_map(|(s, end)| end.map(|e| (s as u32, e))).collect()
     }
 
     fn do_read(&self, target: Target, offset: u32, buf: &mut [u8]) -> io::Result<()> {
@@ -405,11 +391,7 @@ impl FaultStore {
         st.begin(OpKind::Write)?;
         let seg_size = st.segment_size();
         st.current.apply(target, offset, data, seg_size);
-        st.pending.push(Pending {
-            target,
-            offset,
-            data: Arc::from(data),
-        });
+        st.pending.push(Pending { target, offset, data: Arc::from(data) });
         st.bytes_written += data.len() as u64;
         if let Target::Segment(s) = target {
             let end = offset + data.len() as u32;
@@ -429,10 +411,7 @@ fn check_target(g: Geometry, target: Target, offset: u64, len: usize) {
         }
         Target::Meta(_) => META_SLOT_SIZE as u64,
     };
-    assert!(
-        offset + len as u64 <= size,
-        "{target:?}: offset {offset} length {len} outside its {size} bytes"
-    );
+    assert!(offset + len as u64 <= size, "{target:?}: offset {offset} length {len} outside its {size} bytes");
 }
 
 impl Store for FaultStore {
@@ -484,16 +463,11 @@ mod tests {
     const SEG: u32 = 64 * 1024;
 
     fn geo() -> Geometry {
-        Geometry {
-            segment_size: SEG,
-            segment_count: 64,
-        }
+        Geometry { segment_size: SEG, segment_count: 64 }
     }
 
     fn pattern(tag: u8, len: usize) -> Vec<u8> {
-        (0..len)
-            .map(|i| tag ^ (i as u8).wrapping_mul(31) | 1)
-            .collect()
+        (0..len).map(|i| tag ^ (i as u8).wrapping_mul(31) | 1).collect()
     }
 
     fn read(s: &FaultStore, seg: u32, off: u32, len: usize) -> Vec<u8> {
@@ -523,13 +497,11 @@ mod tests {
         let a = pattern(1, 4096);
         let b = pattern(2, 4096);
         s.write(0, 0, &a).unwrap();
-        s.write_meta(MetaSlot::CheckpointA, &[1; META_SLOT_SIZE])
-            .unwrap();
+        s.write_meta(MetaSlot::CheckpointA, &[1; META_SLOT_SIZE]).unwrap();
         s.sync().unwrap();
         s.write(0, 4096, &b).unwrap();
         s.write(5, 0, &b).unwrap();
-        s.write_meta(MetaSlot::CheckpointA, &[2; META_SLOT_SIZE])
-            .unwrap();
+        s.write_meta(MetaSlot::CheckpointA, &[2; META_SLOT_SIZE]).unwrap();
         s.power_cut(CrashMode::DropUnsynced, 0);
         assert_eq!(s.pending_writes(), 0);
         assert_eq!(read(&s, 0, 0, 8192), [a.clone(), vec![0; 4096]].concat());
@@ -548,10 +520,7 @@ mod tests {
     /// rest of `got` to be zero.
     fn kept_prefix(got: &[u8], want: &[u8]) -> usize {
         let k = got.iter().zip(want).take_while(|(g, w)| g == w).count();
-        assert!(
-            got[k..].iter().all(|&b| b == 0),
-            "garbage after kept prefix {k}"
-        );
+        assert!(got[k..].iter().all(|&b| b == 0), "garbage after kept prefix {k}");
         k
     }
 
@@ -609,8 +578,7 @@ mod tests {
         let seed = test_seed();
         let s = FaultStore::new(geo());
         s.write(0, 0, &[5; 512]).unwrap();
-        s.write_meta(MetaSlot::CheckpointB, &[7; META_SLOT_SIZE])
-            .unwrap();
+        s.write_meta(MetaSlot::CheckpointB, &[7; META_SLOT_SIZE]).unwrap();
         s.power_cut(CrashMode::TearLast, seed);
         assert_eq!(s.read_durable(Target::Segment(0), 0, 512), vec![5; 512]);
         let m = s.read_durable(Target::Meta(MetaSlot::CheckpointB), 0, META_SLOT_SIZE);
@@ -628,9 +596,8 @@ mod tests {
             let base = pattern(9, 512);
             s.write(0, 0, &base).unwrap();
             s.sync().unwrap();
-            let writes: Vec<(u32, Vec<u8>)> = (0..16u32)
-                .map(|j| (1 + j, pattern(j as u8, 512 * (1 + j as usize % 5))))
-                .collect();
+            let writes: Vec<(u32, Vec<u8>)> =
+                (0..16u32).map(|j| (1 + j, pattern(j as u8, 512 * (1 + j as usize % 5)))).collect();
             for (seg, d) in &writes {
                 s.write(*seg, 0, d).unwrap();
             }
@@ -647,10 +614,7 @@ mod tests {
                 }
             }
         }
-        assert!(
-            dropped > 0 && whole > 0 && torn > 0,
-            "{dropped} {whole} {torn}"
-        );
+        assert!(dropped > 0 && whole > 0 && torn > 0, "{dropped} {whole} {torn}");
     }
 
     #[test]
@@ -675,10 +639,7 @@ mod tests {
     #[test]
     fn fail_at_once() {
         let s = FaultStore::new(geo());
-        s.set_faults(FaultConfig {
-            fail_at: Some(3),
-            ..Default::default()
-        });
+        s.set_faults(FaultConfig { fail_at: Some(3), ..Default::default() });
         s.write(0, 0, &[1; 512]).unwrap(); // 1
         read(&s, 0, 0, 512); // 2
         let e = s.write(0, 512, &[2; 512]).unwrap_err(); // 3
@@ -721,11 +682,7 @@ mod tests {
     #[test]
     fn fail_kinds_counts_meta_as_read_and_write() {
         let s = FaultStore::new(geo());
-        s.set_faults(FaultConfig {
-            fail_at: Some(2),
-            fail_kinds: Some(OpKind::Write),
-            ..Default::default()
-        });
+        s.set_faults(FaultConfig { fail_at: Some(2), fail_kinds: Some(OpKind::Write), ..Default::default() });
         s.write(0, 0, &[1; 512]).unwrap();
         s.sync().unwrap();
         let mut m = [0; META_SLOT_SIZE];
@@ -735,11 +692,7 @@ mod tests {
         assert_eq!(m, [0; META_SLOT_SIZE], "failed meta write must not apply");
         s.write_meta(MetaSlot::Super, &[4; META_SLOT_SIZE]).unwrap();
 
-        s.set_faults(FaultConfig {
-            fail_at: Some(1),
-            fail_kinds: Some(OpKind::Read),
-            ..Default::default()
-        });
+        s.set_faults(FaultConfig { fail_at: Some(1), fail_kinds: Some(OpKind::Read), ..Default::default() });
         s.write(0, 0, &[1; 512]).unwrap();
         assert!(s.read_meta(MetaSlot::Super, &mut m).is_err());
         s.read_meta(MetaSlot::Super, &mut m).unwrap();
@@ -751,10 +704,7 @@ mod tests {
         let s = FaultStore::new(geo());
         s.write(0, 0, &[1; 512]).unwrap();
         s.sync().unwrap();
-        s.set_faults(FaultConfig {
-            dead_after: Some(2),
-            ..Default::default()
-        });
+        s.set_faults(FaultConfig { dead_after: Some(2), ..Default::default() });
         s.write(0, 512, &[2; 512]).unwrap();
         s.write(0, 1024, &[3; 512]).unwrap();
         assert!(!s.is_dead());
@@ -782,10 +732,7 @@ mod tests {
     #[test]
     fn dead_after_zero_fails_everything() {
         let s = FaultStore::new(geo());
-        s.set_faults(FaultConfig {
-            dead_after: Some(0),
-            ..Default::default()
-        });
+        s.set_faults(FaultConfig { dead_after: Some(0), ..Default::default() });
         let mut buf = [0; 16];
         assert!(s.read(0, 0, &mut buf).is_err());
         s.power_cut(CrashMode::DropUnsynced, 0);
@@ -799,10 +746,7 @@ mod tests {
         let d = pattern(6, 4096);
         s.write(4, 0, &d).unwrap();
         s.sync().unwrap();
-        s.set_faults(FaultConfig {
-            flip_on_read: Some((2, seed)),
-            ..Default::default()
-        });
+        s.set_faults(FaultConfig { flip_on_read: Some((2, seed)), ..Default::default() });
         assert_eq!(read(&s, 4, 0, 4096), d);
         let bad = read(&s, 4, 0, 4096);
         let flipped: u32 = bad.iter().zip(&d).map(|(a, b)| (a ^ b).count_ones()).sum();
@@ -811,10 +755,7 @@ mod tests {
         assert_eq!(s.read_durable(Target::Segment(4), 0, 4096), d);
 
         // Meta reads count too.
-        s.set_faults(FaultConfig {
-            flip_on_read: Some((1, seed)),
-            ..Default::default()
-        });
+        s.set_faults(FaultConfig { flip_on_read: Some((1, seed)), ..Default::default() });
         let mut m = [0; META_SLOT_SIZE];
         s.read_meta(MetaSlot::Super, &mut m).unwrap();
         assert_eq!(m.iter().map(|b| b.count_ones()).sum::<u32>(), 1);
@@ -826,10 +767,7 @@ mod tests {
         s.write(0, 0, &[1; 512]).unwrap();
         s.sync().unwrap();
         s.write(0, 512, &[2; 512]).unwrap();
-        s.set_faults(FaultConfig {
-            fail_at: Some(1),
-            ..Default::default()
-        });
+        s.set_faults(FaultConfig { fail_at: Some(1), ..Default::default() });
         let f = s.fork();
         // Faults are cleared in the fork, still set in the original.
         assert_eq!(read(&f, 0, 512, 512), vec![2; 512]);
@@ -839,10 +777,7 @@ mod tests {
         assert_eq!(read(&f, 0, 512, 512), vec![2; 512]);
         f.write(0, 1024, &[3; 512]).unwrap();
         f.sync().unwrap();
-        assert_eq!(
-            f.read_durable(Target::Segment(0), 0, 1536),
-            [[1; 512], [2; 512], [3; 512]].concat()
-        );
+        assert_eq!(f.read_durable(Target::Segment(0), 0, 1536), [[1; 512], [2; 512], [3; 512]].concat());
         assert_eq!(s.read_durable(Target::Segment(0), 1024, 512), vec![0; 512]);
         s.write(0, 0, &[9; 512]).unwrap();
         assert_eq!(read(&f, 0, 0, 512), vec![1; 512]);
@@ -893,10 +828,7 @@ mod tests {
         let start = std::time::Instant::now();
         let forks: Vec<FaultStore> = (0..2000).map(|_| s.fork()).collect();
         let el = start.elapsed();
-        assert!(
-            el < std::time::Duration::from_secs(2),
-            "2000 forks took {el:?}"
-        );
+        assert!(el < std::time::Duration::from_secs(2), "2000 forks took {el:?}");
         assert_eq!(read(&forks[1999], 63, 0, 4), vec![63; 4]);
     }
 }

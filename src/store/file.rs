@@ -49,11 +49,7 @@ fn is_block_device(path: &Path) -> io::Result<bool> {
 
 /// Take a non-blocking advisory lock on `file`, exclusive or shared.
 fn lock(file: &File, exclusive: bool) -> io::Result<()> {
-    let op = if exclusive {
-        libc::LOCK_EX
-    } else {
-        libc::LOCK_SH
-    } | libc::LOCK_NB;
+    let op = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH } | libc::LOCK_NB;
     loop {
         // SAFETY: `file` is a valid, open file descriptor owned by `file` for
         // the whole call; flock only takes an fd and flags, touches no memory
@@ -66,10 +62,7 @@ fn lock(file: &File, exclusive: bool) -> io::Result<()> {
         match err.raw_os_error() {
             Some(libc::EINTR) => continue,
             Some(libc::EWOULDBLOCK) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::WouldBlock,
-                    "image is in use by another process",
-                ))
+                return Err(io::Error::new(io::ErrorKind::WouldBlock, "image is in use by another process"))
             }
             _ => return Err(err),
         }
@@ -80,10 +73,7 @@ fn check_geometry(g: Geometry) -> io::Result<()> {
     if g.segment_size == 0 || g.segment_size as usize % SECTOR_SIZE != 0 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!(
-                "segment size {} is not a positive multiple of {SECTOR_SIZE}",
-                g.segment_size
-            ),
+            format!("segment size {} is not a positive multiple of {SECTOR_SIZE}", g.segment_size),
         ));
     }
     Ok(())
@@ -133,12 +123,7 @@ impl FileStore {
             OpenOptions::new().read(true).write(true).open(path)?
         } else {
             // Never truncate before holding the lock: the image may be in use.
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(path)?
+            OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?
         };
         lock(&file, true)?;
         if block_device {
@@ -153,22 +138,13 @@ impl FileStore {
             // Make the new directory entry durable too. Best effort: some
             // file systems refuse fsync on a directory.
             if let Some(dir) = path.parent() {
-                let dir = if dir.as_os_str().is_empty() {
-                    Path::new(".")
-                } else {
-                    dir
-                };
+                let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
                 if let Ok(d) = File::open(dir) {
                     let _ = d.sync_all();
                 }
             }
         }
-        Ok(FileStore {
-            file,
-            geometry,
-            read_only: false,
-            block_device,
-        })
+        Ok(FileStore { file, geometry, read_only: false, block_device })
     }
 
     /// Open an existing image read-write with its geometry still unknown:
@@ -193,21 +169,11 @@ impl FileStore {
         if have < META_AREA_SIZE {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!(
-                    "image is {have} bytes, smaller than the {META_AREA_SIZE}-byte metadata area"
-                ),
+                format!("image is {have} bytes, smaller than the {META_AREA_SIZE}-byte metadata area"),
             ));
         }
-        let geometry = Geometry {
-            segment_size: 0,
-            segment_count: 0,
-        };
-        Ok(FileStore {
-            file,
-            geometry,
-            read_only,
-            block_device,
-        })
+        let geometry = Geometry { segment_size: 0, segment_count: 0 };
+        Ok(FileStore { file, geometry, read_only, block_device })
     }
 
     /// Set the segment geometry (read from the superblock), checking that
@@ -348,10 +314,7 @@ mod tests {
     }
 
     fn geo() -> Geometry {
-        Geometry {
-            segment_size: 64 * 1024,
-            segment_count: 8,
-        }
+        Geometry { segment_size: 64 * 1024, segment_count: 8 }
     }
 
     #[test]
@@ -359,10 +322,7 @@ mod tests {
         let dir = TempDir::new();
         let p = dir.path("img");
         let s = FileStore::create(&p, geo()).unwrap();
-        assert_eq!(
-            FileStore::len_bytes(&p).unwrap(),
-            META_AREA_SIZE + geo().capacity()
-        );
+        assert_eq!(FileStore::len_bytes(&p).unwrap(), META_AREA_SIZE + geo().capacity());
         assert!(!s.is_block_device());
         let data: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
         s.write(3, 1024, &data).unwrap();
@@ -398,27 +358,15 @@ mod tests {
         let dir = TempDir::new();
         let s = FileStore::create(dir.path("img"), geo()).unwrap();
         let mut buf = [0u8; 10];
-        assert_eq!(
-            s.read(8, 0, &mut buf).unwrap_err().kind(),
-            io::ErrorKind::InvalidInput
-        );
-        assert_eq!(
-            s.write(0, 64 * 1024 - 5, &buf).unwrap_err().kind(),
-            io::ErrorKind::InvalidInput
-        );
-        assert_eq!(
-            s.discard(8).unwrap_err().kind(),
-            io::ErrorKind::InvalidInput
-        );
+        assert_eq!(s.read(8, 0, &mut buf).unwrap_err().kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(s.write(0, 64 * 1024 - 5, &buf).unwrap_err().kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(s.discard(8).unwrap_err().kind(), io::ErrorKind::InvalidInput);
     }
 
     #[test]
     fn bad_geometry_rejected() {
         let dir = TempDir::new();
-        let g = Geometry {
-            segment_size: 1000,
-            segment_count: 2,
-        };
+        let g = Geometry { segment_size: 1000, segment_count: 2 };
         let e = FileStore::create(dir.path("img"), g).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
     }
@@ -429,28 +377,18 @@ mod tests {
         let p = dir.path("img");
         let s = FileStore::create(&p, geo()).unwrap();
         s.write(1, 0, &[9u8; 4096]).unwrap();
-        s.write_meta(MetaSlot::Super, &[3u8; META_SLOT_SIZE])
-            .unwrap();
+        s.write_meta(MetaSlot::Super, &[3u8; META_SLOT_SIZE]).unwrap();
         s.sync().unwrap();
         drop(s);
 
         let s = FileStore::open(&p).unwrap();
-        assert_eq!(
-            s.geometry(),
-            Geometry {
-                segment_size: 0,
-                segment_count: 0
-            }
-        );
+        assert_eq!(s.geometry(), Geometry { segment_size: 0, segment_count: 0 });
         let mut m = [0u8; META_SLOT_SIZE];
         s.read_meta(MetaSlot::Super, &mut m).unwrap();
         assert_eq!(m, [3u8; META_SLOT_SIZE]);
         // No geometry yet: segment I/O is refused.
         let mut buf = [0u8; 4096];
-        assert_eq!(
-            s.read(1, 0, &mut buf).unwrap_err().kind(),
-            io::ErrorKind::InvalidInput
-        );
+        assert_eq!(s.read(1, 0, &mut buf).unwrap_err().kind(), io::ErrorKind::InvalidInput);
 
         let s = s.with_geometry(geo()).unwrap();
         s.read(1, 0, &mut buf).unwrap();
@@ -463,10 +401,7 @@ mod tests {
         let p = dir.path("img");
         drop(FileStore::create(&p, geo()).unwrap());
         let s = FileStore::open(&p).unwrap();
-        let big = Geometry {
-            segment_size: 64 * 1024,
-            segment_count: 9,
-        };
+        let big = Geometry { segment_size: 64 * 1024, segment_count: 9 };
         let e = s.with_geometry(big).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidData);
         assert!(e.to_string().contains("need"), "{e}");
@@ -489,30 +424,18 @@ mod tests {
         s.write(0, 0, &[1u8; 512]).unwrap();
         s.sync().unwrap();
         drop(s);
-        let r = FileStore::open_read_only(&p)
-            .unwrap()
-            .with_geometry(geo())
-            .unwrap();
+        let r = FileStore::open_read_only(&p).unwrap().with_geometry(geo()).unwrap();
         assert!(r.is_read_only());
         let mut buf = [0u8; 512];
         r.read(0, 0, &mut buf).unwrap();
         assert_eq!(buf, [1u8; 512]);
-        assert_eq!(
-            r.write(0, 512, &buf).unwrap_err().kind(),
-            io::ErrorKind::PermissionDenied
-        );
+        assert_eq!(r.write(0, 512, &buf).unwrap_err().kind(), io::ErrorKind::PermissionDenied);
         let m = [0u8; META_SLOT_SIZE];
-        assert_eq!(
-            r.write_meta(MetaSlot::Super, &m).unwrap_err().kind(),
-            io::ErrorKind::PermissionDenied
-        );
+        assert_eq!(r.write_meta(MetaSlot::Super, &m).unwrap_err().kind(), io::ErrorKind::PermissionDenied);
         r.sync().unwrap();
         // A second reader is fine; a writer is not.
         let r2 = FileStore::open_read_only(&p).unwrap();
-        assert_eq!(
-            FileStore::open(&p).unwrap_err().kind(),
-            io::ErrorKind::WouldBlock
-        );
+        assert_eq!(FileStore::open(&p).unwrap_err().kind(), io::ErrorKind::WouldBlock);
         drop((r, r2));
         FileStore::open(&p).unwrap();
     }

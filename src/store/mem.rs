@@ -93,10 +93,7 @@ mod tests {
     use super::*;
 
     fn geo() -> Geometry {
-        Geometry {
-            segment_size: 8192,
-            segment_count: 4,
-        }
+        Geometry { segment_size: 8192, segment_count: 4 }
     }
 
     #[test]

@@ -1,0 +1,100 @@
+//! Model test: random sequences of put / delete / get / scan / flush /
+//! merge / checkpoint / snapshot reads / close-and-reopen, checked against
+//! a BTreeMap after every step.
+
+mod common;
+use common::*;
+use rand::Rng;
+use zlogfs::WriteBatch;
+
+fn run(seed: u64, steps: usize) {
+    let mut r = rng(seed);
+    let store = fresh_store();
+    let opts = small_opts();
+    let mut e = open(&store, &opts).unwrap();
+    let mut model = Model::new();
+    // Pinned snapshots and the model state they must read.
+    let mut snaps: Vec<(zlogfs::Snapshot, Model)> = Vec::new();
+    for step in 0..steps {
+        let ctx = || format!("seed {seed} step {step}");
+        match r.gen_range(0..100) {
+            0..=44 => {
+                let mut b = WriteBatch::new();
+                for _ in 0..r.gen_range(1..4) {
+                    let k = key(&mut r);
+                    if r.gen_ratio(1, 4) {
+                        model.remove(&k);
+                        b.delete(k);
+                    } else {
+                        let v = value(&mut r);
+                        model.insert(k.clone(), v.clone());
+                        b.put(k, v);
+                    }
+                }
+                e.write(&b).unwrap();
+            }
+            45..=59 => {
+                let k = key(&mut r);
+                assert_eq!(e.get(&k).unwrap(), model.get(&k).cloned(), "get {}", ctx());
+            }
+            60..=69 => {
+                let a = key(&mut r);
+                let b = key(&mut r);
+                let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+                let limit = r.gen_range(1..20);
+                let got = e.scan(&lo, Some(&hi), limit).unwrap();
+                let want: Vec<_> = model
+                    .range(lo.clone()..hi.clone())
+                    .take(limit)
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                assert_eq!(got, want, "scan {}", ctx());
+            }
+            70..=73 => e.flush().unwrap(),
+            74..=75 => e.merge().unwrap(),
+            76..=78 => e.checkpoint().unwrap(),
+            79..=82 => e.sync().unwrap(),
+            83..=85 => {
+                if snaps.len() < 3 {
+                    snaps.push((e.snapshot(), model.clone()));
+                }
+            }
+            86..=89 => {
+                if let Some((s, m)) = snaps.first() {
+                    let k = key(&mut r);
+                    assert_eq!(e.get_at(&k, s.seq).unwrap(), m.get(&k).cloned(), "get_at {}", ctx());
+                    let all: Model = e.scan_at(&[], None, usize::MAX, s.seq).unwrap().into_iter().collect();
+                    assert_eq!(&all, m, "scan_at {}", ctx());
+                }
+                if r.gen_ratio(1, 3) && !snaps.is_empty() {
+                    snaps.remove(0);
+                }
+            }
+            90..=95 => {
+                // Clean close and reopen (snapshots do not survive).
+                snaps.clear();
+                e.close().unwrap();
+                e = open(&store, &opts).unwrap();
+                assert_eq!(dump(&e).unwrap(), model, "after reopen {}", ctx());
+            }
+            _ => {
+                // Sync, then drop without closing: a process exit.
+                snaps.clear();
+                e.sync().unwrap();
+                drop(e);
+                e = open(&store, &opts).unwrap();
+                assert_eq!(dump(&e).unwrap(), model, "after unclean reopen {}", ctx());
+            }
+        }
+    }
+    assert_eq!(dump(&e).unwrap(), model, "final, seed {seed}");
+}
+
+#[test]
+fn model_random_sequences() {
+    let base = seed("model_random_sequences");
+    let rounds = if std::env::var("ZLOGFS_SEED").is_ok() { 1 } else { 24 };
+    for i in 0..rounds {
+        run(base.wrapping_add(i), 600);
+    }
+}
