@@ -9,7 +9,7 @@
 //! - [`codec`]: compression algorithms behind one trait;
 //! - [`store`]: where segments live (file, memory, fault injection).
 
-#![deny(clippy::unwrap_used)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 

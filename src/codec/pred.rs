@@ -16,8 +16,11 @@
 //! One table of predicted bytes. If `table[h]` equals the byte, emit a `0`
 //! bit (hit); otherwise emit a `1` bit followed by the 8-bit literal (miss)
 //! and set `table[h]` to the byte. Bits are packed MSB-first; the last byte
-//! is padded with zero bits. A payload is valid only if it is exactly
-//! `ceil(bits / 8)` bytes long and its padding bits are zero.
+//! is padded with one bits. A payload is valid only if it is exactly
+//! `ceil(bits / 8)` bytes long and its padding bits are all ones. (Padding
+//! with ones, which cannot form a complete token in under 8 bits, makes a
+//! payload decode only at its own length: with zero padding a block of
+//! `n` bytes would also decode as `n + 1` bytes ending in a hit.)
 //!
 //! # Algorithm 2 (`pred2`)
 //!
@@ -49,13 +52,16 @@
 //! The code is complete (the Kraft sum is exactly 1), so every bit string
 //! decodes. Codes are assigned canonically: in order of (length, symbol),
 //! each code is the previous one plus one, shifted left when the length
-//! grows (so `HIT1` = `0`, `HIT2` = `100`). Bits are packed MSB-first, the
-//! last byte padded with zero bits; as for `pred1`, a valid payload is
-//! exactly `ceil(bits / 8)` bytes with zero padding.
+//! grows (so `HIT1` = `0`, `HIT2` = `100`, the last literal = `1111111111`).
+//! Bits are packed MSB-first, the last byte padded with one bits; as for
+//! `pred1`, a valid payload is exactly `ceil(bits / 8)` bytes with all-ones
+//! padding (which no code shorter than 8 bits matches).
 //!
 //! Decoders stop after exactly `raw_len` bytes, check that the payload has
-//! at least one bit per output byte before allocating, and fail (never
-//! loop or panic) when bits run out or trailing bits remain.
+//! at least one bit per output byte before allocating (so the work is
+//! bounded by the payload size), read zero bits past the end of the
+//! payload, and fail (never loop or panic) at the end if they read past
+//! the end or bits other than the padding remain.
 
 use std::sync::OnceLock;
 
@@ -98,7 +104,8 @@ impl<'a> BitWriter<'a> {
             self.out.push((self.acc >> self.nbits) as u8);
         }
         if self.nbits > 0 {
-            self.out.push((self.acc << (8 - self.nbits)) as u8);
+            let pad = 8 - self.nbits;
+            self.out.push(((self.acc << pad) | ((1 << pad) - 1)) as u8);
         }
     }
 }
@@ -151,7 +158,7 @@ impl<'a> BitReader<'a> {
     }
 
     /// Check that the stream ended exactly: no bits were read past the end,
-    /// at most 7 padding bits remain, and they are zero.
+    /// at most 7 padding bits remain, and they are all ones.
     fn finish(mut self, id: CodecId, raw_len: usize) -> Result<(), DecodeError> {
         let total = self.total_bits();
         if self.consumed > total {
@@ -161,8 +168,8 @@ impl<'a> BitReader<'a> {
         if left >= 8 {
             return Err(DecodeError::size(id, raw_len, format_args!("{} trailing bytes", left / 8)));
         }
-        if left > 0 && self.peek(left as u32) != 0 {
-            return Err(DecodeError::size(id, raw_len, "non-zero padding bits"));
+        if left > 0 && self.peek(left as u32) != (1 << left) - 1 {
+            return Err(DecodeError::size(id, raw_len, "bad padding bits"));
         }
         Ok(())
     }
@@ -211,12 +218,12 @@ impl Codec for Pred1Codec {
 
     fn decompress(&self, src: &[u8], raw_len: usize, dst: &mut Vec<u8>) -> Result<(), DecodeError> {
         check_min_len(CodecId::Pred1, src, raw_len)?;
-        dst.reserve(raw_len);
+        let start = dst.len();
+        dst.resize(start + raw_len, 0);
         let mut table = [0u8; TABLE];
         let mut r = BitReader::new(src);
-        let total = r.total_bits();
         let (mut c1, mut c2, mut c3) = (0u8, 0u8, 0u8);
-        for _ in 0..raw_len {
+        for slot in dst[start..].iter_mut() {
             let h = hash(c1, c2, c3);
             let v = r.peek(9);
             let b = if v & 0x100 == 0 {
@@ -228,10 +235,7 @@ impl Codec for Pred1Codec {
                 table[h] = b;
                 b
             };
-            if r.consumed > total {
-                return Err(DecodeError::size(CodecId::Pred1, raw_len, "payload is truncated"));
-            }
-            dst.push(b);
+            *slot = b;
             c3 = c2;
             c2 = c1;
             c1 = b;
@@ -265,7 +269,7 @@ pub fn pred2_code_length(sym: u16) -> u32 {
 /// by the next `MAX_LEN` bits giving (symbol, length).
 struct Pred2Code {
     enc: [(u16, u8); NSYM],
-    dec: Vec<(u16, u8)>,
+    dec: [(u16, u8); 1 << MAX_LEN],
 }
 
 fn pred2_code() -> &'static Pred2Code {
@@ -274,7 +278,7 @@ fn pred2_code() -> &'static Pred2Code {
         let mut syms: Vec<u16> = (0..NSYM as u16).collect();
         syms.sort_by_key(|&s| (pred2_code_length(s), s));
         let mut enc = [(0u16, 0u8); NSYM];
-        let mut dec = vec![(0u16, 0u8); 1 << MAX_LEN];
+        let mut dec = [(0u16, 0u8); 1 << MAX_LEN];
         let mut code: u32 = 0;
         let mut prev_len = pred2_code_length(syms[0]);
         for (i, &s) in syms.iter().enumerate() {
@@ -331,20 +335,17 @@ impl Codec for Pred2Codec {
     fn decompress(&self, src: &[u8], raw_len: usize, dst: &mut Vec<u8>) -> Result<(), DecodeError> {
         check_min_len(CodecId::Pred2, src, raw_len)?;
         let code = pred2_code();
-        dst.reserve(raw_len);
+        let start = dst.len();
+        dst.resize(start + raw_len, 0);
         let mut t1 = [0u8; TABLE];
         let mut t2 = [0u8; TABLE];
         let mut r = BitReader::new(src);
-        let total = r.total_bits();
         let (mut c1, mut c2, mut c3) = (0u8, 0u8, 0u8);
-        for _ in 0..raw_len {
+        for slot in dst[start..].iter_mut() {
             let h = hash(c1, c2, c3);
-            let v = r.peek(MAX_LEN) as usize;
+            let v = r.peek(MAX_LEN) as usize & ((1 << MAX_LEN) - 1);
             let (sym, len) = code.dec[v];
             r.skip(u32::from(len));
-            if r.consumed > total {
-                return Err(DecodeError::size(CodecId::Pred2, raw_len, "payload is truncated"));
-            }
             let b = match sym {
                 HIT1 => t1[h],
                 HIT2 => t2[h],
@@ -354,7 +355,7 @@ impl Codec for Pred2Codec {
                 t2[h] = t1[h];
                 t1[h] = b;
             }
-            dst.push(b);
+            *slot = b;
             c3 = c2;
             c2 = c1;
             c1 = b;

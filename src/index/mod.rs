@@ -32,10 +32,13 @@ pub struct Entry {
     pub value: Option<Vec<u8>>,
 }
 
+/// Memtable order: key ascending, then sequence number descending.
+type MemKey = (Vec<u8>, Reverse<u64>);
+
 /// The in-memory sorted buffer of recent versions.
 #[derive(Default)]
 pub struct Memtable {
-    map: RwLock<BTreeMap<(Vec<u8>, Reverse<u64>), Option<Vec<u8>>>>,
+    map: RwLock<BTreeMap<MemKey, Option<Vec<u8>>>>,
     bytes: AtomicUsize,
 }
 

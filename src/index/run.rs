@@ -239,10 +239,13 @@ impl Bloom {
     }
 }
 
+/// A decoded data block with the tick it was last used at.
+type CachedBlock = (Arc<Vec<Entry>>, u64);
+
 /// A cache of decoded data blocks, keyed by (run id, block number) so that
 /// a reused segment can never serve a stale block.
 pub struct BlockCache {
-    map: Mutex<HashMap<(u64, u32), (Arc<Vec<Entry>>, u64)>>,
+    map: Mutex<HashMap<(u64, u32), CachedBlock>>,
     tick: AtomicU64,
     capacity_bytes: usize,
     used: AtomicU64,

@@ -1,6 +1,8 @@
 //! Helpers shared by the engine's randomised test suites.
 #![allow(dead_code)]
 
+pub mod workload;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
