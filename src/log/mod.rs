@@ -629,7 +629,7 @@ mod tests {
     #[test]
     fn scan_follows_the_chain_across_segments() {
         let mut w = writer();
-        for i in 0..2000u64 {
+        for i in 0..1000u64 {
             w.add_journal(&[i as u8; 300], i).unwrap();
             if i % 5 == 0 {
                 w.write_pending(false).unwrap();
