@@ -957,7 +957,12 @@ impl Engine {
         let fb = NewBlock::encode(BlockKind::RunFilter, id, spec, &filter.encode());
         let addrs = {
             let mut core = lock(&self.sh.core);
-            let r = core.log.add_blocks(vec![ib, fb], true);
+            // Readers go to the device for run blocks: the run's blocks must
+            // be written out before the run is installed.
+            let r = core.log.add_blocks(vec![ib, fb], true).and_then(|a| {
+                core.log.write_pending(true)?;
+                Ok(a)
+            });
             self.latch(&core, r)?
         };
         meta.index = addrs[0];
