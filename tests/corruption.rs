@@ -27,6 +27,7 @@ fn build(seed: u64, close: bool) -> (Arc<FaultStore>, Model) {
     for s in &steps {
         match s {
             Step::Write(b) => drop(e.write(b).unwrap()),
+            Step::Blob(k, c) => write_blob(&e, k, c).unwrap(),
             Step::Sync => e.sync().unwrap(),
             Step::Flush => e.flush().unwrap(),
             Step::Merge => e.merge().unwrap(),

@@ -23,6 +23,7 @@ fn execute(e: &Engine, steps: &[Step]) -> (usize, usize) {
     for s in steps {
         let r = match s {
             Step::Write(b) => e.write(b).map(|_| ()),
+            Step::Blob(k, c) => write_blob(e, k, c),
             Step::Sync => e.sync(),
             Step::Flush => e.flush(),
             Step::Merge => e.merge(),
@@ -31,6 +32,7 @@ fn execute(e: &Engine, steps: &[Step]) -> (usize, usize) {
         if std::env::var("ZLOGFS_TRACE").is_ok() {
             let name = match s {
                 Step::Write(_) => "write",
+                Step::Blob(..) => "blob",
                 Step::Sync => "sync",
                 Step::Flush => "flush",
                 Step::Merge => "merge",
@@ -40,7 +42,7 @@ fn execute(e: &Engine, steps: &[Step]) -> (usize, usize) {
         }
         match r {
             Ok(()) => match s {
-                Step::Write(_) => writes += 1,
+                Step::Write(_) | Step::Blob(..) => writes += 1,
                 // Flush and checkpoint sync the log too; a merge with
                 // nothing to merge does not.
                 Step::Merge => {}

@@ -25,6 +25,10 @@ fn execute_all(e: &Engine, steps: &[Step], ctx: &str) -> (usize, usize, usize) {
                 attempted += 1;
                 e.write(b).map(|_| ())
             }
+            Step::Blob(k, c) => {
+                attempted += 1;
+                write_blob(e, k, c)
+            }
             Step::Sync => e.sync(),
             Step::Flush => e.flush(),
             Step::Merge => e.merge(),
@@ -46,6 +50,11 @@ fn execute_all(e: &Engine, steps: &[Step], ctx: &str) -> (usize, usize, usize) {
                     latched = true;
                 }
                 assert!(!err.to_string().is_empty());
+                // A failed write (a blob step may fail on its read) was not
+                // applied; the writes after it would not form a prefix.
+                if matches!(s, Step::Write(_) | Step::Blob(..)) {
+                    break;
+                }
             }
         }
     }

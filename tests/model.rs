@@ -18,7 +18,15 @@ fn run(seed: u64, steps: usize) {
     for step in 0..steps {
         let ctx = || format!("seed {seed} step {step}");
         match r.gen_range(0..100) {
-            0..=44 => {
+            40..=44 => {
+                let n = r.gen_range(0..6u32);
+                let len = if r.gen_ratio(1, 4) { r.gen_range(5000..32_000) } else { r.gen_range(0..3000) };
+                let content: Vec<u8> = (0..len).map(|i| (i as u8) ^ (n as u8)).collect();
+                let k = format!("{BLOB_PREFIX}{n}").into_bytes();
+                common::workload::write_blob(&e, &k, &content).unwrap();
+                model.insert(k, content);
+            }
+            0..=39 => {
                 let mut b = WriteBatch::new();
                 for _ in 0..r.gen_range(1..4) {
                     let k = key(&mut r);
@@ -63,7 +71,7 @@ fn run(seed: u64, steps: usize) {
                 if let Some((s, m)) = snaps.first() {
                     let k = key(&mut r);
                     assert_eq!(e.get_at(&k, s.seq).unwrap(), m.get(&k).cloned(), "get_at {}", ctx());
-                    let all: Model = e.scan_at(&[], None, usize::MAX, s.seq).unwrap().into_iter().collect();
+                    let all = dump_at(&e, s.seq).unwrap();
                     assert_eq!(&all, m, "scan_at {}", ctx());
                 }
                 if r.gen_ratio(1, 3) && !snaps.is_empty() {

@@ -41,7 +41,10 @@ fn small_image_recycles_segments_across_crashes() {
             // Power cut right after a sync: nothing may be lost.
             e.sync().unwrap();
             drop(e);
-            st.power_cut([CrashMode::TearLast, CrashMode::Reorder, CrashMode::DropUnsynced][(i / 1000 % 3) as usize], seed ^ u64::from(i));
+            st.power_cut(
+                [CrashMode::TearLast, CrashMode::Reorder, CrashMode::DropUnsynced][(i / 1000 % 3) as usize],
+                seed ^ u64::from(i),
+            );
             e = open(&st, &opts).unwrap_or_else(|err| panic!("seed {seed} reopen at {i}: {err}"));
             assert_eq!(dump(&e).unwrap(), model, "seed {seed} after crash at {i}");
         }

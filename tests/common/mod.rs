@@ -52,8 +52,27 @@ pub fn open(store: &Arc<FaultStore>, opts: &Options) -> zlogfs::Result<Engine> {
 
 pub type Model = BTreeMap<Vec<u8>, Vec<u8>>;
 
+/// Keys under this prefix hold a reference to a data block.
+pub const BLOB_PREFIX: &str = "blob/";
+
+/// Everything the engine holds, with block references replaced by the
+/// blocks' contents (so a lost or stale block shows as wrong data).
 pub fn dump(e: &Engine) -> zlogfs::Result<Model> {
-    Ok(e.scan(&[], None, usize::MAX)?.into_iter().collect())
+    dump_at(e, e.seq())
+}
+
+/// [`dump`] as of sequence number `seq`.
+pub fn dump_at(e: &Engine, seq: u64) -> zlogfs::Result<Model> {
+    let mut m = Model::new();
+    for (k, v) in e.scan_at(&[], None, usize::MAX, seq)? {
+        if k.starts_with(BLOB_PREFIX.as_bytes()) {
+            let v = e.read_block(workload::decode_addr(&v))?;
+            m.insert(k, v);
+        } else {
+            m.insert(k, v);
+        }
+    }
+    Ok(m)
 }
 
 pub fn key(r: &mut StdRng) -> Vec<u8> {

@@ -4,10 +4,35 @@ use rand::rngs::StdRng;
 use rand::Rng;
 use zlogfs::WriteBatch;
 
-use super::{key, value, Model};
+use zlogfs::log::format::BlockAddr;
+use zlogfs::Engine;
+
+use super::{key, value, Model, BLOB_PREFIX};
+
+/// Execute a blob step: the block, then the batch that references it.
+pub fn write_blob(e: &Engine, key: &[u8], content: &[u8]) -> zlogfs::Result<()> {
+    let spec = "zstd:1".parse()?;
+    let addr = e.write_blocks(1, spec, &[content])?[0];
+    let mut b = WriteBatch::new();
+    if let Some(prev) = e.get(key)? {
+        b.free(decode_addr(&prev));
+    }
+    let mut v = Vec::new();
+    addr.put(&mut v);
+    b.put(key.to_vec(), v);
+    e.write(&b).map(|_| ())
+}
+
+pub fn decode_addr(v: &[u8]) -> BlockAddr {
+    let mut r = zlogfs::bytes::Reader::new(v, "blob reference");
+    BlockAddr::get(&mut r).expect("blob reference")
+}
 
 pub enum Step {
     Write(WriteBatch),
+    /// Store `content` as a data block and point `key` at it, freeing the
+    /// block the key pointed at before.
+    Blob(Vec<u8>, Vec<u8>),
     Sync,
     Flush,
     Merge,
@@ -17,7 +42,7 @@ pub enum Step {
 pub fn workload(r: &mut StdRng, n: usize) -> Vec<Step> {
     (0..n)
         .map(|_| match r.gen_range(0..100) {
-            0..=69 => {
+            0..=59 => {
                 let mut b = WriteBatch::new();
                 for _ in 0..r.gen_range(1..4) {
                     if r.gen_ratio(1, 4) {
@@ -27,6 +52,13 @@ pub fn workload(r: &mut StdRng, n: usize) -> Vec<Step> {
                     }
                 }
                 Step::Write(b)
+            }
+            60..=69 => {
+                let n = r.gen_range(0..8u32);
+                let len = if r.gen_ratio(1, 3) { r.gen_range(10_000..30_000) } else { r.gen_range(1..2000) };
+                let fill = r.gen::<u8>();
+                let content = (0..len).map(|i| if i % 5 == 0 { r.gen() } else { fill }).collect();
+                Step::Blob(format!("{BLOB_PREFIX}{n}").into_bytes(), content)
             }
             70..=84 => Step::Sync,
             85..=91 => Step::Flush,
@@ -53,6 +85,10 @@ pub fn model_states(steps: &[Step]) -> Vec<Model> {
                     zlogfs::Op::Free(_) => {}
                 }
             }
+            states.push(m.clone());
+        }
+        if let Step::Blob(k, content) = s {
+            m.insert(k.clone(), content.clone());
             states.push(m.clone());
         }
     }
