@@ -453,7 +453,10 @@ impl Engine {
             .map(|m| Run::open(store.as_ref(), m.clone()).map(Arc::new))
             .collect::<Result<Vec<_>>>()?;
         let mut usage = body.usage.clone();
-        usage[slot.body.seg as usize].live += slot.body.len;
+        let body_seg = &mut usage[slot.body.seg as usize];
+        body_seg.live += slot.body.len;
+        // The body's batch is the one before `after_body`.
+        body_seg.last_batch = body_seg.last_batch.max(slot.after_body.batch_seq.saturating_sub(1));
 
         // Roll forward.
         let mem = Arc::new(Memtable::new());
@@ -814,8 +817,12 @@ impl Engine {
 
     /// Pin the current state for reads at its sequence number.
     pub fn snapshot(&self) -> Snapshot {
+        // Read the sequence number under the lock a merge takes to choose
+        // its horizon: the merge either sees this snapshot or chose a
+        // horizon at or below the sequence number read here.
+        let mut snaps = lock(&self.sh.snapshots);
         let seq = self.seq();
-        *lock(&self.sh.snapshots).entry(seq).or_insert(0) += 1;
+        *snaps.entry(seq).or_insert(0) += 1;
         Snapshot { sh: self.sh.clone(), seq }
     }
 

@@ -95,7 +95,8 @@ fn mkfs(image: &Path, size: u64, segment_size: u64, force: bool) -> Result<(), S
     let segment_count = size.saturating_sub(META_AREA_SIZE) / u64::from(segment_size);
     let geometry = Geometry { segment_size, segment_count: u32::try_from(segment_count).unwrap_or(u32::MAX) };
     validate_geometry(geometry).map_err(|e| format!("cannot make an image of {size} bytes: {e}"))?;
-    let store = FileStore::create(image, geometry).map_err(|e| format!("cannot create {}: {e}", image.display()))?;
+    let store =
+        FileStore::create(image, geometry).map_err(|e| format!("cannot create {}: {e}", image.display()))?;
     let store: Arc<dyn Store> = Arc::new(store);
     let sb = engine::mkfs(store).map_err(|e| e.to_string())?;
     println!(
@@ -141,7 +142,10 @@ fn stats(image: &Path, json: bool) -> Result<(), String> {
         println!("format version: {}", e.superblock().version);
         println!("segments:       {} of {} KiB, {} free", s.segments, g.segment_size / 1024, s.free_segments);
         println!("live bytes:     {}", s.live_bytes);
-        println!("index:          {} runs, {} entries; {} in memtable", s.runs, s.run_entries, s.memtable_entries);
+        println!(
+            "index:          {} runs, {} entries; {} in memtable",
+            s.runs, s.run_entries, s.memtable_entries
+        );
         println!("checkpoint:     {} (sequence number {})", s.checkpoint, s.seq);
     }
     Ok(())

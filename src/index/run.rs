@@ -284,7 +284,9 @@ impl BlockCache {
             let kept: usize = m.values().map(|(b, _)| block_bytes(b)).sum();
             self.used.store(kept as u64, AtOrd::Relaxed);
         }
-        m.insert(key, (block, t));
+        if let Some((old, _)) = m.insert(key, (block, t)) {
+            self.used.fetch_sub(block_bytes(&old) as u64, AtOrd::Relaxed);
+        }
     }
 
     /// Drop every block of run `id`.

@@ -112,6 +112,14 @@ impl Superblock {
                 incompat & !INCOMPAT_KNOWN
             )));
         }
+        if ro_compat & !RO_COMPAT_KNOWN != 0 {
+            // Read-only opening does not exist yet: refuse rather than write.
+            return Err(Error::Unsupported(format!(
+                "image uses features {:#x} this zlogfs may only read, and read-only opening is not \
+                 supported yet",
+                ro_compat & !RO_COMPAT_KNOWN
+            )));
+        }
         let uuid = r.array::<16>()?;
         let segment_size = r.u32()?;
         let segment_count = r.u32()?;
@@ -423,6 +431,10 @@ pub struct BatchHeader {
     pub summary_count: u32,
     /// Segment the log continues in after this one.
     pub next_seg: u32,
+    /// A random number drawn each time the image is opened. A batch
+    /// rewritten after a crash therefore never has the crc of the batch it
+    /// replaces, so stale batches after it cannot chain on again.
+    pub epoch: u32,
     /// Highest batch seq known durable when this batch was written: lets
     /// recovery tell a damaged synced batch from a torn tail.
     pub durable_seq: u64,
@@ -441,7 +453,7 @@ impl BatchHeader {
         v.put_u32(self.summary_off); // 32
         v.put_u32(self.summary_count); // 36
         v.put_u32(self.next_seg); // 40
-        v.put_u32(0); // 44 reserved
+        v.put_u32(self.epoch); // 44
         v.put_u64(self.durable_seq); // 48
         v.put_u64(0); // 56 reserved
         let mut out = [0u8; BATCH_HEADER_SIZE];
@@ -464,7 +476,7 @@ impl BatchHeader {
         let summary_off = r.u32()?;
         let summary_count = r.u32()?;
         let next_seg = r.u32()?;
-        r.u32()?;
+        let epoch = r.u32()?;
         let durable_seq = r.u64()?;
         Ok(Some(BatchHeader {
             batch_crc,
@@ -475,6 +487,7 @@ impl BatchHeader {
             summary_off,
             summary_count,
             next_seg,
+            epoch,
             durable_seq,
         }))
     }
@@ -594,6 +607,7 @@ mod tests {
             summary_off: 3952,
             summary_count: 2,
             next_seg: 5,
+            epoch: 0xfeed_face,
             durable_seq: 8,
         }
     }
@@ -627,7 +641,7 @@ mod tests {
         01000000400000002c01000001000000000200000700000000000000efbeadde02000000\
         01000000000400000800000000000000efbeadde02000000";
     const GOLDEN_BATCH: &str = "5a4c42010403020188776655443322110900000000000000d4c3b2a1a00f0000\
-        700f000002000000050000000000000008000000000000000000000000000000";
+        700f00000200000005000000cefaedfe08000000000000000000000000000000";
     const GOLDEN_BLOCK: &str = "f047182b020300010a0000000300000078797a";
 
     #[test]
@@ -665,6 +679,7 @@ mod tests {
             summary_off: 100,
             summary_count: 2,
             next_seg: 3,
+            epoch: 1,
             durable_seq: 10,
         };
         assert_eq!(BatchHeader::decode(&h.encode()).unwrap(), Some(h));

@@ -114,6 +114,8 @@ pub struct LogWriter {
     pub device_bytes: u64,
     /// Journal blocks written since the replay start: (position, seg, len).
     pub journal_blocks: Vec<(u64, u32, u32)>,
+    /// Drawn at open; written into every batch header.
+    epoch: u32,
 }
 
 /// Largest batch the writer assembles before writing it out.
@@ -144,6 +146,7 @@ impl LogWriter {
             failed: false,
             device_bytes: 0,
             journal_blocks: Vec::new(),
+            epoch: rand::random(),
         }
     }
 
@@ -371,6 +374,7 @@ impl LogWriter {
             summary_off: summary_off as u32,
             summary_count: p.entries.len() as u32,
             next_seg: self.pos.next_seg,
+            epoch: self.epoch,
             durable_seq: self.durable_batch,
         };
         p.buf[..BATCH_HEADER_SIZE].copy_from_slice(&h.encode());
@@ -575,7 +579,11 @@ fn check_not_damaged(store: &dyn Store, log_id: u64, end: LogPos) -> Result<()> 
         store.read(seg, from, &mut rest).map_err(|e| Error::io(format!("reading segment {seg}"), e))?;
         for off in (0..rest.len()).step_by(BATCH_ALIGN as usize) {
             if let Ok(Some(h)) = BatchHeader::decode(&rest[off..]) {
-                if h.log_id == log_id && h.seq > end.batch_seq && h.durable_seq >= end.batch_seq {
+                // Only a whole, valid batch is evidence.
+                let whole = rest
+                    .get(off..off + h.total_len as usize)
+                    .is_some_and(|b| b.len() >= BATCH_HEADER_SIZE && crc(&b[8..]) == h.batch_crc);
+                if whole && h.log_id == log_id && h.seq > end.batch_seq && h.durable_seq >= end.batch_seq {
                     return Err(Error::corrupt(
                         format!(
                             "log batch {} in segment {} at offset {}",
