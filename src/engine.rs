@@ -305,6 +305,63 @@ struct Version {
     runs: Vec<Arc<Run>>,
 }
 
+/// A run being written.
+struct RunBuilder {
+    meta: RunMeta,
+    index: Vec<IndexEntry>,
+    /// Distinct keys, for the filter.
+    keys: Vec<Vec<u8>>,
+    /// Finished data blocks not yet placed in the log.
+    blocks: Vec<Vec<Entry>>,
+    /// The data block being filled.
+    cur: Vec<Entry>,
+    cur_bytes: usize,
+    /// Bytes the sparse index will take.
+    index_bytes: usize,
+}
+
+impl RunBuilder {
+    fn new(id: u64) -> RunBuilder {
+        RunBuilder {
+            meta: RunMeta {
+                id,
+                entries: 0,
+                min_seq: u64::MAX,
+                max_seq: 0,
+                min_key: Vec::new(),
+                max_key: Vec::new(),
+                index: BlockAddr::default(),
+                filter: BlockAddr::default(),
+                bytes: 0,
+            },
+            index: Vec::new(),
+            keys: Vec::new(),
+            blocks: Vec::new(),
+            cur: Vec::new(),
+            cur_bytes: 0,
+            index_bytes: 0,
+        }
+    }
+
+    /// Add an entry; true when enough finished blocks wait to be placed.
+    fn push(&mut self, e: Entry, block_bytes: usize) -> bool {
+        if self.meta.entries == 0 {
+            self.meta.min_key = e.key.clone();
+        }
+        self.meta.entries += 1;
+        self.meta.min_seq = self.meta.min_seq.min(e.seq);
+        self.meta.max_seq = self.meta.max_seq.max(e.seq);
+        self.meta.max_key.clone_from(&e.key);
+        self.cur_bytes += e.key.len() + e.value.as_ref().map_or(0, |v| v.len()) + 12;
+        self.cur.push(e);
+        if self.cur_bytes >= block_bytes {
+            self.blocks.push(std::mem::take(&mut self.cur));
+            self.cur_bytes = 0;
+        }
+        self.blocks.len() >= 32
+    }
+}
+
 /// Checkpoint bookkeeping.
 struct CkptState {
     number: u64,
@@ -883,85 +940,88 @@ impl Engine {
         cv.notify_one();
     }
 
-    /// Write the run built from `entries` (internal order) into the log.
-    fn write_run(&self, entries: impl Iterator<Item = Result<Entry>>) -> Result<Option<Run>> {
-        let id = {
-            let mut core = lock(&self.sh.core);
-            core.ckpt.next_run_id += 1;
-            core.ckpt.next_run_id - 1
-        };
-        let spec = self.sh.opts.index_codec;
-        let target = self.sh.opts.run_block_bytes;
-        let mut index: Vec<IndexEntry> = Vec::new();
-        let mut keys: Vec<Vec<u8>> = Vec::new();
-        let mut meta = RunMeta {
-            id,
-            entries: 0,
-            min_seq: u64::MAX,
-            max_seq: 0,
-            min_key: Vec::new(),
-            max_key: Vec::new(),
-            index: BlockAddr::default(),
-            filter: BlockAddr::default(),
-            bytes: 0,
-        };
-        let mut blocks: Vec<Vec<Entry>> = Vec::new();
-        let mut cur: Vec<Entry> = Vec::new();
-        let mut cur_bytes = 0;
-        let flush_blocks =
-            |blocks: &mut Vec<Vec<Entry>>, index: &mut Vec<IndexEntry>, meta: &mut RunMeta| -> Result<()> {
-                if blocks.is_empty() {
-                    return Ok(());
-                }
-                let enc: Vec<NewBlock> = blocks
-                    .par_iter()
-                    .map(|b| NewBlock::encode(BlockKind::RunData, id, spec, &encode_data_block(b)))
-                    .collect();
-                let addrs = {
-                    let mut core = lock(&self.sh.core);
-                    let r = core.log.add_blocks(enc, true);
-                    self.latch(&core, r)?
-                };
-                for (b, a) in blocks.iter().zip(addrs) {
-                    let l = b.last().ok_or_else(|| Error::Invalid("empty block".into()))?;
-                    index.push(IndexEntry { last_key: l.key.clone(), last_seq: l.seq, addr: a });
-                    meta.bytes += u64::from(a.len);
-                }
-                blocks.clear();
-                Ok(())
-            };
+    /// Write the runs built from `entries` (internal order) into the log.
+    /// A run's filter and sparse index are single blocks, so a long stream
+    /// is cut, between keys, into several runs with disjoint key ranges.
+    fn write_runs(&self, entries: impl Iterator<Item = Result<Entry>>) -> Result<Vec<Run>> {
+        let max_block = max_block_raw(self.sh.sb.geometry);
+        // Bloom filter: 10 bits a key; sparse index: a key and ~22 bytes a
+        // data block. Cut at 90% of the block limit.
+        let max_keys = max_block * 8 / 10 * 9 / 10;
+        let max_index = max_block * 9 / 10;
+        let mut out = Vec::new();
+        let mut b: Option<RunBuilder> = None;
         for e in entries {
             let e = e?;
-            if meta.entries == 0 {
-                meta.min_key = e.key.clone();
-            }
-            meta.entries += 1;
-            meta.min_seq = meta.min_seq.min(e.seq);
-            meta.max_seq = meta.max_seq.max(e.seq);
-            if keys.last() != Some(&e.key) {
-                keys.push(e.key.clone());
-            }
-            meta.max_key.clone_from(&e.key);
-            cur_bytes += e.key.len() + e.value.as_ref().map_or(0, |v| v.len()) + 12;
-            cur.push(e);
-            if cur_bytes >= target {
-                blocks.push(std::mem::take(&mut cur));
-                cur_bytes = 0;
-                if blocks.len() >= 32 {
-                    flush_blocks(&mut blocks, &mut index, &mut meta)?;
+            let new_key = b.as_ref().is_none_or(|b| b.keys.last() != Some(&e.key));
+            if let Some(cur) = &b {
+                if new_key && (cur.keys.len() >= max_keys || cur.index_bytes >= max_index) {
+                    out.extend(self.finish_run(b.take().expect("checked above"))?);
                 }
             }
+            let cur = match &mut b {
+                Some(cur) => cur,
+                None => b.insert(RunBuilder::new(self.next_run_id())),
+            };
+            if new_key {
+                cur.keys.push(e.key.clone());
+            }
+            if cur.push(e, self.sh.opts.run_block_bytes) {
+                self.flush_run_blocks(cur, false)?;
+            }
         }
-        if !cur.is_empty() {
-            blocks.push(cur);
+        if let Some(cur) = b {
+            out.extend(self.finish_run(cur)?);
         }
-        flush_blocks(&mut blocks, &mut index, &mut meta)?;
-        if meta.entries == 0 {
+        Ok(out)
+    }
+
+    fn next_run_id(&self) -> u64 {
+        let mut core = lock(&self.sh.core);
+        core.ckpt.next_run_id += 1;
+        core.ckpt.next_run_id - 1
+    }
+
+    /// Compress the builder's finished data blocks on all cores and place
+    /// them in the log (all of them when `all`, else once 32 are ready).
+    fn flush_run_blocks(&self, b: &mut RunBuilder, all: bool) -> Result<()> {
+        if all && !b.cur.is_empty() {
+            b.blocks.push(std::mem::take(&mut b.cur));
+            b.cur_bytes = 0;
+        }
+        if b.blocks.is_empty() || (!all && b.blocks.len() < 32) {
+            return Ok(());
+        }
+        let (id, spec) = (b.meta.id, self.sh.opts.index_codec);
+        let enc: Vec<NewBlock> = b
+            .blocks
+            .par_iter()
+            .map(|blk| NewBlock::encode(BlockKind::RunData, id, spec, &encode_data_block(blk)))
+            .collect();
+        let addrs = {
+            let mut core = lock(&self.sh.core);
+            let r = core.log.add_blocks(enc, true);
+            self.latch(&core, r)?
+        };
+        for (blk, a) in b.blocks.drain(..).zip(addrs) {
+            let l = blk.last().ok_or_else(|| Error::Invalid("empty run block".into()))?;
+            b.index_bytes += l.key.len() + 22;
+            b.index.push(IndexEntry { last_key: l.key.clone(), last_seq: l.seq, addr: a });
+            b.meta.bytes += u64::from(a.len);
+        }
+        Ok(())
+    }
+
+    /// Write the rest of a run's data blocks, its index and its filter.
+    fn finish_run(&self, mut b: RunBuilder) -> Result<Option<Run>> {
+        self.flush_run_blocks(&mut b, true)?;
+        if b.meta.entries == 0 {
             return Ok(None);
         }
-        let filter = Bloom::build(keys.len(), keys.iter().map(|k| k.as_slice()));
-        let ib = NewBlock::encode(BlockKind::RunIndex, id, spec, &encode_index_block(&index));
-        let fb = NewBlock::encode(BlockKind::RunFilter, id, spec, &filter.encode());
+        let spec = self.sh.opts.index_codec;
+        let filter = Bloom::build(b.keys.len(), b.keys.iter().map(|k| k.as_slice()));
+        let ib = NewBlock::encode(BlockKind::RunIndex, b.meta.id, spec, &encode_index_block(&b.index));
+        let fb = NewBlock::encode(BlockKind::RunFilter, b.meta.id, spec, &filter.encode());
         let addrs = {
             let mut core = lock(&self.sh.core);
             // Readers go to the device for run blocks: the run's blocks must
@@ -972,23 +1032,22 @@ impl Engine {
             });
             self.latch(&core, r)?
         };
-        meta.index = addrs[0];
-        meta.filter = addrs[1];
-        meta.bytes += u64::from(addrs[0].len) + u64::from(addrs[1].len);
-        let run = Run::from_parts(meta, index, filter);
-        Ok(Some(run))
+        b.meta.index = addrs[0];
+        b.meta.filter = addrs[1];
+        b.meta.bytes += u64::from(addrs[0].len) + u64::from(addrs[1].len);
+        Ok(Some(Run::from_parts(b.meta, b.index, filter)))
     }
 
     /// Flush the oldest frozen memtable; false if there was none.
     fn flush_frozen(&self) -> Result<bool> {
         let _g = lock(&self.sh.ckpt_lock);
         let Some(f) = self.version().frozen.last().cloned() else { return Ok(false) };
-        let run = self.write_run(f.mem.entries().into_iter().map(Ok))?;
+        let new_runs = self.write_runs(f.mem.entries().into_iter().map(Ok))?;
         {
             let _core = lock(&self.sh.core);
             let ver = self.version();
             let mut runs = Vec::new();
-            runs.extend(run.map(Arc::new));
+            runs.extend(new_runs.into_iter().map(Arc::new));
             runs.extend(ver.runs.iter().cloned());
             let frozen = ver.frozen.iter().filter(|x| !Arc::ptr_eq(x, &f)).cloned().collect();
             self.set_version(Version { active: ver.active.clone(), frozen, runs });
@@ -1023,7 +1082,7 @@ impl Engine {
         let sources: Vec<_> =
             window.iter().map(|r| r.cursor(self.sh.store.clone(), self.sh.cache.clone(), &[])).collect();
         let merged = retain_versions(MergeIter::new(sources)?, horizon, hi == n);
-        let run = self.write_run(merged)?.map(Arc::new);
+        let new_runs: Vec<Arc<Run>> = self.write_runs(merged)?.into_iter().map(Arc::new).collect();
         {
             let mut core = lock(&self.sh.core);
             let ver = self.version();
@@ -1034,7 +1093,7 @@ impl Engine {
             for r in &ver.runs {
                 if window.iter().any(|w| Arc::ptr_eq(w, r)) {
                     if !placed {
-                        runs.extend(run.iter().cloned());
+                        runs.extend(new_runs.iter().cloned());
                         placed = true;
                     }
                 } else {

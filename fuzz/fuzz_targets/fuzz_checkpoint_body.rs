@@ -1,0 +1,14 @@
+//! `CheckpointBody::decode` on arbitrary payloads: must return Err, never
+//! panic. On success, decode -> encode -> decode gives the same value.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use zlogfs::engine::CheckpointBody;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(body) = CheckpointBody::decode(data, "checkpoint body") {
+        let again = CheckpointBody::decode(&body.encode(), "re-encoded checkpoint body")
+            .expect("re-encoded checkpoint body does not decode");
+        assert_eq!(again, body);
+    }
+});
