@@ -74,6 +74,9 @@ impl Memtable {
     /// Newest version of `key` at or below `seq`.
     pub fn get(&self, key: &[u8], seq: u64) -> Option<Option<Vec<u8>>> {
         let m = self.map.read().unwrap_or_else(|p| p.into_inner());
+        if m.is_empty() {
+            return None;
+        }
         // (key, Reverse(seq)) sorts before older versions of key.
         let lo = (key.to_vec(), Reverse(seq));
         m.range(lo..).next().filter(|((k, _), _)| k.as_slice() == key).map(|(_, v)| v.clone())

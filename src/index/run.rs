@@ -9,7 +9,6 @@
 
 use std::cmp::Ordering;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering as AtOrd};
 use std::sync::{Arc, Mutex};
 
 use crate::bytes::{Put, Reader};
@@ -99,39 +98,193 @@ pub fn encode_data_block(entries: &[Entry]) -> Vec<u8> {
     v
 }
 
-/// Decode a data block payload; checks that entries are in internal order.
-pub fn decode_data_block(buf: &[u8], what: &str) -> Result<Vec<Entry>> {
-    let mut r = Reader::new(buf, what);
-    let n = r.var_max(buf.len() as u64, "entry count")? as usize;
-    let mut out: Vec<Entry> = Vec::with_capacity(n);
-    for _ in 0..n {
-        let shared = r.var()? as usize;
-        let prev = out.last().map(|e| e.key.as_slice()).unwrap_or(&[]);
-        if shared > prev.len() {
-            return Err(r.err("shared key prefix longer than the previous key"));
-        }
-        let rest = r.lenbytes(MAX_KEY, "key length")?;
-        let mut key = Vec::with_capacity(shared + rest.len());
-        key.extend_from_slice(&prev[..shared]);
-        key.extend_from_slice(rest);
-        if key.len() > MAX_KEY {
-            return Err(r.err("key too long"));
-        }
-        let seq = r.var()?;
-        let value = match r.u8()? {
-            0 => None,
-            1 => Some(r.lenbytes(MAX_VALUE, "value length")?.to_vec()),
-            t => return Err(r.err(format!("unknown entry type {t}"))),
-        };
-        if let Some(p) = out.last() {
-            if cmp_internal(&p.key, p.seq, &key, seq) != Ordering::Less {
-                return Err(r.err("entries out of order"));
+/// A decoded data block in a flat layout: keys end to end in one buffer,
+/// values in another, and fixed-size records pointing into them, so that a
+/// binary search touches few cache lines and decoding allocates three times.
+pub struct Block {
+    keys: Vec<u8>,
+    vals: Vec<u8>,
+    ents: Vec<Ent>,
+    /// Open-addressing table: hash of a key -> index of its first (newest)
+    /// version in the block; [`NO_SLOT`] when empty. Built at decode time,
+    /// empty for blocks of more than 65,534 entries (binary search then).
+    slots: Vec<u16>,
+}
+
+const NO_SLOT: u16 = u16::MAX;
+
+/// One entry of a [`Block`].
+#[derive(Clone, Copy)]
+struct Ent {
+    /// End of the key in `keys` (it starts where the previous one ends).
+    key_end: u32,
+    /// Start of the value in `vals`.
+    val_off: u32,
+    /// Value length, or [`TOMBSTONE`].
+    val_len: u32,
+    seq: u64,
+}
+
+const TOMBSTONE: u32 = u32::MAX;
+
+impl Block {
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.ents.len()
+    }
+    /// True when the block holds no entry.
+    pub fn is_empty(&self) -> bool {
+        self.ents.is_empty()
+    }
+    /// Key of entry `i`.
+    pub fn key(&self, i: usize) -> &[u8] {
+        let start = if i == 0 { 0 } else { self.ents[i - 1].key_end as usize };
+        &self.keys[start..self.ents[i].key_end as usize]
+    }
+    /// Sequence number of entry `i`.
+    pub fn seq(&self, i: usize) -> u64 {
+        self.ents[i].seq
+    }
+    /// Value of entry `i` (`None` for a tombstone).
+    pub fn value(&self, i: usize) -> Option<&[u8]> {
+        let e = self.ents[i];
+        (e.val_len != TOMBSTONE).then(|| &self.vals[e.val_off as usize..(e.val_off + e.val_len) as usize])
+    }
+    /// Entry `i`, owned.
+    pub fn entry(&self, i: usize) -> Entry {
+        Entry { key: self.key(i).to_vec(), seq: self.seq(i), value: self.value(i).map(|v| v.to_vec()) }
+    }
+    /// The first entry at or after internal key (key, seq).
+    pub fn search(&self, key: &[u8], seq: u64) -> usize {
+        let (mut lo, mut hi) = (0, self.ents.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if cmp_internal(self.key(mid), self.seq(mid), key, seq) == Ordering::Less {
+                lo = mid + 1;
+            } else {
+                hi = mid;
             }
         }
-        out.push(Entry { key, seq, value });
+        lo
     }
-    r.finish()?;
-    Ok(out)
+    /// Memory held.
+    pub fn bytes(&self) -> usize {
+        self.keys.len()
+            + self.vals.len()
+            + self.ents.len() * std::mem::size_of::<Ent>()
+            + self.slots.len() * 2
+            + 64
+    }
+
+    /// The newest version of `key` at or below `seq` in this block, given
+    /// that this is the block the sparse index chose for (key, seq).
+    pub fn find(&self, key: &[u8], seq: u64) -> Option<usize> {
+        let mut j = if self.slots.is_empty() {
+            self.search(key, seq)
+        } else {
+            let mask = self.slots.len() - 1;
+            let mut h = crc32c::crc32c(key) as usize & mask;
+            loop {
+                match self.slots[h] {
+                    NO_SLOT => return None,
+                    i if self.key(i as usize) == key => break i as usize,
+                    _ => h = (h + 1) & mask,
+                }
+            }
+        };
+        // Versions run newest first: skip those newer than `seq`.
+        while j < self.len() && self.key(j) == key {
+            if self.seq(j) <= seq {
+                return Some(j);
+            }
+            j += 1;
+        }
+        None
+    }
+
+    fn build_slots(&mut self, distinct: usize) {
+        if self.ents.len() >= usize::from(NO_SLOT) {
+            return;
+        }
+        let size = (distinct * 2).next_power_of_two().max(8);
+        let mask = size - 1;
+        self.slots = vec![NO_SLOT; size];
+        for i in 0..self.ents.len() {
+            if i > 0 && self.key(i - 1) == self.key(i) {
+                continue;
+            }
+            let mut h = crc32c::crc32c(self.key(i)) as usize & mask;
+            while self.slots[h] != NO_SLOT {
+                h = (h + 1) & mask;
+            }
+            self.slots[h] = i as u16;
+        }
+    }
+
+    /// Decode a data block payload; checks that entries are in internal
+    /// order and sizes stay within the format's limits.
+    pub fn decode(buf: &[u8], what: &str) -> Result<Block> {
+        let mut r = Reader::new(buf, what);
+        let n = r.var_max(buf.len() as u64, "entry count")? as usize;
+        let mut b = Block {
+            keys: Vec::with_capacity(buf.len()),
+            vals: Vec::new(),
+            ents: Vec::with_capacity(n),
+            slots: Vec::new(),
+        };
+        let mut prev_start = 0usize;
+        let mut distinct = 0usize;
+        for i in 0..n {
+            let shared = r.var()? as usize;
+            let prev_len = b.keys.len() - prev_start;
+            if shared > prev_len {
+                return Err(r.err("shared key prefix longer than the previous key"));
+            }
+            let rest = r.lenbytes(MAX_KEY, "key length")?;
+            if shared + rest.len() > MAX_KEY {
+                return Err(r.err("key too long"));
+            }
+            let start = b.keys.len();
+            b.keys.extend_from_within(prev_start..prev_start + shared);
+            b.keys.extend_from_slice(rest);
+            let seq = r.var()?;
+            let (val_off, val_len) = match r.u8()? {
+                0 => (0, TOMBSTONE),
+                1 => {
+                    let v = r.lenbytes(MAX_VALUE, "value length")?;
+                    let off = b.vals.len();
+                    b.vals.extend_from_slice(v);
+                    (off as u32, v.len() as u32)
+                }
+                t => return Err(r.err(format!("unknown entry type {t}"))),
+            };
+            let key_end = u32::try_from(b.keys.len()).map_err(|_| r.err("block too large"))?;
+            b.ents.push(Ent { key_end, val_off, val_len, seq });
+            if i > 0 {
+                let pk = &b.keys[prev_start..start];
+                let ps = b.ents[i - 1].seq;
+                match cmp_internal(pk, ps, &b.keys[start..], seq) {
+                    Ordering::Less => {}
+                    _ => return Err(r.err("entries out of order")),
+                }
+                if pk != &b.keys[start..] {
+                    distinct += 1;
+                }
+            } else {
+                distinct = 1;
+            }
+            prev_start = start;
+        }
+        r.finish()?;
+        b.build_slots(distinct);
+        Ok(b)
+    }
+}
+
+/// Decode a data block payload into owned entries (see [`Block::decode`]).
+pub fn decode_data_block(buf: &[u8], what: &str) -> Result<Vec<Entry>> {
+    let b = Block::decode(buf, what)?;
+    Ok((0..b.len()).map(|i| b.entry(i)).collect())
 }
 
 /// One entry of the sparse index: the last internal key of a data block.
@@ -179,45 +332,58 @@ pub fn decode_index_block(buf: &[u8], what: &str) -> Result<Vec<IndexEntry>> {
     Ok(out)
 }
 
-/// A Bloom filter over user keys.
+/// A blocked Bloom filter over user keys: every key's `k` bits fall in one
+/// 64-byte line, so a probe costs one cache miss instead of `k`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bloom {
     k: u8,
     bits: Vec<u8>,
 }
 
-fn bloom_hashes(key: &[u8]) -> (u32, u32) {
-    let h1 = crc32c::crc32c(key);
-    let h2 = crc32c::crc32c_append(0x9e37_79b9, key) | 1;
-    (h1, h2)
+/// Bytes in one filter line.
+const BLOOM_LINE: usize = 64;
+
+/// splitmix64's finaliser: spreads every input bit over the output.
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The line (byte offset) and the `k` bit positions within it of a key:
+/// the line from one 64-bit hash, the positions from 9-bit slices of a
+/// second, so the two choices are independent.
+fn bloom_probe(bits_len: usize, k: u8, key: &[u8]) -> (usize, impl Iterator<Item = usize>) {
+    let h = mix64(u64::from(crc32c::crc32c(key)) << 32 | u64::from(crc32c::crc32c_append(0x9e37_79b9, key)));
+    let lines = (bits_len / BLOOM_LINE).max(1) as u64;
+    let line = (((h >> 32) * lines) >> 32) as usize;
+    let g = mix64(h ^ 0x2545_f491_4f6c_dd1d);
+    let bits = (0..u32::from(k.min(7))).map(move |i| ((g >> (9 * i)) & 511) as usize);
+    (line * BLOOM_LINE, bits)
 }
 
 impl Bloom {
-    /// A filter for `n` keys at about 10 bits per key (1% false positives).
+    /// A filter for `n` keys at about 10 bits per key (about 1% false
+    /// positives).
     pub fn build<'a>(n: usize, keys: impl Iterator<Item = &'a [u8]>) -> Bloom {
-        let nbits = (n * 10).clamp(64, 1 << 30);
-        let mut b = Bloom { k: 7, bits: vec![0u8; nbits.div_ceil(8)] };
-        let m = (b.bits.len() * 8) as u64;
+        let nbytes = (n * 10).div_ceil(8).clamp(BLOOM_LINE, 1 << 27).next_multiple_of(BLOOM_LINE);
+        let mut b = Bloom { k: 7, bits: vec![0u8; nbytes] };
         for key in keys {
-            let (h1, h2) = bloom_hashes(key);
-            for i in 0..u32::from(b.k) {
-                let bit = (u64::from(h1.wrapping_add(i.wrapping_mul(h2)))) % m;
-                b.bits[(bit / 8) as usize] |= 1 << (bit % 8);
+            let (base, probes) = bloom_probe(b.bits.len(), b.k, key);
+            for bit in probes {
+                b.bits[base + bit / 8] |= 1 << (bit % 8);
             }
         }
         b
     }
     /// False if `key` is certainly absent.
     pub fn may_contain(&self, key: &[u8]) -> bool {
-        let m = (self.bits.len() * 8) as u64;
-        if m == 0 {
+        if self.bits.len() < BLOOM_LINE {
             return true;
         }
-        let (h1, h2) = bloom_hashes(key);
-        (0..u32::from(self.k)).all(|i| {
-            let bit = (u64::from(h1.wrapping_add(i.wrapping_mul(h2)))) % m;
-            self.bits[(bit / 8) as usize] & (1 << (bit % 8)) != 0
-        })
+        let (base, mut probes) = bloom_probe(self.bits.len(), self.k, key);
+        let line = &self.bits[base..base + BLOOM_LINE];
+        probes.all(|bit| line[bit / 8] & (1 << (bit % 8)) != 0)
     }
     /// Encode the filter block payload.
     pub fn encode(&self) -> Vec<u8> {
@@ -234,70 +400,129 @@ impl Bloom {
             return Err(r.err(format!("bad hash count {k}")));
         }
         let bits = r.lenbytes(1 << 28, "filter length")?.to_vec();
+        if bits.len() % BLOOM_LINE != 0 {
+            return Err(r.err(format!("filter of {} bytes is not whole {BLOOM_LINE}-byte lines", bits.len())));
+        }
         r.finish()?;
         Ok(Bloom { k, bits })
     }
 }
 
 /// A decoded data block with the tick it was last used at.
-type CachedBlock = (Arc<Vec<Entry>>, u64);
+type CachedBlock = (Arc<Block>, u64);
+
+const CACHE_SHARDS: usize = 16;
+
+#[derive(Default)]
+struct Shard {
+    map: HashMap<(u64, u32), CachedBlock>,
+    tick: u64,
+    used: usize,
+}
 
 /// A cache of decoded data blocks, keyed by (run id, block number) so that
-/// a reused segment can never serve a stale block.
+/// a reused segment can never serve a stale block. Sharded so that readers
+/// on different blocks rarely meet on a lock.
 pub struct BlockCache {
-    map: Mutex<HashMap<(u64, u32), CachedBlock>>,
-    tick: AtomicU64,
-    capacity_bytes: usize,
-    used: AtomicU64,
+    shards: Vec<Mutex<Shard>>,
+    shard_capacity: usize,
 }
 
 impl BlockCache {
     /// A cache holding about `capacity_bytes` of decoded blocks.
     pub fn new(capacity_bytes: usize) -> BlockCache {
         BlockCache {
-            map: Mutex::new(HashMap::new()),
-            tick: AtomicU64::new(0),
-            capacity_bytes,
-            used: AtomicU64::new(0),
+            shards: (0..CACHE_SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            shard_capacity: capacity_bytes / CACHE_SHARDS,
         }
     }
 
-    fn get(&self, key: (u64, u32)) -> Option<Arc<Vec<Entry>>> {
-        let t = self.tick.fetch_add(1, AtOrd::Relaxed);
-        let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        m.get_mut(&key).map(|(b, last)| {
+    fn shard(&self, key: (u64, u32)) -> std::sync::MutexGuard<'_, Shard> {
+        let h =
+            key.0.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ u64::from(key.1).wrapping_mul(0xc2b2_ae3d_27d4_eb4f);
+        let i = (h >> 59) as usize % CACHE_SHARDS;
+        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn get(&self, key: (u64, u32)) -> Option<Arc<Block>> {
+        let mut sh = self.shard(key);
+        sh.tick += 1;
+        let t = sh.tick;
+        sh.map.get_mut(&key).map(|(b, last)| {
             *last = t;
             b.clone()
         })
     }
 
-    fn insert(&self, key: (u64, u32), block: Arc<Vec<Entry>>, bytes: usize) {
-        let t = self.tick.fetch_add(1, AtOrd::Relaxed);
-        let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        let used = self.used.fetch_add(bytes as u64, AtOrd::Relaxed) as usize + bytes;
-        if used > self.capacity_bytes && m.len() > 4 {
+    fn insert(&self, key: (u64, u32), block: Arc<Block>) {
+        let mut sh = self.shard(key);
+        sh.tick += 1;
+        let t = sh.tick;
+        sh.used += block.bytes();
+        if sh.used > self.shard_capacity && sh.map.len() > 4 {
             // Evict the older half.
-            let mut ticks: Vec<u64> = m.values().map(|(_, t)| *t).collect();
+            let mut ticks: Vec<u64> = sh.map.values().map(|(_, t)| *t).collect();
             ticks.sort_unstable();
             let cut = ticks[ticks.len() / 2];
-            m.retain(|_, (_, t)| *t > cut);
-            let kept: usize = m.values().map(|(b, _)| block_bytes(b)).sum();
-            self.used.store(kept as u64, AtOrd::Relaxed);
+            sh.map.retain(|_, (_, t)| *t > cut);
+            sh.used = sh.map.values().map(|(b, _)| b.bytes()).sum::<usize>() + block.bytes();
         }
-        if let Some((old, _)) = m.insert(key, (block, t)) {
-            self.used.fetch_sub(block_bytes(&old) as u64, AtOrd::Relaxed);
+        if let Some((old, _)) = sh.map.insert(key, (block, t)) {
+            sh.used = sh.used.saturating_sub(old.bytes());
         }
     }
 
     /// Drop every block of run `id`.
     pub fn forget_run(&self, id: u64) {
-        let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        m.retain(|k, _| k.0 != id);
+        for s in &self.shards {
+            let mut sh = s.lock().unwrap_or_else(|p| p.into_inner());
+            sh.map.retain(|k, _| k.0 != id);
+            sh.used = sh.map.values().map(|(b, _)| b.bytes()).sum();
+        }
     }
 }
 
-fn block_bytes(b: &[Entry]) -> usize {
-    b.iter().map(|e| e.key.len() + e.value.as_ref().map_or(0, |v| v.len()) + 48).sum()
+/// The sparse index in a flat layout for searching: the last keys of the
+/// data blocks end to end, with their sequence numbers.
+struct FlatIndex {
+    keys: Vec<u8>,
+    ends: Vec<u32>,
+    seqs: Vec<u64>,
+}
+
+impl FlatIndex {
+    fn new(index: &[IndexEntry]) -> FlatIndex {
+        let mut f = FlatIndex {
+            keys: Vec::with_capacity(index.iter().map(|e| e.last_key.len()).sum()),
+            ends: Vec::with_capacity(index.len()),
+            seqs: Vec::with_capacity(index.len()),
+        };
+        for e in index {
+            f.keys.extend_from_slice(&e.last_key);
+            f.ends.push(f.keys.len() as u32);
+            f.seqs.push(e.last_seq);
+        }
+        f
+    }
+
+    fn key(&self, i: usize) -> &[u8] {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        &self.keys[start..self.ends[i] as usize]
+    }
+
+    /// The first block whose last internal key is at or after (key, seq).
+    fn search(&self, key: &[u8], seq: u64) -> usize {
+        let (mut lo, mut hi) = (0, self.ends.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if cmp_internal(self.key(mid), self.seqs[mid], key, seq) == Ordering::Less {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
 }
 
 /// An open run: descriptor, sparse index and filter in memory.
@@ -306,6 +531,7 @@ pub struct Run {
     pub meta: RunMeta,
     /// The sparse index.
     pub index: Vec<IndexEntry>,
+    flat: FlatIndex,
     filter: Bloom,
 }
 
@@ -316,7 +542,12 @@ impl Run {
         let index = decode_index_block(&raw, &format!("index block of run {} at {}", meta.id, meta.index))?;
         let raw = read_block(store, meta.filter, BlockKind::RunFilter)?;
         let filter = Bloom::decode(&raw, &format!("filter block of run {} at {}", meta.id, meta.filter))?;
-        Ok(Run { meta, index, filter })
+        Ok(Run::from_parts(meta, index, filter))
+    }
+
+    /// A run just written, from its parts (no need to read it back).
+    pub fn from_parts(meta: RunMeta, index: Vec<IndexEntry>, filter: Bloom) -> Run {
+        Run { flat: FlatIndex::new(&index), meta, index, filter }
     }
 
     /// Every block address of the run (for space accounting).
@@ -328,7 +559,7 @@ impl Run {
     }
 
     /// Data block `i`, through the cache.
-    pub fn block(&self, store: &dyn Store, cache: &BlockCache, i: usize) -> Result<Arc<Vec<Entry>>> {
+    pub fn block(&self, store: &dyn Store, cache: &BlockCache, i: usize) -> Result<Arc<Block>> {
         let key = (self.meta.id, i as u32);
         if let Some(b) = cache.get(key) {
             return Ok(b);
@@ -336,20 +567,18 @@ impl Run {
         let addr = self.index[i].addr;
         let raw = read_block(store, addr, BlockKind::RunData)?;
         let what = format!("data block {i} of run {} at {addr}", self.meta.id);
-        let entries = decode_data_block(&raw, &what)?;
+        let b = Block::decode(&raw, &what)?;
         // Pair assertion: the block ends where the sparse index says.
-        match entries.last() {
-            Some(l) if l.key == self.index[i].last_key && l.seq == self.index[i].last_seq => {}
-            _ => return Err(Error::corrupt(what, "does not end with the key its index entry names")),
+        let n = b.len();
+        if n == 0
+            || b.key(n - 1) != self.index[i].last_key.as_slice()
+            || b.seq(n - 1) != self.index[i].last_seq
+        {
+            return Err(Error::corrupt(what, "does not end with the key its index entry names"));
         }
-        let b = Arc::new(entries);
-        cache.insert(key, b.clone(), block_bytes(&b));
+        let b = Arc::new(b);
+        cache.insert(key, b.clone());
         Ok(b)
-    }
-
-    /// The first data block that may hold internal key (key, seq).
-    fn find_block(&self, key: &[u8], seq: u64) -> usize {
-        self.index.partition_point(|e| cmp_internal(&e.last_key, e.last_seq, key, seq) == Ordering::Less)
     }
 
     /// The newest version of `key` with sequence number at most `seq`:
@@ -368,16 +597,12 @@ impl Run {
         {
             return Ok(None);
         }
-        let i = self.find_block(key, seq);
+        let i = self.flat.search(key, seq);
         if i >= self.index.len() {
             return Ok(None);
         }
         let b = self.block(store, cache, i)?;
-        let j = b.partition_point(|e| cmp_internal(&e.key, e.seq, key, seq) == Ordering::Less);
-        match b.get(j) {
-            Some(e) if e.key == key => Ok(Some(e.value.clone())),
-            _ => Ok(None),
-        }
+        Ok(b.find(key, seq).map(|j| b.value(j).map(|v| v.to_vec())))
     }
 
     /// A cursor over entries with key >= `start`, in internal order.
@@ -387,7 +612,7 @@ impl Run {
         cache: Arc<BlockCache>,
         start: &[u8],
     ) -> RunCursor {
-        let bi = self.find_block(start, u64::MAX);
+        let bi = self.flat.search(start, u64::MAX);
         RunCursor { run: self.clone(), store, cache, bi, block: None, ei: 0, start: start.to_vec() }
     }
 }
@@ -398,7 +623,7 @@ pub struct RunCursor {
     store: Arc<dyn Store>,
     cache: Arc<BlockCache>,
     bi: usize,
-    block: Option<Arc<Vec<Entry>>>,
+    block: Option<Arc<Block>>,
     ei: usize,
     start: Vec<u8>,
 }
@@ -408,9 +633,9 @@ impl Iterator for RunCursor {
     fn next(&mut self) -> Option<Result<Entry>> {
         loop {
             if let Some(b) = &self.block {
-                if let Some(e) = b.get(self.ei) {
+                if self.ei < b.len() {
                     self.ei += 1;
-                    return Some(Ok(e.clone()));
+                    return Some(Ok(b.entry(self.ei - 1)));
                 }
                 self.block = None;
                 self.bi += 1;
@@ -420,7 +645,7 @@ impl Iterator for RunCursor {
             }
             match self.run.block(self.store.as_ref(), &self.cache, self.bi) {
                 Ok(b) => {
-                    self.ei = b.partition_point(|e| e.key.as_slice() < self.start.as_slice());
+                    self.ei = b.search(&self.start, u64::MAX);
                     self.block = Some(b);
                 }
                 Err(e) => {
@@ -432,9 +657,45 @@ impl Iterator for RunCursor {
     }
 }
 
-impl Run {
-    /// A run just written, from its parts (no need to read it back).
-    pub fn from_parts(meta: RunMeta, index: Vec<IndexEntry>, filter: Bloom) -> Run {
-        Run { meta, index, filter }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bloom_has_no_false_negatives_and_few_false_positives() {
+        let keys: Vec<Vec<u8>> = (0..20_000u32).map(|i| i.to_be_bytes().to_vec()).collect();
+        let b = Bloom::build(keys.len(), keys.iter().map(|k| k.as_slice()));
+        assert!(keys.iter().all(|k| b.may_contain(k)));
+        let fp = (20_000..120_000u32).filter(|i| b.may_contain(&i.to_be_bytes())).count();
+        assert!(fp < 3_000, "{fp} false positives in 100,000 (want about 1-2%)");
+        let d = Bloom::decode(&b.encode(), "filter").unwrap();
+        assert_eq!(d, b);
+    }
+
+    #[test]
+    fn flat_block_round_trip() {
+        let es: Vec<Entry> = (0..300u32)
+            .map(|i| Entry {
+                key: format!("key{:04}", i / 2).into_bytes(),
+                seq: u64::from(1000 - i % 2),
+                value: (i % 7 != 0).then(|| vec![i as u8; (i % 50) as usize]),
+            })
+            .collect();
+        let b = Block::decode(&encode_data_block(&es), "block").unwrap();
+        assert_eq!((0..b.len()).map(|i| b.entry(i)).collect::<Vec<_>>(), es);
+        assert_eq!(b.search(b"key0010", u64::MAX), 20);
+        assert_eq!(b.search(b"key0010", 999), 21);
+        // The hash index agrees with the binary search.
+        assert_eq!(b.find(b"key0010", u64::MAX), Some(20));
+        assert_eq!(b.find(b"key0010", 999), Some(21));
+        assert_eq!(b.find(b"key0010", 998), None);
+        assert_eq!(b.find(b"key9999", u64::MAX), None);
+        for i in 0..b.len() {
+            for seq in [998, 999, 1000, u64::MAX] {
+                let j = b.search(b.key(i), seq);
+                let want = (j < b.len() && b.key(j) == b.key(i)).then_some(j);
+                assert_eq!(b.find(b.key(i), seq), want);
+            }
+        }
     }
 }
