@@ -599,7 +599,12 @@ fn bench_codecs(corpus: &Path) {
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; ignore arguments.
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this
+    // binary without it, and a test run must not spend minutes measuring.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("engine benchmarks: run them with `cargo bench --bench engine` or bench/run-engine.sh");
+        return;
+    }
     let corpus = std::env::var_os("ZLOGFS_BENCH_CORPUS").map(PathBuf::from).or_else(default_corpus);
     let only = std::env::var("ZLOGFS_BENCH_ONLY").unwrap_or_default();
     let want = |s: &str| only.is_empty() || only.split(',').any(|o| o.trim() == s);
