@@ -11,8 +11,14 @@ cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
 cargo clippy --all-targets -- -D warnings
 echo "== cargo test"
-cargo test --all-targets
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --all-targets 2>&1 | tee "$log"
 if [ "${ZLOGFS_SKIP_FUZZ:-0}" != 1 ]; then
     echo "== fuzz (${FUZZ_SECONDS:-20} s per target)"
     bash .ci/fuzz.sh
 fi
+# One closing line for the whole run (the fuzz output comes after cargo's).
+passed=$(grep -E '^test result:' "$log" | grep -oE '[0-9]+ passed' | awk '{s += $1} END {print s + 0}')
+failed=$(grep -E '^test result:' "$log" | grep -oE '[0-9]+ failed' | awk '{s += $1} END {print s + 0}')
+echo "tests: $passed passed, $failed failed"
