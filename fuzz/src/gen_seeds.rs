@@ -248,6 +248,7 @@ fn main() {
         summary_off,
         summary_count: payloads.len() as u32,
         next_seg: NO_SEGMENT,
+        epoch: 0x1234_5678,
         durable_seq: 41,
     };
     b[..BATCH_HEADER_SIZE].copy_from_slice(&h.encode());
