@@ -153,17 +153,7 @@ fn repeated_crashes_on_one_image() {
             match s {
                 Step::Write(b) => {
                     e.write(b).unwrap();
-                    for op in &b.ops {
-                        match op {
-                            zlogfs::Op::Put(k, v) => {
-                                m.insert(k.clone(), v.clone());
-                            }
-                            zlogfs::Op::Delete(k) => {
-                                m.remove(k);
-                            }
-                            zlogfs::Op::Free(_) => {}
-                        }
-                    }
+                    apply(&mut m, b);
                 }
                 Step::Flush => e.flush().unwrap(),
                 _ => {}

@@ -68,23 +68,28 @@ pub fn workload(r: &mut StdRng, n: usize) -> Vec<Step> {
         .collect()
 }
 
+/// Apply a batch to the model.
+pub fn apply(m: &mut Model, b: &WriteBatch) {
+    for op in &b.ops {
+        match op {
+            zlogfs::Op::Put(k, v) => {
+                m.insert(k.clone(), v.clone());
+            }
+            zlogfs::Op::Delete(k) => {
+                m.remove(k);
+            }
+            zlogfs::Op::Free(_) => {}
+        }
+    }
+}
+
 /// Model states: `states[i]` is the state after the first `i` writes.
 pub fn model_states(steps: &[Step]) -> Vec<Model> {
     let mut m = Model::new();
     let mut states = vec![m.clone()];
     for s in steps {
         if let Step::Write(b) = s {
-            for op in &b.ops {
-                match op {
-                    zlogfs::Op::Put(k, v) => {
-                        m.insert(k.clone(), v.clone());
-                    }
-                    zlogfs::Op::Delete(k) => {
-                        m.remove(k);
-                    }
-                    zlogfs::Op::Free(_) => {}
-                }
-            }
+            apply(&mut m, b);
             states.push(m.clone());
         }
         if let Step::Blob(k, content) = s {
