@@ -7,6 +7,11 @@ use std::sync::Arc;
 use zlogfs::store::{FileStore, Geometry, Store};
 use zlogfs::{engine, Engine, Options, WriteBatch};
 
+/// The tests here run one at a time: a child process spawned by one (the
+/// CLI test) inherits, between fork and exec, every descriptor the other has
+/// open, and with it the image's flock for a moment.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn tmpdir(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("zlogfs-test-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -23,6 +28,7 @@ fn open(path: &std::path::Path) -> zlogfs::Result<Engine> {
 
 #[test]
 fn file_image_round_trip_and_lock() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let d = tmpdir("roundtrip");
     let img = d.join("a.img");
     let g = Geometry { segment_size: 1 << 20, segment_count: 32 };
@@ -56,6 +62,7 @@ fn file_image_round_trip_and_lock() {
 
 #[test]
 fn cli_mkfs_and_stats() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let d = tmpdir("cli");
     let img = d.join("b.img");
     let bin = env!("CARGO_BIN_EXE_zlogfs");
