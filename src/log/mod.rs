@@ -15,7 +15,7 @@ pub mod format;
 use std::sync::Arc;
 
 use crate::bytes::crc;
-use crate::codec::{self, CodecSpec, Encoded};
+use crate::codec::{self, CodecSpec};
 use crate::error::{Error, Result};
 use crate::store::{Geometry, Store};
 use format::*;
@@ -43,17 +43,33 @@ pub struct NewBlock {
     pub owner: u64,
     /// Uncompressed length.
     pub raw_len: u32,
-    /// The compressed payload.
-    pub enc: Encoded,
+    /// Codec of the payload.
+    codec: u8,
+    /// Block header (crc included) and payload, ready to copy into a batch.
+    sealed: Vec<u8>,
 }
 
 impl NewBlock {
-    /// Compress `raw` with `spec` into a new block.
+    /// Compress `raw` with `spec` into a new block, header and crc
+    /// included, so that callers compressing on many cores also checksum
+    /// there and placing the block in the log is a copy.
     pub fn encode(kind: BlockKind, owner: u64, spec: CodecSpec, raw: &[u8]) -> NewBlock {
-        NewBlock { kind, owner, raw_len: raw.len() as u32, enc: codec::encode(spec, raw) }
+        let enc = codec::encode(spec, raw);
+        let mut sealed = Vec::with_capacity(BLOCK_HEADER_SIZE + enc.data.len());
+        BlockHeader {
+            crc: 0,
+            codec: enc.codec as u8,
+            level: enc.level,
+            raw_reason: enc.raw_reason,
+            kind: kind as u8,
+            raw_len: raw.len() as u32,
+            stored_len: enc.data.len() as u32,
+        }
+        .seal(&enc.data, &mut sealed);
+        NewBlock { kind, owner, raw_len: raw.len() as u32, codec: enc.codec as u8, sealed }
     }
     fn stored_len(&self) -> usize {
-        BLOCK_HEADER_SIZE + self.enc.data.len()
+        self.sealed.len()
     }
 }
 
@@ -253,7 +269,7 @@ impl LogWriter {
         let max = max_block_raw(self.geometry);
         let mut addrs = Vec::with_capacity(blocks.len());
         for b in blocks {
-            if b.raw_len as usize > max || b.stored_len() > max + BLOCK_HEADER_SIZE + 64 {
+            if b.raw_len as usize > max || b.stored_len() > max + 2 * BLOCK_HEADER_SIZE + 64 {
                 return Err(Error::Invalid(format!(
                     "block of {} bytes exceeds the limit of {max}",
                     b.raw_len
@@ -271,20 +287,11 @@ impl LogWriter {
         let pad = (8 - self.pending.buf.len() % 8) % 8;
         self.pending.buf.resize(self.pending.buf.len() + pad, 0);
         let off = self.pending.buf.len();
-        let len = BLOCK_HEADER_SIZE + b.enc.data.len();
-        BlockHeader {
-            crc: 0,
-            codec: b.enc.codec as u8,
-            level: b.enc.level,
-            raw_reason: b.enc.raw_reason,
-            kind: b.kind as u8,
-            raw_len: b.raw_len,
-            stored_len: b.enc.data.len() as u32,
-        }
-        .seal(&b.enc.data, &mut self.pending.buf);
+        let len = b.sealed.len();
+        self.pending.buf.extend_from_slice(&b.sealed);
         self.pending.entries.push(SummaryEntry {
             kind: b.kind as u8,
-            codec: b.enc.codec as u8,
+            codec: b.codec,
             offset: off as u32,
             len: len as u32,
             raw_len: b.raw_len,
