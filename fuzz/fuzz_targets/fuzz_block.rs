@@ -12,9 +12,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use zlogfs::codec::{self, CodecId, CodecSpec};
-use zlogfs::log::decode_block;
-use zlogfs::log::format::{BlockAddr, BlockHeader, BlockKind, BLOCK_HEADER_SIZE, MAX_SEGMENT_SIZE};
+use zlogfs::codec::{CodecId, CodecSpec};
+use zlogfs::log::{decode_block, NewBlock};
+use zlogfs::log::format::{BlockAddr, BlockKind, BLOCK_HEADER_SIZE, MAX_SEGMENT_SIZE};
 
 /// Largest raw length `decode_block` accepts (max_block_raw of the largest segment).
 const MAX_RAW: u32 = MAX_SEGMENT_SIZE / 4;
@@ -42,18 +42,8 @@ fn check(buf: &[u8]) {
 /// the write path's storage policy) into a new block: it decodes back.
 fn round_trip(codec_byte: u8, kind: BlockKind, raw: &[u8]) {
     let id = CodecId::from_u8(codec_byte).expect("decoded block names an unknown codec");
-    let enc = codec::encode(CodecSpec::new(id, CodecSpec::default_level(id)), raw);
-    let mut blk = Vec::new();
-    BlockHeader {
-        crc: 0,
-        codec: enc.codec as u8,
-        level: enc.level,
-        raw_reason: enc.raw_reason,
-        kind: kind as u8,
-        raw_len: raw.len() as u32,
-        stored_len: enc.data.len() as u32,
-    }
-    .seal(&enc.data, &mut blk);
+    // The engine's own write path: compress with the policy, seal.
+    let blk = NewBlock::encode(kind, 0, CodecSpec::new(id, CodecSpec::default_level(id)), raw).bytes().to_vec();
     let addr = BlockAddr { seg: 0, offset: 0, len: blk.len() as u32 };
     let again = decode_block(&blk, addr, kind).expect("re-encoded block does not decode");
     assert!(again == raw, "re-encoded block decodes to different bytes");

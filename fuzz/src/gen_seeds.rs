@@ -14,7 +14,7 @@ use zlogfs::engine::CheckpointBody;
 use zlogfs::index::run::{encode_data_block, encode_index_block, Bloom, IndexEntry, RunMeta};
 use zlogfs::index::Entry;
 use zlogfs::log::format::*;
-use zlogfs::log::SegUsage;
+use zlogfs::log::{NewBlock, SegUsage};
 use zlogfs::store::Geometry;
 
 struct Out {
@@ -81,19 +81,7 @@ fn addr(i: u32) -> BlockAddr {
 }
 
 fn seal(kind: BlockKind, spec: CodecSpec, raw: &[u8]) -> Vec<u8> {
-    let enc = codec::encode(spec, raw);
-    let mut out = Vec::new();
-    BlockHeader {
-        crc: 0,
-        codec: enc.codec as u8,
-        level: enc.level,
-        raw_reason: enc.raw_reason,
-        kind: kind as u8,
-        raw_len: raw.len() as u32,
-        stored_len: enc.data.len() as u32,
-    }
-    .seal(&enc.data, &mut out);
-    out
+    NewBlock::encode(kind, 0, spec, raw).bytes().to_vec()
 }
 
 fn journal() -> Vec<u8> {

@@ -68,6 +68,10 @@ impl NewBlock {
         .seal(&enc.data, &mut sealed);
         NewBlock { kind, owner, raw_len: raw.len() as u32, codec: enc.codec as u8, sealed }
     }
+    /// The block as it will be stored: header (crc included) and payload.
+    pub fn bytes(&self) -> &[u8] {
+        &self.sealed
+    }
     fn stored_len(&self) -> usize {
         self.sealed.len()
     }
