@@ -887,13 +887,21 @@ impl Engine {
     /// They are durable with the next sync; reference them from a
     /// [`WriteBatch`] to keep them.
     pub fn write_blocks(&self, owner: u64, spec: CodecSpec, raws: &[&[u8]]) -> Result<Vec<BlockAddr>> {
+        let each: Vec<(u64, CodecSpec, &[u8])> = raws.iter().map(|r| (owner, spec, *r)).collect();
+        self.write_blocks_each(&each)
+    }
+
+    /// [`Engine::write_blocks`] with an owner and a codec for each block.
+    pub fn write_blocks_each(&self, blocks: &[(u64, CodecSpec, &[u8])]) -> Result<Vec<BlockAddr>> {
         self.check_ok()?;
         let max = max_block_raw(self.sh.sb.geometry);
-        if let Some(r) = raws.iter().find(|r| r.len() > max) {
+        if let Some((_, _, r)) = blocks.iter().find(|(_, _, r)| r.len() > max) {
             return Err(Error::Invalid(format!("block of {} bytes exceeds {max}", r.len())));
         }
-        let blocks: Vec<NewBlock> =
-            raws.par_iter().map(|r| NewBlock::encode(BlockKind::Data, owner, spec, r)).collect();
+        let blocks: Vec<NewBlock> = blocks
+            .par_iter()
+            .map(|(owner, spec, r)| NewBlock::encode(BlockKind::Data, *owner, *spec, r))
+            .collect();
         let mut core = lock(&self.sh.core);
         let r = core.log.add_blocks(blocks, false);
         self.latch(&core, r)

@@ -54,6 +54,14 @@ pub enum Error {
     /// image is reopened (which recovers to the last durable state).
     #[error("a previous I/O error left the engine in a failed state: reopen required")]
     Failed,
+    /// A file system operation failed with a POSIX error (ENOENT, EEXIST, ...).
+    #[error("{msg}")]
+    Posix {
+        /// The errno.
+        errno: i32,
+        /// What went wrong, naming the operation and its arguments.
+        msg: String,
+    },
     /// A read asked for a sequence number whose versions were merged away.
     #[error("sequence number {requested} is older than the oldest retained version ({horizon})")]
     SnapshotTooOld {
@@ -75,6 +83,11 @@ impl Error {
         Error::Corrupt { what: what.into(), detail: detail.into() }
     }
 
+    /// A POSIX error.
+    pub fn posix(errno: i32, msg: impl Into<String>) -> Self {
+        Error::Posix { errno, msg: msg.into() }
+    }
+
     /// True for damage found on disk (checksum or decode failures).
     pub fn is_corruption(&self) -> bool {
         matches!(self, Error::ChecksumMismatch { .. } | Error::Corrupt { .. })
@@ -89,6 +102,7 @@ impl Error {
             Error::NoSpace(_) => 28,                                     // ENOSPC
             Error::Failed => 5,
             Error::SnapshotTooOld { .. } => 22,
+            Error::Posix { errno, .. } => *errno,
         }
     }
 }

@@ -2,6 +2,7 @@
 //! compression.
 //!
 //! Layers, each a module with one job, imports pointing down only:
+//! - [`fs`]: the POSIX file system layer over the engine;
 //! - [`engine`]: the storage engine (log + index + recovery), the API the
 //!   file system layer builds on;
 //! - [`index`]: the LSM tree of (key, sequence number, value);
@@ -17,6 +18,7 @@ pub mod bytes;
 pub mod codec;
 pub mod engine;
 pub mod error;
+pub mod fs;
 pub mod index;
 pub mod log;
 pub mod store;

@@ -1,0 +1,545 @@
+//! File data: buffered chunks, reads, truncation, holes, and storing a
+//! group's chunks at commit (packing small ones together).
+//!
+//! Invariants (checked by fsck):
+//! - a file has no chunk at or past `ceil(size / chunk_size)`, and no chunk
+//!   holds bytes past `size`;
+//! - `alloc` is the sum of the lengths of the file's chunks, buffered
+//!   chunks counted at their buffered length.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::*;
+
+/// A chunk about to be stored.
+struct Piece {
+    ino: Ino,
+    idx: u64,
+    data: Vec<u8>,
+    spec: CodecSpec,
+}
+
+impl State {
+    pub(super) fn cs(&self) -> u64 {
+        u64::from(self.cfg.chunk_size)
+    }
+
+    pub(super) fn stored_extent(&self, ino: Ino, idx: u64) -> Result<Option<Extent>> {
+        match self.get(&extent_key(ino, idx))? {
+            Some(v) => Ok(Some(Extent::decode(&v, &format!("chunk {idx} of inode {ino}"))?)),
+            None => Ok(None),
+        }
+    }
+
+    pub(super) fn block(&mut self, a: BlockAddr) -> Result<Arc<Vec<u8>>> {
+        if let Some(b) = self.cache.get(&a) {
+            return Ok(b);
+        }
+        let b = Arc::new(self.eng.read_block(a)?);
+        self.cache.insert(a, b.clone());
+        Ok(b)
+    }
+
+    /// Append bytes `[from, to)` of a stored chunk to `out`.
+    fn copy_extent(
+        &mut self,
+        ino: Ino,
+        idx: u64,
+        e: &Extent,
+        from: usize,
+        to: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        let bad = |d: String| Error::corrupt(format!("chunk {idx} of inode {ino}"), d);
+        let (buf, base): (Arc<Vec<u8>>, usize) = match e {
+            Extent::Inline(b) => {
+                let have = b.len().min(to);
+                if from < have {
+                    out.extend_from_slice(&b[from..have]);
+                }
+                out.resize(out.len() + (to - from.max(have)), 0);
+                return Ok(());
+            }
+            Extent::Own(a, len) => {
+                let b = self.block(*a)?;
+                if b.len() != *len as usize {
+                    return Err(bad(format!("block {a} holds {} bytes, the extent says {len}", b.len())));
+                }
+                (b, 0)
+            }
+            Extent::Shared { addr, off, len, .. } => {
+                let b = self.block(*addr)?;
+                if (*off as usize + *len as usize) > b.len() {
+                    return Err(bad(format!(
+                        "piece {off}+{len} lies outside block {addr} of {} bytes",
+                        b.len()
+                    )));
+                }
+                (b, *off as usize)
+            }
+        };
+        let len = e.len() as usize;
+        let have = len.min(to);
+        if from < have {
+            out.extend_from_slice(&buf[base + from..base + have]);
+        }
+        out.resize(out.len() + (to - from.max(have)), 0);
+        Ok(())
+    }
+
+    fn extent_bytes(&mut self, ino: Ino, idx: u64, e: &Extent) -> Result<Vec<u8>> {
+        let mut v = Vec::with_capacity(e.len() as usize);
+        self.copy_extent(ino, idx, e, 0, e.len() as usize, &mut v)?;
+        Ok(v)
+    }
+
+    /// The buffer of a chunk, loading its stored content first.
+    fn dirty_mut(&mut self, ino: Ino, idx: u64) -> Result<&mut Vec<u8>> {
+        let has = self.dirty.get(&ino).is_some_and(|m| m.contains_key(&idx));
+        if !has {
+            let data = match self.stored_extent(ino, idx)? {
+                Some(e) => self.extent_bytes(ino, idx, &e)?,
+                None => Vec::new(),
+            };
+            self.dirty_bytes += self.cfg.chunk_size as usize;
+            self.dirty_chunks += 1;
+            self.dirty.entry(ino).or_default().insert(idx, data);
+        }
+        Ok(self.dirty.get_mut(&ino).and_then(|m| m.get_mut(&idx)).expect("just inserted"))
+    }
+
+    /// Forget a buffered chunk; returns its length.
+    fn drop_dirty(&mut self, ino: Ino, idx: u64) -> Option<usize> {
+        let m = self.dirty.get_mut(&ino)?;
+        let b = m.remove(&idx)?;
+        if m.is_empty() {
+            self.dirty.remove(&ino);
+        }
+        self.dirty_bytes -= self.cfg.chunk_size as usize;
+        self.dirty_chunks -= 1;
+        Some(b.len())
+    }
+
+    /// Read `[off, off + len)` clipped to the size.
+    pub(super) fn read_data(&mut self, i: &Inode, off: u64, len: usize) -> Result<Vec<u8>> {
+        let end = off.saturating_add(len as u64).min(i.size);
+        let mut out = Vec::with_capacity(end.saturating_sub(off) as usize);
+        let cs = self.cs();
+        let mut pos = off;
+        while pos < end {
+            let idx = pos / cs;
+            let from = (pos - idx * cs) as usize;
+            let to = ((end - idx * cs).min(cs)) as usize;
+            let dirty = self.dirty.get(&i.ino).and_then(|m| m.get(&idx));
+            if let Some(b) = dirty {
+                let have = b.len().min(to);
+                if from < have {
+                    out.extend_from_slice(&b[from..have]);
+                }
+                out.resize(out.len() + (to - from.max(have)), 0);
+            } else {
+                match self.stored_extent(i.ino, idx)? {
+                    Some(e) => self.copy_extent(i.ino, idx, &e, from, to, &mut out)?,
+                    None => out.resize(out.len() + (to - from), 0),
+                }
+            }
+            pos = idx * cs + to as u64;
+        }
+        Ok(out)
+    }
+
+    /// Write `data` at `off`, growing the size; times are the caller's.
+    pub(super) fn write_data(&mut self, i: &mut Inode, off: u64, data: &[u8]) -> Result<()> {
+        let cs = self.cs();
+        let mut pos = 0usize;
+        while pos < data.len() {
+            let at = off + pos as u64;
+            let idx = at / cs;
+            let from = (at - idx * cs) as usize;
+            let n = (cs as usize - from).min(data.len() - pos);
+            let buf = self.dirty_mut(i.ino, idx)?;
+            let old = buf.len();
+            if buf.len() < from + n {
+                buf.resize(from + n, 0);
+            }
+            buf[from..from + n].copy_from_slice(&data[pos..pos + n]);
+            let grown = buf.len() - old;
+            i.alloc += grown as u64;
+            pos += n;
+        }
+        if !data.is_empty() {
+            i.size = i.size.max(off + data.len() as u64);
+        }
+        self.stats.bytes_written += data.len() as u64;
+        Ok(())
+    }
+
+    /// Release a stored chunk's hold on its block.
+    pub(super) fn release(&mut self, ino: Ino, idx: u64, e: &Extent) -> Result<()> {
+        match e {
+            Extent::Inline(_) => {}
+            Extent::Own(a, _) => {
+                self.pend.free(*a);
+                self.cache.remove(a);
+            }
+            Extent::Shared { addr, .. } => {
+                let k = shared_key(*addr);
+                let mut refs = match self.get(&k)? {
+                    Some(v) => decode_refs(&v)?,
+                    None => {
+                        return Err(Error::corrupt(
+                            format!("block {addr}"),
+                            format!("chunk {idx} of inode {ino} shares it but it has no reference list"),
+                        ))
+                    }
+                };
+                refs.retain(|&r| r != (ino, idx));
+                if refs.is_empty() {
+                    self.del(k);
+                    self.pend.free(*addr);
+                    self.cache.remove(addr);
+                } else {
+                    self.put(k, encode_refs(&refs));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Make chunk `idx` a hole.
+    fn punch_chunk(&mut self, i: &mut Inode, idx: u64) -> Result<()> {
+        if let Some(n) = self.drop_dirty(i.ino, idx) {
+            i.alloc -= n as u64;
+        } else if let Some(e) = self.stored_extent(i.ino, idx)? {
+            self.release(i.ino, idx, &e)?;
+            self.del(extent_key(i.ino, idx));
+            i.alloc = i.alloc.saturating_sub(e.len());
+        }
+        Ok(())
+    }
+
+    /// Zero `[off, off + len)` within the size: whole chunks become holes.
+    pub(super) fn zero_range(&mut self, i: &mut Inode, off: u64, len: u64) -> Result<()> {
+        let end = off.saturating_add(len).min(i.size);
+        let cs = self.cs();
+        let mut pos = off;
+        while pos < end {
+            let idx = pos / cs;
+            let from = pos - idx * cs;
+            let to = (end - idx * cs).min(cs);
+            let chunk_len = (i.size - idx * cs).min(cs);
+            if from == 0 && to >= chunk_len {
+                self.punch_chunk(i, idx)?;
+            } else {
+                let stored = self.dirty.get(&i.ino).is_some_and(|m| m.contains_key(&idx))
+                    || self.stored_extent(i.ino, idx)?.is_some();
+                if stored {
+                    let buf = self.dirty_mut(i.ino, idx)?;
+                    let hi = (to as usize).min(buf.len());
+                    if (from as usize) < hi {
+                        buf[from as usize..hi].fill(0);
+                    }
+                }
+            }
+            pos = idx * cs + to;
+            if self.group_full() {
+                self.save(i);
+                self.commit()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Set the size. Shrinking drops chunks past the end (committing in
+    /// steps, under an orphan record, when there are many).
+    pub(super) fn set_len(&mut self, i: &mut Inode, size: u64) -> Result<()> {
+        if size < i.size {
+            let cs = self.cs();
+            let keep = size.div_ceil(cs);
+            if size % cs != 0 {
+                let idx = size / cs;
+                let has = self.dirty.get(&i.ino).is_some_and(|m| m.contains_key(&idx))
+                    || self.stored_extent(i.ino, idx)?.is_some();
+                if has {
+                    let buf = self.dirty_mut(i.ino, idx)?;
+                    let n = (size - idx * cs) as usize;
+                    let cut = buf.len().saturating_sub(n);
+                    buf.truncate(n);
+                    i.alloc -= cut as u64;
+                }
+            }
+            let gone: Vec<u64> = self
+                .dirty
+                .get(&i.ino)
+                .map(|m| m.range(keep..).map(|(&k, _)| k).collect())
+                .unwrap_or_default();
+            for idx in gone {
+                if let Some(n) = self.drop_dirty(i.ino, idx) {
+                    i.alloc -= n as u64;
+                }
+            }
+            i.size = size;
+            self.trim_extents(i, keep, 1 + keep)?;
+        }
+        i.size = size;
+        Ok(())
+    }
+
+    /// Delete stored chunks from `from` on. When they do not fit in one
+    /// group, intermediate groups are committed with an orphan record
+    /// (`code`) so that a crash finishes the job at the next open.
+    fn trim_extents(&mut self, i: &mut Inode, from: u64, code: u64) -> Result<()> {
+        let (lo, hi) = extents_from(i.ino, from);
+        let mut marked = false;
+        loop {
+            let batch = self.scan(&lo, &hi, 256)?;
+            let more = batch.len() == 256;
+            for (k, v) in batch {
+                let Some((_, idx)) = parse_extent_key(&k) else { continue };
+                let e = Extent::decode(&v, &format!("chunk {idx} of inode {}", i.ino))?;
+                self.release(i.ino, idx, &e)?;
+                self.del(k);
+                i.alloc = i.alloc.saturating_sub(e.len());
+            }
+            if !more {
+                break;
+            }
+            if self.group_full() {
+                let mut v = Vec::new();
+                crate::bytes::Put::put_var(&mut v, code);
+                self.put(orphan_key(i.ino), v);
+                marked = true;
+                self.save(i);
+                self.commit()?;
+            }
+        }
+        if marked {
+            self.del(orphan_key(i.ino));
+        }
+        Ok(())
+    }
+
+    /// Finish an orphan record: code 0 deletes the inode, code n > 0
+    /// deletes its chunks from n - 1 on.
+    pub(super) fn trim_all(&mut self, ino: Ino, code: u64) -> Result<()> {
+        let mut i = match self.inode(ino) {
+            Ok(i) => i,
+            Err(Error::Posix { .. }) => {
+                self.del(orphan_key(ino));
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        if code == 0 {
+            self.destroy(&mut i)
+        } else {
+            self.trim_extents(&mut i, code - 1, code)?;
+            self.save(&i);
+            self.del(orphan_key(ino));
+            Ok(())
+        }
+    }
+
+    /// Delete an inode with no links and no open handles, with its data and
+    /// xattrs.
+    pub(super) fn destroy(&mut self, i: &mut Inode) -> Result<()> {
+        let chunks: Vec<u64> =
+            self.dirty.get(&i.ino).map(|m| m.keys().copied().collect()).unwrap_or_default();
+        for idx in chunks {
+            self.drop_dirty(i.ino, idx);
+        }
+        self.put(orphan_key(i.ino), vec![0]);
+        self.trim_extents(i, 0, 0)?;
+        let (lo, hi) = xattrs_range(i.ino);
+        for (k, _) in self.scan(&lo, &hi, usize::MAX)? {
+            self.del(k);
+        }
+        self.del(inode_key(i.ino));
+        self.del(orphan_key(i.ino));
+        Ok(())
+    }
+
+    /// SEEK_DATA (`data`) or SEEK_HOLE from `off`. None: ENXIO.
+    pub(super) fn seek(&mut self, i: &Inode, off: u64, data: bool) -> Result<Option<u64>> {
+        if off >= i.size {
+            return Ok(None);
+        }
+        let cs = self.cs();
+        let last = (i.size - 1) / cs;
+        let mut idx = off / cs;
+        while idx <= last {
+            // Data chunks in [idx, idx + 1024).
+            let stop = (idx + 1024).min(last + 1);
+            let mut present: Vec<u64> = Vec::new();
+            let (lo, _) = extents_from(i.ino, idx);
+            let hi = extent_key(i.ino, stop);
+            for (k, _) in self.scan(&lo, &hi, usize::MAX)? {
+                if let Some((_, c)) = parse_extent_key(&k) {
+                    present.push(c);
+                }
+            }
+            if let Some(m) = self.dirty.get(&i.ino) {
+                present.extend(m.range(idx..stop).map(|(&k, _)| k));
+            }
+            present.sort_unstable();
+            present.dedup();
+            for c in idx..stop {
+                let is_data = present.binary_search(&c).is_ok();
+                if is_data == data {
+                    return Ok(Some((c * cs).max(off)));
+                }
+            }
+            idx = stop;
+        }
+        Ok(if data { None } else { Some(i.size) })
+    }
+
+    /// Stored bytes of a file's chunks.
+    pub(super) fn physical(&self, ino: Ino) -> Result<u64> {
+        let (lo, hi) = extents_from(ino, 0);
+        let mut total = 0;
+        for (k, v) in self.scan(&lo, &hi, usize::MAX)? {
+            total += Extent::decode(&v, &format!("chunk of inode {ino} ({k:02x?})"))?.phys();
+        }
+        Ok(total)
+    }
+
+    /// Compress and store the buffered chunks of the group, and point the
+    /// files at them. On failure the buffers are kept.
+    pub(super) fn store_dirty(&mut self) -> Result<()> {
+        let dirty = std::mem::take(&mut self.dirty);
+        self.dirty_bytes = 0;
+        self.dirty_chunks = 0;
+        match self.store_chunks(dirty) {
+            Ok(()) => Ok(()),
+            Err((e, Some(back))) => {
+                self.dirty_chunks = back.values().map(|m| m.len()).sum();
+                self.dirty_bytes = self.dirty_chunks * self.cfg.chunk_size as usize;
+                self.dirty = back;
+                Err(e)
+            }
+            Err((e, None)) => Err(e),
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn store_chunks(
+        &mut self,
+        dirty: HashMap<Ino, BTreeMap<u64, Vec<u8>>>,
+    ) -> std::result::Result<(), (Error, Option<HashMap<Ino, BTreeMap<u64, Vec<u8>>>>)> {
+        let cs = self.cs();
+        let mut inos: Vec<Ino> = dirty.keys().copied().collect();
+        inos.sort_unstable();
+        // Classify without changing anything, so that a failure can put
+        // the buffers back.
+        let mut inodes = Vec::new();
+        for &ino in &inos {
+            match self.inode(ino) {
+                Ok(i) => inodes.push(i),
+                Err(Error::Posix { .. }) => {}
+                Err(e) => return Err((e, Some(dirty))),
+            }
+        }
+        let mut dirty = dirty;
+        let (mut own, mut pack, mut inline, mut holes) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for i in &inodes {
+            let spec = i.policy.unwrap_or(self.cfg.codec);
+            let chunks = dirty.remove(&i.ino).unwrap_or_default();
+            for (idx, mut data) in chunks {
+                let lim = i.size.saturating_sub(idx * cs).min(cs) as usize;
+                data.truncate(lim);
+                let p = Piece { ino: i.ino, idx, data, spec };
+                if p.data.is_empty() || is_zero(&p.data) {
+                    holes.push(p);
+                } else if idx == 0 && i.size <= u64::from(self.cfg.inline_max) {
+                    inline.push(p);
+                } else if (p.data.len() as u64) < cs / 2 {
+                    pack.push(p);
+                } else {
+                    own.push(p);
+                }
+            }
+        }
+        // Pack small chunks, by codec, in inode order (files created
+        // together sit together).
+        pack.sort_by_key(|p| (p.spec.id as u8, p.spec.level, p.ino, p.idx));
+        let mut packs: Vec<(CodecSpec, Vec<u8>, Vec<usize>)> = Vec::new();
+        for (n, p) in pack.iter().enumerate() {
+            let fits = packs.last().is_some_and(|(s, b, _)| {
+                *s == p.spec && b.len() + p.data.len() <= self.cfg.pack_bytes as usize
+            });
+            if !fits {
+                packs.push((p.spec, Vec::new(), Vec::new()));
+            }
+            let last = packs.last_mut().expect("pushed");
+            last.1.extend_from_slice(&p.data);
+            last.2.push(n);
+        }
+        let mut reqs: Vec<(u64, CodecSpec, &[u8])> =
+            own.iter().map(|p| (p.ino, p.spec, &p.data[..])).collect();
+        reqs.extend(packs.iter().map(|(s, b, _)| (0, *s, &b[..])));
+        let addrs = if reqs.is_empty() {
+            Vec::new()
+        } else {
+            match self.eng.write_blocks_each(&reqs) {
+                Ok(a) => a,
+                Err(e) => {
+                    drop(reqs);
+                    let mut back: HashMap<Ino, BTreeMap<u64, Vec<u8>>> = HashMap::new();
+                    for p in own.into_iter().chain(pack).chain(inline).chain(holes) {
+                        back.entry(p.ino).or_default().insert(p.idx, p.data);
+                    }
+                    return Err((e, Some(back)));
+                }
+            }
+        };
+        drop(reqs);
+        // From here on the blocks exist; point the files at them.
+        let r = (|| -> Result<()> {
+            for (p, a) in own.iter().zip(&addrs) {
+                self.install(p.ino, p.idx, Extent::Own(*a, p.data.len() as u32))?;
+                self.stats.chunk_bytes += p.data.len() as u64;
+            }
+            for ((_, raw, members), a) in packs.iter().zip(&addrs[own.len()..]) {
+                let mut off = 0u32;
+                let refs: Vec<(Ino, u64)> = members.iter().map(|&n| (pack[n].ino, pack[n].idx)).collect();
+                self.put(shared_key(*a), encode_refs(&refs));
+                for &n in members {
+                    let p = &pack[n];
+                    let len = p.data.len() as u32;
+                    let phys = (u64::from(a.len) * u64::from(len)).div_ceil(raw.len().max(1) as u64) as u32;
+                    self.install(p.ino, p.idx, Extent::Shared { addr: *a, off, len, phys })?;
+                    off += len;
+                    self.stats.chunk_bytes += u64::from(len);
+                }
+                self.stats.pack_blocks += 1;
+            }
+            for p in inline {
+                self.stats.chunk_bytes += p.data.len() as u64;
+                self.stats.inline_chunks += 1;
+                self.install(p.ino, p.idx, Extent::Inline(p.data))?;
+            }
+            for p in holes {
+                let mut i = self.inode(p.ino)?;
+                if let Some(e) = self.stored_extent(p.ino, p.idx)? {
+                    self.release(p.ino, p.idx, &e)?;
+                    self.del(extent_key(p.ino, p.idx));
+                }
+                i.alloc = i.alloc.saturating_sub(p.data.len() as u64);
+                self.stats.zero_chunks += 1;
+                self.save(&i);
+            }
+            Ok(())
+        })();
+        r.map_err(|e| (e, None))
+    }
+
+    fn install(&mut self, ino: Ino, idx: u64, e: Extent) -> Result<()> {
+        if let Some(old) = self.stored_extent(ino, idx)? {
+            self.release(ino, idx, &old)?;
+        }
+        self.put(extent_key(ino, idx), e.encode());
+        Ok(())
+    }
+}

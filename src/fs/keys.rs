@@ -1,0 +1,745 @@
+//! Keys and records of the file system in the index (format version 1 of
+//! the fs layer; see docs/FORMAT.md, "File system records").
+//!
+//! Every key starts with a one-byte tag, then big-endian integers, so that
+//! related records sit next to each other: an inode's attributes, a
+//! directory's entries by name, a file's chunks by offset, its xattrs by
+//! name.
+
+use crate::bytes::{Put, Reader};
+use crate::codec::{CodecId, CodecSpec};
+use crate::error::{Error, Result};
+use crate::log::format::BlockAddr;
+
+/// An inode number. Allocated in creation order, never reused.
+pub type Ino = u64;
+
+/// The root directory.
+pub const ROOT: Ino = 1;
+
+/// Version of the fs-layer records, kept in the config record.
+pub const FS_VERSION: u8 = 1;
+
+const T_CONFIG: u8 = 0x01;
+const T_TRIPLE: u8 = 0x02;
+const T_ORPHAN: u8 = 0x08;
+const T_INODE: u8 = 0x10;
+const T_DIRENT: u8 = 0x20;
+const T_EXTENT: u8 = 0x30;
+const T_XATTR: u8 = 0x40;
+const T_SHARED: u8 = 0x50;
+
+fn key(tag: u8, a: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(17);
+    k.push(tag);
+    k.extend_from_slice(&a.to_be_bytes());
+    k
+}
+
+/// The file system's config record.
+pub fn config_key() -> Vec<u8> {
+    vec![T_CONFIG]
+}
+/// A (uid, gid, mode) triple by id.
+pub fn triple_key(id: u32) -> Vec<u8> {
+    let mut k = vec![T_TRIPLE];
+    k.extend_from_slice(&id.to_be_bytes());
+    k
+}
+/// First key after all triples.
+pub fn triples_end() -> Vec<u8> {
+    vec![T_TRIPLE + 1]
+}
+/// Parse a triple key.
+pub fn triple_id(k: &[u8]) -> Option<u32> {
+    (k.len() == 5 && k[0] == T_TRIPLE).then(|| u32::from_be_bytes([k[1], k[2], k[3], k[4]]))
+}
+/// An inode unlinked while open, to delete at the next open.
+pub fn orphan_key(ino: Ino) -> Vec<u8> {
+    key(T_ORPHAN, ino)
+}
+/// Range of orphan keys.
+pub fn orphans_range() -> (Vec<u8>, Vec<u8>) {
+    (vec![T_ORPHAN], vec![T_ORPHAN + 1])
+}
+/// An inode's attributes.
+pub fn inode_key(ino: Ino) -> Vec<u8> {
+    key(T_INODE, ino)
+}
+/// Range of all inode keys.
+pub fn inodes_range() -> (Vec<u8>, Vec<u8>) {
+    (vec![T_INODE], vec![T_INODE + 1])
+}
+/// A directory entry.
+pub fn dirent_key(parent: Ino, name: &[u8]) -> Vec<u8> {
+    let mut k = key(T_DIRENT, parent);
+    k.extend_from_slice(name);
+    k
+}
+/// Range of a directory's entries.
+pub fn dirents_range(parent: Ino) -> (Vec<u8>, Vec<u8>) {
+    (key(T_DIRENT, parent), key(T_DIRENT, parent).into_iter().chain([0xff; 256]).collect())
+}
+/// Range of all directory entries.
+pub fn all_dirents_range() -> (Vec<u8>, Vec<u8>) {
+    (vec![T_DIRENT], vec![T_DIRENT + 1])
+}
+/// The chunk `idx` of a file.
+pub fn extent_key(ino: Ino, idx: u64) -> Vec<u8> {
+    let mut k = key(T_EXTENT, ino);
+    k.extend_from_slice(&idx.to_be_bytes());
+    k
+}
+/// Range of a file's chunks from `idx` on.
+pub fn extents_from(ino: Ino, idx: u64) -> (Vec<u8>, Vec<u8>) {
+    (extent_key(ino, idx), key(T_EXTENT, ino + 1))
+}
+/// Range of all chunks.
+pub fn all_extents_range() -> (Vec<u8>, Vec<u8>) {
+    (vec![T_EXTENT], vec![T_EXTENT + 1])
+}
+/// An extended attribute.
+pub fn xattr_key(ino: Ino, name: &[u8]) -> Vec<u8> {
+    let mut k = key(T_XATTR, ino);
+    k.extend_from_slice(name);
+    k
+}
+/// Range of an inode's xattrs.
+pub fn xattrs_range(ino: Ino) -> (Vec<u8>, Vec<u8>) {
+    (key(T_XATTR, ino), key(T_XATTR, ino + 1))
+}
+/// The reference list of a data block shared by several chunks.
+pub fn shared_key(a: BlockAddr) -> Vec<u8> {
+    let mut k = vec![T_SHARED];
+    k.extend_from_slice(&a.seg.to_be_bytes());
+    k.extend_from_slice(&a.offset.to_be_bytes());
+    k.extend_from_slice(&a.len.to_be_bytes());
+    k
+}
+/// Range of all shared-block records.
+pub fn all_shared_range() -> (Vec<u8>, Vec<u8>) {
+    (vec![T_SHARED], vec![T_SHARED + 1])
+}
+
+/// Split a key of `tag` + u64 + rest.
+fn split(k: &[u8], tag: u8) -> Option<(u64, &[u8])> {
+    if k.len() < 9 || k[0] != tag {
+        return None;
+    }
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&k[1..9]);
+    Some((u64::from_be_bytes(a), &k[9..]))
+}
+/// (ino) of an inode or orphan key.
+pub fn parse_inode_key(k: &[u8]) -> Option<Ino> {
+    split(k, T_INODE).filter(|(_, r)| r.is_empty()).map(|(i, _)| i)
+}
+/// (ino) of an orphan key.
+pub fn parse_orphan_key(k: &[u8]) -> Option<Ino> {
+    split(k, T_ORPHAN).filter(|(_, r)| r.is_empty()).map(|(i, _)| i)
+}
+/// (parent, name) of a directory entry key.
+pub fn parse_dirent_key(k: &[u8]) -> Option<(Ino, &[u8])> {
+    split(k, T_DIRENT)
+}
+/// (ino, chunk) of an extent key.
+pub fn parse_extent_key(k: &[u8]) -> Option<(Ino, u64)> {
+    let (ino, r) = split(k, T_EXTENT)?;
+    let idx: [u8; 8] = r.try_into().ok()?;
+    Some((ino, u64::from_be_bytes(idx)))
+}
+/// (ino, name) of an xattr key.
+pub fn parse_xattr_key(k: &[u8]) -> Option<(Ino, &[u8])> {
+    split(k, T_XATTR)
+}
+/// The block address of a shared-block key.
+pub fn parse_shared_key(k: &[u8]) -> Option<BlockAddr> {
+    if k.len() != 13 || k[0] != T_SHARED {
+        return None;
+    }
+    let w = |i: usize| u32::from_be_bytes([k[i], k[i + 1], k[i + 2], k[i + 3]]);
+    Some(BlockAddr { seg: w(1), offset: w(5), len: w(9) })
+}
+
+fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+fn unzigzag(v: u64) -> i64 {
+    ((v >> 1) as i64) ^ -((v & 1) as i64)
+}
+
+/// The file system's parameters and counters (the config record).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Bytes of file data per chunk.
+    pub chunk_size: u32,
+    /// Target raw size of a block packing small files together.
+    pub pack_bytes: u32,
+    /// Files up to this size live inline in the index.
+    pub inline_max: u32,
+    /// Codec of file data when no policy says otherwise.
+    pub codec: CodecSpec,
+    /// Timestamps are stored as deltas from this second.
+    pub base_sec: i64,
+    /// Next inode number to allocate.
+    pub next_ino: Ino,
+    /// Next (uid, gid, mode) triple id.
+    pub next_triple: u32,
+}
+
+impl Config {
+    /// Encode.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = vec![FS_VERSION];
+        v.put_var(u64::from(self.chunk_size));
+        v.put_var(u64::from(self.pack_bytes));
+        v.put_var(u64::from(self.inline_max));
+        v.put_u8(self.codec.id as u8);
+        v.put_u8(self.codec.level);
+        v.put_var(zigzag(self.base_sec));
+        v.put_var(self.next_ino);
+        v.put_var(u64::from(self.next_triple));
+        v
+    }
+    /// Decode, refusing versions this build does not know.
+    pub fn decode(b: &[u8]) -> Result<Config> {
+        let mut r = Reader::new(b, "file system config record");
+        let ver = r.u8()?;
+        if ver != FS_VERSION {
+            return Err(Error::Unsupported(format!(
+                "file system records of version {ver}; this build reads version {FS_VERSION}"
+            )));
+        }
+        let chunk_size = r.var_max(1 << 24, "chunk size")? as u32;
+        let pack_bytes = r.var_max(1 << 26, "pack size")? as u32;
+        let inline_max = r.var_max(1 << 16, "inline limit")? as u32;
+        let id = r.u8()?;
+        let level = r.u8()?;
+        let id = CodecId::from_u8(id).ok_or_else(|| r.err(format!("unknown codec {id}")))?;
+        let base_sec = unzigzag(r.var()?);
+        let next_ino = r.var()?;
+        let next_triple = r.var_max(u64::from(u32::MAX), "triple counter")? as u32;
+        r.finish()?;
+        if chunk_size < 4096 || !chunk_size.is_power_of_two() {
+            return Err(r.err(format!("chunk size {chunk_size} is not a power of two of at least 4096")));
+        }
+        Ok(Config {
+            chunk_size,
+            pack_bytes,
+            inline_max,
+            codec: CodecSpec::new(id, level),
+            base_sec,
+            next_ino,
+            next_triple,
+        })
+    }
+}
+
+/// A point in time, in seconds and nanoseconds since the Unix epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Hash)]
+pub struct Time {
+    /// Seconds (negative before 1970).
+    pub sec: i64,
+    /// Nanoseconds, below 1e9.
+    pub nsec: u32,
+}
+
+impl Time {
+    /// From a SystemTime.
+    pub fn from_system(t: std::time::SystemTime) -> Time {
+        match t.duration_since(std::time::UNIX_EPOCH) {
+            Ok(d) => Time { sec: d.as_secs() as i64, nsec: d.subsec_nanos() },
+            Err(e) => {
+                let d = e.duration();
+                let (s, n) = (d.as_secs() as i64, d.subsec_nanos());
+                if n == 0 {
+                    Time { sec: -s, nsec: 0 }
+                } else {
+                    Time { sec: -s - 1, nsec: 1_000_000_000 - n }
+                }
+            }
+        }
+    }
+    /// To a SystemTime.
+    pub fn to_system(self) -> std::time::SystemTime {
+        let base = std::time::UNIX_EPOCH;
+        if self.sec >= 0 {
+            base + std::time::Duration::new(self.sec as u64, self.nsec)
+        } else {
+            base - std::time::Duration::from_secs(self.sec.unsigned_abs())
+                + std::time::Duration::from_nanos(u64::from(self.nsec))
+        }
+    }
+    fn put_delta(self, base: i64, v: &mut Vec<u8>) {
+        v.put_var(zigzag(self.sec.wrapping_sub(base)));
+        v.put_var(u64::from(self.nsec));
+    }
+    fn get_delta(base: i64, r: &mut Reader) -> Result<Time> {
+        let sec = base.wrapping_add(unzigzag(r.var()?));
+        let nsec = r.var_max(999_999_999, "nanoseconds")? as u32;
+        Ok(Time { sec, nsec })
+    }
+}
+
+/// The type of an inode, from the S_IFMT bits of its mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// Regular file.
+    File,
+    /// Directory.
+    Dir,
+    /// Symbolic link.
+    Symlink,
+    /// Named pipe.
+    Fifo,
+    /// Unix socket.
+    Socket,
+    /// Character device.
+    Char,
+    /// Block device.
+    Block,
+}
+
+/// S_IFMT.
+pub const S_IFMT: u32 = 0o170000;
+
+impl Kind {
+    /// The kind of a mode, if its type bits are valid.
+    pub fn from_mode(mode: u32) -> Option<Kind> {
+        Some(match mode & S_IFMT {
+            0o100000 => Kind::File,
+            0o040000 => Kind::Dir,
+            0o120000 => Kind::Symlink,
+            0o010000 => Kind::Fifo,
+            0o140000 => Kind::Socket,
+            0o020000 => Kind::Char,
+            0o060000 => Kind::Block,
+            _ => return None,
+        })
+    }
+    /// The S_IFMT bits.
+    pub fn mode_bits(self) -> u32 {
+        match self {
+            Kind::File => 0o100000,
+            Kind::Dir => 0o040000,
+            Kind::Symlink => 0o120000,
+            Kind::Fifo => 0o010000,
+            Kind::Socket => 0o140000,
+            Kind::Char => 0o020000,
+            Kind::Block => 0o060000,
+        }
+    }
+    fn code(self) -> u8 {
+        match self {
+            Kind::File => 1,
+            Kind::Dir => 2,
+            Kind::Symlink => 3,
+            Kind::Fifo => 4,
+            Kind::Socket => 5,
+            Kind::Char => 6,
+            Kind::Block => 7,
+        }
+    }
+    fn from_code(c: u8) -> Option<Kind> {
+        Kind::from_mode(
+            [0, 0o100000, 0o040000, 0o120000, 0o010000, 0o140000, 0o020000, 0o060000]
+                .get(c as usize)
+                .copied()?,
+        )
+    }
+}
+
+/// An inode's attributes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inode {
+    /// Its number.
+    pub ino: Ino,
+    /// Type and permission bits.
+    pub mode: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Hard links (directories: 2 + subdirectories).
+    pub nlink: u32,
+    /// Logical size in bytes.
+    pub size: u64,
+    /// Logical bytes in chunks that are not holes (st_blocks counts these).
+    pub alloc: u64,
+    /// Device number of device nodes.
+    pub rdev: u64,
+    /// Last access.
+    pub atime: Time,
+    /// Last modification of the contents.
+    pub mtime: Time,
+    /// Last change of the inode.
+    pub ctime: Time,
+    /// Creation.
+    pub btime: Time,
+    /// Parent directory (directories only; 0 otherwise).
+    pub parent: Ino,
+    /// Compression policy set on this inode (inherited by new entries of a
+    /// directory).
+    pub policy: Option<CodecSpec>,
+}
+
+const F_NLINK: u64 = 1;
+const F_RDEV: u64 = 2;
+const F_ATIME: u64 = 4;
+const F_CTIME: u64 = 8;
+const F_BTIME: u64 = 16;
+const F_ALLOC: u64 = 32;
+const F_POLICY: u64 = 64;
+const F_PARENT: u64 = 128;
+
+impl Inode {
+    /// Its kind.
+    pub fn kind(&self) -> Kind {
+        Kind::from_mode(self.mode).unwrap_or(Kind::File)
+    }
+    /// The (uid, gid, mode) triple.
+    pub fn triple(&self) -> (u32, u32, u32) {
+        (self.uid, self.gid, self.mode)
+    }
+
+    /// Encode with the id of its triple: fields equal to their usual value
+    /// are left out and flagged absent; times are deltas (from `base_sec`
+    /// for mtime, from mtime for the others).
+    pub fn encode(&self, triple: u32, base_sec: i64) -> Vec<u8> {
+        let def_nlink = if self.kind() == Kind::Dir { 2 } else { 1 };
+        let mut f = 0;
+        f |= if self.nlink != def_nlink { F_NLINK } else { 0 };
+        f |= if self.rdev != 0 { F_RDEV } else { 0 };
+        f |= if self.atime != self.mtime { F_ATIME } else { 0 };
+        f |= if self.ctime != self.mtime { F_CTIME } else { 0 };
+        f |= if self.btime != self.ctime { F_BTIME } else { 0 };
+        f |= if self.alloc != self.size { F_ALLOC } else { 0 };
+        f |= if self.policy.is_some() { F_POLICY } else { 0 };
+        f |= if self.parent != 0 { F_PARENT } else { 0 };
+        let mut v = Vec::with_capacity(24);
+        v.put_var(f);
+        v.put_var(u64::from(triple));
+        v.put_var(self.size);
+        self.mtime.put_delta(base_sec, &mut v);
+        if f & F_NLINK != 0 {
+            v.put_var(u64::from(self.nlink));
+        }
+        if f & F_RDEV != 0 {
+            v.put_var(self.rdev);
+        }
+        if f & F_ATIME != 0 {
+            self.atime.put_delta(self.mtime.sec, &mut v);
+        }
+        if f & F_CTIME != 0 {
+            self.ctime.put_delta(self.mtime.sec, &mut v);
+        }
+        if f & F_BTIME != 0 {
+            self.btime.put_delta(self.ctime.sec, &mut v);
+        }
+        if f & F_ALLOC != 0 {
+            v.put_var(self.alloc);
+        }
+        if let Some(p) = self.policy {
+            v.put_u8(p.id as u8);
+            v.put_u8(p.level);
+        }
+        if f & F_PARENT != 0 {
+            v.put_var(self.parent);
+        }
+        v
+    }
+
+    /// Decode; `triple` resolves a triple id.
+    pub fn decode(
+        ino: Ino,
+        b: &[u8],
+        base_sec: i64,
+        triple: impl Fn(u32) -> Option<(u32, u32, u32)>,
+    ) -> Result<Inode> {
+        let what = format!("inode {ino}");
+        let mut r = Reader::new(b, &what);
+        let f = r.var()?;
+        if f >= 256 {
+            return Err(r.err(format!("unknown flags {f:#x}")));
+        }
+        let tid = r.var_max(u64::from(u32::MAX), "triple id")? as u32;
+        let (uid, gid, mode) =
+            triple(tid).ok_or_else(|| r.err(format!("unknown (uid, gid, mode) triple {tid}")))?;
+        if Kind::from_mode(mode).is_none() {
+            return Err(r.err(format!("mode {mode:o} has no valid file type")));
+        }
+        let size = r.var()?;
+        let mtime = Time::get_delta(base_sec, &mut r)?;
+        let dir = mode & S_IFMT == 0o040000;
+        let nlink = if f & F_NLINK != 0 {
+            r.var_max(u64::from(u32::MAX), "link count")? as u32
+        } else if dir {
+            2
+        } else {
+            1
+        };
+        let rdev = if f & F_RDEV != 0 { r.var()? } else { 0 };
+        let atime = if f & F_ATIME != 0 { Time::get_delta(mtime.sec, &mut r)? } else { mtime };
+        let ctime = if f & F_CTIME != 0 { Time::get_delta(mtime.sec, &mut r)? } else { mtime };
+        let btime = if f & F_BTIME != 0 { Time::get_delta(ctime.sec, &mut r)? } else { ctime };
+        let alloc = if f & F_ALLOC != 0 { r.var()? } else { size };
+        let policy = if f & F_POLICY != 0 {
+            let id = r.u8()?;
+            let level = r.u8()?;
+            let id = CodecId::from_u8(id).ok_or_else(|| r.err(format!("unknown codec {id} in policy")))?;
+            Some(CodecSpec::new(id, level))
+        } else {
+            None
+        };
+        let parent = if f & F_PARENT != 0 { r.var()? } else { 0 };
+        r.finish()?;
+        Ok(Inode {
+            ino,
+            mode,
+            uid,
+            gid,
+            nlink,
+            size,
+            alloc,
+            rdev,
+            atime,
+            mtime,
+            ctime,
+            btime,
+            parent,
+            policy,
+        })
+    }
+}
+
+/// Encode a (uid, gid, mode) triple.
+pub fn encode_triple(t: (u32, u32, u32)) -> Vec<u8> {
+    let mut v = Vec::new();
+    v.put_var(u64::from(t.0));
+    v.put_var(u64::from(t.1));
+    v.put_var(u64::from(t.2));
+    v
+}
+/// Decode a triple.
+pub fn decode_triple(b: &[u8]) -> Result<(u32, u32, u32)> {
+    let mut r = Reader::new(b, "(uid, gid, mode) triple");
+    let m = u64::from(u32::MAX);
+    let t = (r.var_max(m, "uid")? as u32, r.var_max(m, "gid")? as u32, r.var_max(m, "mode")? as u32);
+    r.finish()?;
+    Ok(t)
+}
+
+/// Encode a directory entry's value.
+pub fn encode_dirent(ino: Ino, kind: Kind) -> Vec<u8> {
+    let mut v = Vec::with_capacity(6);
+    v.put_var(ino);
+    v.put_u8(kind.code());
+    v
+}
+/// Decode a directory entry's value.
+pub fn decode_dirent(b: &[u8]) -> Result<(Ino, Kind)> {
+    let mut r = Reader::new(b, "directory entry");
+    let ino = r.var()?;
+    let c = r.u8()?;
+    let kind = Kind::from_code(c).ok_or_else(|| r.err(format!("unknown file type {c}")))?;
+    r.finish()?;
+    Ok((ino, kind))
+}
+
+/// Where a chunk of file data lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Extent {
+    /// In the index itself.
+    Inline(Vec<u8>),
+    /// A data block of its own, holding exactly this chunk.
+    Own(BlockAddr, u32),
+    /// A piece of a data block shared with other chunks.
+    Shared {
+        /// The block.
+        addr: BlockAddr,
+        /// Offset of the chunk in the block's decoded bytes.
+        off: u32,
+        /// Length of the chunk.
+        len: u32,
+        /// Share of the block's stored bytes charged to this chunk.
+        phys: u32,
+    },
+}
+
+impl Extent {
+    /// Logical length.
+    pub fn len(&self) -> u64 {
+        match self {
+            Extent::Inline(b) => b.len() as u64,
+            Extent::Own(_, len) => u64::from(*len),
+            Extent::Shared { len, .. } => u64::from(*len),
+        }
+    }
+    /// True when empty (never stored).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Stored (compressed) bytes charged to this chunk.
+    pub fn phys(&self) -> u64 {
+        match self {
+            Extent::Inline(b) => b.len() as u64,
+            Extent::Own(a, _) => u64::from(a.len),
+            Extent::Shared { phys, .. } => u64::from(*phys),
+        }
+    }
+    /// Encode.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        match self {
+            Extent::Inline(b) => {
+                v.put_u8(0);
+                v.extend_from_slice(b);
+            }
+            Extent::Own(a, len) => {
+                v.put_u8(1);
+                put_addr(&mut v, *a);
+                v.put_var(u64::from(*len));
+            }
+            Extent::Shared { addr, off, len, phys } => {
+                v.put_u8(2);
+                put_addr(&mut v, *addr);
+                v.put_var(u64::from(*off));
+                v.put_var(u64::from(*len));
+                v.put_var(u64::from(*phys));
+            }
+        }
+        v
+    }
+    /// Decode.
+    pub fn decode(b: &[u8], what: &str) -> Result<Extent> {
+        let mut r = Reader::new(b, what);
+        let e = match r.u8()? {
+            0 => Extent::Inline(b[1..].to_vec()),
+            1 => {
+                let a = get_addr(&mut r)?;
+                Extent::Own(a, r.var_max(u64::from(u32::MAX), "length")? as u32)
+            }
+            2 => {
+                let addr = get_addr(&mut r)?;
+                let m = u64::from(u32::MAX);
+                let off = r.var_max(m, "offset")? as u32;
+                let len = r.var_max(m, "length")? as u32;
+                let phys = r.var_max(m, "stored bytes")? as u32;
+                Extent::Shared { addr, off, len, phys }
+            }
+            t => return Err(r.err(format!("unknown extent type {t}"))),
+        };
+        if !matches!(e, Extent::Inline(_)) {
+            r.finish()?;
+        }
+        Ok(e)
+    }
+}
+
+fn put_addr(v: &mut Vec<u8>, a: BlockAddr) {
+    v.put_var(u64::from(a.seg));
+    v.put_var(u64::from(a.offset));
+    v.put_var(u64::from(a.len));
+}
+fn get_addr(r: &mut Reader) -> Result<BlockAddr> {
+    let m = u64::from(u32::MAX);
+    Ok(BlockAddr {
+        seg: r.var_max(m, "segment")? as u32,
+        offset: r.var_max(m, "offset")? as u32,
+        len: r.var_max(m, "block length")? as u32,
+    })
+}
+
+/// Encode the list of chunks referencing a shared block.
+pub fn encode_refs(refs: &[(Ino, u64)]) -> Vec<u8> {
+    let mut v = Vec::new();
+    v.put_var(refs.len() as u64);
+    for &(i, c) in refs {
+        v.put_var(i);
+        v.put_var(c);
+    }
+    v
+}
+/// Decode a shared block's references.
+pub fn decode_refs(b: &[u8]) -> Result<Vec<(Ino, u64)>> {
+    let mut r = Reader::new(b, "shared block references");
+    let n = r.var_max(1 << 20, "reference count")? as usize;
+    let mut v = Vec::with_capacity(n.min(4096));
+    for _ in 0..n {
+        v.push((r.var()?, r.var()?));
+    }
+    r.finish()?;
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inode_round_trip_and_size() {
+        let t = Time { sec: 1_700_000_000, nsec: 0 };
+        let mut i = Inode {
+            ino: 5,
+            mode: 0o100644,
+            uid: 0,
+            gid: 0,
+            nlink: 1,
+            size: 1234,
+            alloc: 1234,
+            rdev: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            btime: t,
+            parent: 0,
+            policy: None,
+        };
+        let b = i.encode(3, 1_700_000_000);
+        // flags, triple, size (2), mtime (2)
+        assert_eq!(b.len(), 6, "{b:?}");
+        let tr = |id| (id == 3).then_some((0, 0, 0o100644));
+        assert_eq!(Inode::decode(5, &b, 1_700_000_000, tr).unwrap(), i);
+        i.nlink = 7;
+        i.rdev = 0x0801;
+        i.atime.nsec = 5;
+        i.ctime = Time { sec: 1_800_000_000, nsec: 999_999_999 };
+        i.btime = Time { sec: -5, nsec: 1 };
+        i.alloc = 65536;
+        i.policy = Some(CodecSpec::new(CodecId::Lz4, 0));
+        i.parent = 9;
+        let b = i.encode(3, 1_700_000_000);
+        assert_eq!(Inode::decode(5, &b, 1_700_000_000, tr).unwrap(), i);
+        assert!(Inode::decode(5, &b, 0, |_| None).is_err());
+        for n in 0..b.len() {
+            let _ = Inode::decode(5, &b[..n], 1_700_000_000, tr);
+        }
+    }
+
+    #[test]
+    fn time_conversions() {
+        for t in [Time { sec: -1, nsec: 5 }, Time { sec: 0, nsec: 0 }, Time { sec: 12345, nsec: 999 }] {
+            assert_eq!(Time::from_system(t.to_system()), t);
+        }
+    }
+
+    #[test]
+    fn extent_and_key_round_trips() {
+        let a = BlockAddr { seg: 3, offset: 4096, len: 777 };
+        for e in [
+            Extent::Inline(b"hello".to_vec()),
+            Extent::Inline(vec![]),
+            Extent::Own(a, 65536),
+            Extent::Shared { addr: a, off: 10, len: 20, phys: 5 },
+        ] {
+            assert_eq!(Extent::decode(&e.encode(), "x").unwrap(), e);
+        }
+        assert_eq!(parse_shared_key(&shared_key(a)), Some(a));
+        assert_eq!(parse_extent_key(&extent_key(7, 9)), Some((7, 9)));
+        assert_eq!(parse_dirent_key(&dirent_key(7, b"n")), Some((7, &b"n"[..])));
+        assert!(dirent_key(1, &[0xff; 255]) < dirents_range(1).1);
+        assert!(dirents_range(1).1 < dirent_key(2, b""));
+        assert_eq!(decode_refs(&encode_refs(&[(1, 2), (3, 4)])).unwrap(), vec![(1, 2), (3, 4)]);
+        assert_eq!(decode_dirent(&encode_dirent(99, Kind::Socket)).unwrap(), (99, Kind::Socket));
+    }
+}

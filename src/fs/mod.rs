@@ -1,0 +1,707 @@
+//! The POSIX file system layer: inodes, directories, links, xattrs and file
+//! data as records of the index plus compressed data blocks in the log.
+//! Usable as a library; the FUSE mount and the command-line tool are thin
+//! front ends over [`Fs`].
+//!
+//! - Records and their encodings: [`keys`].
+//! - Operations accepted since the last commit are one group ([`pending`]),
+//!   written to the engine as one atomic batch; file data is buffered per
+//!   chunk and compressed when the group commits (on fsync, every commit
+//!   interval, and when buffers pass their bounds).
+//! - At commit, chunks of small files are packed together into shared
+//!   blocks, very small files go inline into the index, all-zero chunks
+//!   become holes, and the other chunks are compressed one block each; all
+//!   blocks of a group are compressed in parallel.
+
+pub mod keys;
+pub mod pending;
+
+mod data;
+mod ops;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::codec::{CodecId, CodecSpec};
+use crate::engine::{self, Engine, Options, WriteBatch};
+use crate::error::{Error, Result};
+use crate::log::format::BlockAddr;
+use crate::log::max_block_raw;
+use crate::store::Store;
+
+use keys::*;
+pub use keys::{Ino, Inode, Kind, Time, ROOT};
+use pending::Pending;
+
+/// Parameters fixed when a file system is made.
+#[derive(Debug, Clone)]
+pub struct MkfsOptions {
+    /// Bytes of file data per chunk (a power of two, 4 KiB to 1 MiB).
+    pub chunk_size: u32,
+    /// Target raw size of a block of small files packed together.
+    pub pack_bytes: u32,
+    /// Files up to this many bytes live inline in the index.
+    pub inline_max: u32,
+    /// Default codec of file data.
+    pub codec: CodecSpec,
+    /// Owner of the root directory.
+    pub root_uid: u32,
+    /// Group of the root directory.
+    pub root_gid: u32,
+}
+
+impl Default for MkfsOptions {
+    fn default() -> Self {
+        MkfsOptions {
+            chunk_size: 64 << 10,
+            pack_bytes: 128 << 10,
+            inline_max: 512,
+            codec: CodecSpec::new(CodecId::Zstd, 3),
+            root_uid: 0,
+            root_gid: 0,
+        }
+    }
+}
+
+/// When reads update atime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Atime {
+    /// Never.
+    Noatime,
+    /// When atime is not newer than mtime or ctime, or a day old (Linux's
+    /// relatime).
+    Relatime,
+}
+
+/// Tunables of an open file system.
+#[derive(Debug, Clone)]
+pub struct FsOptions {
+    /// The engine's tunables.
+    pub engine: Options,
+    /// Commit and sync at this interval (None: only on fsync, on pressure
+    /// and at close).
+    pub commit_interval: Option<Duration>,
+    /// Buffered file data past which a commit starts.
+    pub dirty_bytes: usize,
+    /// Bytes of decompressed blocks to cache.
+    pub cache_bytes: usize,
+    /// atime policy.
+    pub atime: Atime,
+}
+
+impl Default for FsOptions {
+    fn default() -> Self {
+        FsOptions {
+            engine: Options::default(),
+            commit_interval: Some(Duration::from_secs(5)),
+            dirty_bytes: 256 << 20,
+            cache_bytes: 128 << 20,
+            atime: Atime::Relatime,
+        }
+    }
+}
+
+/// Attributes as `stat` reports them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attr {
+    /// Inode number.
+    pub ino: Ino,
+    /// Kind.
+    pub kind: Kind,
+    /// Full mode (type and permission bits).
+    pub mode: u32,
+    /// Links.
+    pub nlink: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Device number.
+    pub rdev: u64,
+    /// Logical size.
+    pub size: u64,
+    /// 512-byte units of logical bytes not in holes.
+    pub blocks: u64,
+    /// Access time.
+    pub atime: Time,
+    /// Modification time.
+    pub mtime: Time,
+    /// Change time.
+    pub ctime: Time,
+    /// Birth time.
+    pub btime: Time,
+    /// Preferred I/O size.
+    pub blksize: u32,
+}
+
+/// A directory entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    /// Name.
+    pub name: Vec<u8>,
+    /// Inode.
+    pub ino: Ino,
+    /// Kind.
+    pub kind: Kind,
+}
+
+/// What `statfs` reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatFs {
+    /// Block size of the counts below.
+    pub bsize: u32,
+    /// Total blocks.
+    pub blocks: u64,
+    /// Free blocks (as if nothing compressed).
+    pub bfree: u64,
+    /// Free blocks for unprivileged users.
+    pub bavail: u64,
+    /// Inodes in use.
+    pub files: u64,
+    /// Inodes that may still be created.
+    pub ffree: u64,
+    /// Longest name.
+    pub namelen: u32,
+}
+
+/// Changes of [`Fs::setattr`]; None leaves a field alone.
+#[derive(Debug, Clone, Default)]
+pub struct SetAttr {
+    /// Permission bits (the type bits are kept).
+    pub mode: Option<u32>,
+    /// Owner.
+    pub uid: Option<u32>,
+    /// Group.
+    pub gid: Option<u32>,
+    /// Truncate or extend to this size.
+    pub size: Option<u64>,
+    /// Access time (None: keep; Some(None): now).
+    pub atime: Option<Option<Time>>,
+    /// Modification time (None: keep; Some(None): now).
+    pub mtime: Option<Option<Time>>,
+    /// Change time to set explicitly (import); otherwise now.
+    pub ctime: Option<Time>,
+    /// Birth time to set explicitly (import).
+    pub btime: Option<Time>,
+}
+
+/// Flags of [`Fs::rename`].
+pub const RENAME_NOREPLACE: u32 = 1;
+/// Flags of [`Fs::rename`].
+pub const RENAME_EXCHANGE: u32 = 2;
+
+/// Flags of [`Fs::fallocate`] (Linux values).
+pub const FALLOC_FL_KEEP_SIZE: u32 = 1;
+/// Deallocate the range (with KEEP_SIZE).
+pub const FALLOC_FL_PUNCH_HOLE: u32 = 2;
+/// Zero the range.
+pub const FALLOC_FL_ZERO_RANGE: u32 = 0x10;
+
+/// Flags of [`Fs::setxattr`].
+pub const XATTR_CREATE: u32 = 1;
+/// Flags of [`Fs::setxattr`].
+pub const XATTR_REPLACE: u32 = 2;
+
+/// The xattr holding a file's or directory's codec policy.
+pub const XATTR_CODEC: &[u8] = b"user.zlogfs.codec";
+/// The read-only xattr giving a file's stored (compressed) bytes.
+pub const XATTR_PHYSICAL: &[u8] = b"user.zlogfs.physical";
+
+/// Counters of the file system layer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FsStats {
+    /// Commits written.
+    pub commits: u64,
+    /// User bytes written through `write`.
+    pub bytes_written: u64,
+    /// Logical bytes of chunks committed.
+    pub chunk_bytes: u64,
+    /// Blocks of packed small files written.
+    pub pack_blocks: u64,
+    /// Chunks stored inline.
+    pub inline_chunks: u64,
+    /// Chunks found all zero and stored as holes.
+    pub zero_chunks: u64,
+}
+
+/// Decompressed blocks, evicted first-in first-out.
+struct Cache {
+    map: HashMap<BlockAddr, Arc<Vec<u8>>>,
+    order: VecDeque<BlockAddr>,
+    bytes: usize,
+    limit: usize,
+}
+
+impl Cache {
+    fn get(&self, a: &BlockAddr) -> Option<Arc<Vec<u8>>> {
+        self.map.get(a).cloned()
+    }
+    fn insert(&mut self, a: BlockAddr, v: Arc<Vec<u8>>) {
+        if v.len() > self.limit {
+            return;
+        }
+        self.bytes += v.len();
+        if let Some(old) = self.map.insert(a, v) {
+            self.bytes -= old.len();
+        } else {
+            self.order.push_back(a);
+        }
+        while self.bytes > self.limit {
+            let Some(o) = self.order.pop_front() else { break };
+            if let Some(old) = self.map.remove(&o) {
+                self.bytes -= old.len();
+            }
+        }
+    }
+    fn remove(&mut self, a: &BlockAddr) {
+        if let Some(old) = self.map.remove(a) {
+            self.bytes -= old.len();
+        }
+    }
+}
+
+/// Mutable state, behind one lock.
+struct State {
+    eng: Arc<Engine>,
+    cfg: Config,
+    cfg_dirty: bool,
+    pend: Pending,
+    /// Buffered chunks: the full logical content of each, from the chunk's
+    /// start (shorter than a chunk at the end of a file).
+    dirty: HashMap<Ino, std::collections::BTreeMap<u64, Vec<u8>>>,
+    dirty_bytes: usize,
+    dirty_chunks: usize,
+    triples: HashMap<(u32, u32, u32), u32>,
+    triple_ids: HashMap<u32, (u32, u32, u32)>,
+    open: HashMap<Ino, u32>,
+    cache: Cache,
+    /// Commit when the group's estimated journal bytes pass this.
+    max_group: usize,
+    dirty_limit: usize,
+    atime: Atime,
+    stats: FsStats,
+}
+
+struct Inner {
+    st: Mutex<State>,
+    stop: Mutex<bool>,
+    wake: Condvar,
+}
+
+/// An open file system.
+pub struct Fs {
+    inner: Arc<Inner>,
+    eng: Arc<Engine>,
+    worker: Option<JoinHandle<()>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The coarse clock of timestamps: wall time truncated to milliseconds
+/// (Linux's own file times come from a clock of 1-10 ms granularity).
+pub fn now() -> Time {
+    let t = Time::from_system(std::time::SystemTime::now());
+    Time { sec: t.sec, nsec: t.nsec / 1_000_000 * 1_000_000 }
+}
+
+/// Make an empty file system on `store`: the engine's format plus the
+/// config record and the root directory.
+pub fn mkfs(store: Arc<dyn Store>, o: &MkfsOptions) -> Result<()> {
+    let max = max_block_raw(store.geometry()) as u32;
+    if !o.chunk_size.is_power_of_two() || o.chunk_size < 4096 || o.chunk_size > (1 << 20) {
+        return Err(Error::Invalid(format!(
+            "chunk size {} is not a power of two from 4 KiB to 1 MiB",
+            o.chunk_size
+        )));
+    }
+    if o.chunk_size > max || o.pack_bytes > max {
+        return Err(Error::Invalid(format!(
+            "chunk size {} or pack size {} exceeds the largest block of this segment size ({max})",
+            o.chunk_size, o.pack_bytes
+        )));
+    }
+    if o.inline_max > 4096 {
+        return Err(Error::Invalid(format!("inline limit {} exceeds 4096", o.inline_max)));
+    }
+    engine::mkfs(store.clone())?;
+    let eng = Engine::open(store, Options { background: false, ..Options::default() })?;
+    let t = now();
+    let cfg = Config {
+        chunk_size: o.chunk_size,
+        pack_bytes: o.pack_bytes.max(o.chunk_size),
+        inline_max: o.inline_max,
+        codec: o.codec.normalized(),
+        base_sec: t.sec,
+        next_ino: ROOT + 1,
+        next_triple: 1,
+    };
+    let root = Inode {
+        ino: ROOT,
+        mode: 0o040755,
+        uid: o.root_uid,
+        gid: o.root_gid,
+        nlink: 2,
+        size: 0,
+        alloc: 0,
+        rdev: 0,
+        atime: t,
+        mtime: t,
+        ctime: t,
+        btime: t,
+        parent: ROOT,
+        policy: None,
+    };
+    let mut b = WriteBatch::new();
+    b.put(config_key(), cfg.encode());
+    b.put(triple_key(0), encode_triple(root.triple()));
+    b.put(inode_key(ROOT), root.encode(0, cfg.base_sec));
+    eng.write_sync(&b)?;
+    eng.close()
+}
+
+impl Fs {
+    /// Open the file system on `store`, recovering it to its last durable
+    /// state and finishing deletes and truncations a crash interrupted.
+    pub fn open(store: Arc<dyn Store>, opts: FsOptions) -> Result<Fs> {
+        let eng = Arc::new(Engine::open(store, opts.engine.clone())?);
+        let cfg = match eng.get(&config_key())? {
+            Some(v) => Config::decode(&v)?,
+            None => {
+                return Err(Error::NotAnImage(
+                    "the image has a zlogfs engine but no file system in it (run zlogfs mkfs)".into(),
+                ))
+            }
+        };
+        let mut triples = HashMap::new();
+        let mut triple_ids = HashMap::new();
+        for (k, v) in eng.scan(&triple_key(0), Some(&triples_end()), usize::MAX)? {
+            let id = triple_id(&k).ok_or_else(|| Error::corrupt("triple key", format!("{k:02x?}")))?;
+            let t = decode_triple(&v)?;
+            triples.insert(t, id);
+            triple_ids.insert(id, t);
+        }
+        let max_group = max_block_raw(eng.superblock().geometry) / 2;
+        let st = State {
+            eng: eng.clone(),
+            cfg,
+            cfg_dirty: false,
+            pend: Pending::default(),
+            dirty: HashMap::new(),
+            dirty_bytes: 0,
+            dirty_chunks: 0,
+            triples,
+            triple_ids,
+            open: HashMap::new(),
+            cache: Cache { map: HashMap::new(), order: VecDeque::new(), bytes: 0, limit: opts.cache_bytes },
+            max_group,
+            dirty_limit: opts.dirty_bytes.max(1 << 20),
+            atime: opts.atime,
+            stats: FsStats::default(),
+        };
+        let inner = Arc::new(Inner { st: Mutex::new(st), stop: Mutex::new(false), wake: Condvar::new() });
+        {
+            let mut st = lock(&inner.st);
+            st.finish_orphans()?;
+            st.commit()?;
+            eng.sync()?;
+        }
+        let worker = opts.commit_interval.map(|iv| {
+            let w = Arc::downgrade(&inner);
+            let e = eng.clone();
+            std::thread::Builder::new()
+                .name("zlogfs-commit".into())
+                .spawn(move || commit_loop(w, e, iv))
+                .expect("spawning the commit thread")
+        });
+        Ok(Fs { inner, eng, worker })
+    }
+
+    fn st(&self) -> MutexGuard<'_, State> {
+        lock(&self.inner.st)
+    }
+
+    /// The engine underneath.
+    pub fn engine(&self) -> &Engine {
+        &self.eng
+    }
+
+    /// The config record.
+    pub fn config(&self) -> Config {
+        self.st().cfg.clone()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> FsStats {
+        self.st().stats.clone()
+    }
+
+    /// Write the current group to the log (not synced).
+    pub fn commit(&self) -> Result<()> {
+        self.st().commit()
+    }
+
+    /// Commit and make everything durable (syncfs).
+    pub fn sync(&self) -> Result<()> {
+        self.st().commit()?;
+        self.eng.sync()
+    }
+
+    /// fsync/fdatasync of one file: this file system commits whole groups,
+    /// so this is [`Fs::sync`].
+    pub fn fsync(&self, _ino: Ino, _datasync: bool) -> Result<()> {
+        self.sync()
+    }
+
+    /// Commit, sync, checkpoint and close.
+    pub fn close(mut self) -> Result<()> {
+        self.stop_worker();
+        self.sync()?;
+        self.eng.checkpoint()
+    }
+
+    fn stop_worker(&mut self) {
+        *lock(&self.inner.stop) = true;
+        self.inner.wake.notify_all();
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+impl Drop for Fs {
+    fn drop(&mut self) {
+        self.stop_worker();
+    }
+}
+
+fn commit_loop(w: Weak<Inner>, eng: Arc<Engine>, iv: Duration) {
+    loop {
+        let Some(inner) = w.upgrade() else { return };
+        {
+            let stop = lock(&inner.stop);
+            if *stop {
+                return;
+            }
+            let (stop, _) = inner.wake.wait_timeout(stop, iv).unwrap_or_else(|p| p.into_inner());
+            if *stop {
+                return;
+            }
+        }
+        let busy = {
+            let mut st = lock(&inner.st);
+            let busy = !st.pend.is_empty() || !st.dirty.is_empty() || st.cfg_dirty;
+            // An error here is reported again by the next operation that
+            // needs the engine (it latches); nothing is lost by waiting.
+            busy && st.commit().is_ok()
+        };
+        if busy {
+            let _ = eng.sync();
+        }
+    }
+}
+
+fn is_zero(b: &[u8]) -> bool {
+    let mut words = b.chunks_exact(8);
+    words.all(|w| u64::from_ne_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]) == 0)
+        && words.remainder().iter().all(|&x| x == 0)
+}
+
+fn posix(errno: i32, msg: impl Into<String>) -> Error {
+    Error::posix(errno, msg)
+}
+
+fn name_str(n: &[u8]) -> String {
+    String::from_utf8_lossy(n).into_owned()
+}
+
+/// Check a name for a new directory entry.
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name == b"." || name == b".." {
+        return Err(posix(libc::EINVAL, format!("invalid name {:?}", name_str(name))));
+    }
+    if name.len() > 255 {
+        return Err(posix(libc::ENAMETOOLONG, format!("name of {} bytes exceeds 255", name.len())));
+    }
+    if name.iter().any(|&c| c == b'/' || c == 0) {
+        return Err(posix(libc::EINVAL, format!("name {:?} contains '/' or NUL", name_str(name))));
+    }
+    Ok(())
+}
+
+impl State {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        match self.pend.get(key) {
+            Some(v) => Ok(v.map(|v| v.to_vec())),
+            None => self.eng.get(key),
+        }
+    }
+
+    fn put(&mut self, key: Vec<u8>, val: Vec<u8>) {
+        self.pend.put(key, val);
+    }
+
+    fn del(&mut self, key: Vec<u8>) {
+        self.pend.del(key);
+    }
+
+    /// Entries of `[lo, hi)`, pending mutations applied, at most `limit`.
+    fn scan(&self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut out = Vec::new();
+        let mut cur = lo.to_vec();
+        let step = limit.clamp(64, 4096);
+        loop {
+            let stored = self.eng.scan(&cur, Some(hi), step)?;
+            let done = stored.len() < step;
+            let next = if done {
+                hi.to_vec()
+            } else {
+                let mut k = stored.last().map(|(k, _)| k.clone()).unwrap_or_default();
+                k.push(0);
+                k
+            };
+            pending::merge_scan(stored, &self.pend, &cur, Some(&next), &mut out);
+            if done || out.len() >= limit {
+                break;
+            }
+            cur = next;
+        }
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    fn inode(&self, ino: Ino) -> Result<Inode> {
+        match self.get(&inode_key(ino))? {
+            Some(v) => {
+                let base = self.cfg.base_sec;
+                Inode::decode(ino, &v, base, |id| self.triple_ids.get(&id).copied())
+            }
+            None => Err(posix(libc::ENOENT, format!("inode {ino} does not exist"))),
+        }
+    }
+
+    fn save(&mut self, i: &Inode) {
+        let t = i.triple();
+        let id = match self.triples.get(&t) {
+            Some(&id) => id,
+            None => {
+                let id = self.cfg.next_triple;
+                self.cfg.next_triple += 1;
+                self.cfg_dirty = true;
+                self.triples.insert(t, id);
+                self.triple_ids.insert(id, t);
+                self.put(triple_key(id), encode_triple(t));
+                id
+            }
+        };
+        let v = i.encode(id, self.cfg.base_sec);
+        self.put(inode_key(i.ino), v);
+    }
+
+    fn lookup_entry(&self, parent: Ino, name: &[u8]) -> Result<Option<(Ino, Kind)>> {
+        match self.get(&dirent_key(parent, name))? {
+            Some(v) => Ok(Some(decode_dirent(&v)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn dir(&self, ino: Ino) -> Result<Inode> {
+        let i = self.inode(ino)?;
+        if i.kind() != Kind::Dir {
+            return Err(posix(libc::ENOTDIR, format!("inode {ino} is not a directory")));
+        }
+        Ok(i)
+    }
+
+    fn attr(&self, i: &Inode) -> Attr {
+        Attr {
+            ino: i.ino,
+            kind: i.kind(),
+            mode: i.mode,
+            nlink: i.nlink,
+            uid: i.uid,
+            gid: i.gid,
+            rdev: i.rdev,
+            size: i.size,
+            blocks: i.alloc.div_ceil(512),
+            atime: i.atime,
+            mtime: i.mtime,
+            ctime: i.ctime,
+            btime: i.btime,
+            blksize: self.cfg.chunk_size,
+        }
+    }
+
+    /// Commit first when the group or the buffers are past their bounds, so
+    /// that one more operation fits in the group.
+    fn pre_op(&mut self) -> Result<()> {
+        if self.pend.bytes + self.dirty_chunks * 64 > self.max_group / 2
+            || self.dirty_bytes > self.dirty_limit
+        {
+            self.commit()?;
+        }
+        Ok(())
+    }
+
+    /// Group bytes left before a commit is needed inside a long operation.
+    fn group_full(&self) -> bool {
+        self.pend.bytes + self.dirty_chunks * 64 > self.max_group * 3 / 4
+    }
+
+    /// Write the group: compress and store buffered chunks, then apply all
+    /// pending mutations as one atomic engine batch.
+    fn commit(&mut self) -> Result<()> {
+        if !self.dirty.is_empty() {
+            self.store_dirty()?;
+        }
+        if self.cfg_dirty {
+            let v = self.cfg.encode();
+            self.put(config_key(), v);
+            self.cfg_dirty = false;
+        }
+        if self.pend.is_empty() {
+            return Ok(());
+        }
+        let mut b = WriteBatch::new();
+        for (k, v) in &self.pend.map {
+            match v {
+                Some(v) => b.put(k.clone(), v.clone()),
+                None => b.delete(k.clone()),
+            };
+        }
+        for a in &self.pend.frees {
+            b.free(*a);
+        }
+        self.eng.write(&b)?;
+        self.pend = Pending::default();
+        self.stats.commits += 1;
+        Ok(())
+    }
+
+    fn alloc_ino(&mut self) -> Ino {
+        let i = self.cfg.next_ino;
+        self.cfg.next_ino += 1;
+        self.cfg_dirty = true;
+        i
+    }
+
+    /// Delete what an orphan record says is left to delete.
+    fn finish_orphans(&mut self) -> Result<()> {
+        let (lo, hi) = orphans_range();
+        loop {
+            let batch = self.scan(&lo, &hi, 64)?;
+            if batch.is_empty() {
+                return Ok(());
+            }
+            for (k, v) in batch {
+                let ino =
+                    parse_orphan_key(&k).ok_or_else(|| Error::corrupt("orphan key", format!("{k:02x?}")))?;
+                let from = crate::bytes::Reader::new(&v, "orphan record").var()?;
+                self.trim_all(ino, from)?;
+            }
+        }
+    }
+}

@@ -1,0 +1,584 @@
+//! The file system layer against a simple in-memory model: random
+//! sequences of namespace, data, xattr, sync, crash and reopen steps. Every
+//! operation must succeed or fail (with the same errno) as in the model;
+//! the whole tree is compared regularly; after a power cut the recovered
+//! tree must equal the model after some accepted operation no older than
+//! the last sync (prefix semantics).
+//!
+//! Replay a failure with the seed it prints: `ZLOGFS_SEED=n cargo test
+//! --test fs_model`.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use rand::rngs::StdRng;
+use rand::Rng;
+use zlogfs::codec::{CodecId, CodecSpec};
+use zlogfs::fs::{self, Fs, FsOptions, Ino, Kind, MkfsOptions, SetAttr, ROOT};
+use zlogfs::store::{CrashMode, FaultStore, Geometry, Store};
+
+const CHUNK: u32 = 4096;
+
+fn mkfs_opts() -> MkfsOptions {
+    MkfsOptions {
+        chunk_size: CHUNK,
+        pack_bytes: 16 << 10,
+        inline_max: 64,
+        codec: CodecSpec::new(CodecId::Zstd, 1),
+        ..MkfsOptions::default()
+    }
+}
+
+fn fs_opts() -> FsOptions {
+    FsOptions {
+        engine: common::small_opts(),
+        commit_interval: None,
+        dirty_bytes: 1 << 20,
+        ..FsOptions::default()
+    }
+}
+
+fn fresh() -> Arc<FaultStore> {
+    let st = Arc::new(FaultStore::new(Geometry { segment_size: 512 << 10, segment_count: 96 }));
+    fs::mkfs(st.clone(), &mkfs_opts()).expect("mkfs");
+    st
+}
+
+fn open(st: &Arc<FaultStore>) -> Fs {
+    let s: Arc<dyn Store> = st.clone();
+    Fs::open(s, fs_opts()).expect("open")
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum MKind {
+    File(Vec<u8>),
+    Dir(BTreeMap<Vec<u8>, u64>),
+    Sym(Vec<u8>),
+}
+
+#[derive(Clone, Debug)]
+struct MNode {
+    kind: MKind,
+    perm: u32,
+    xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+    parent: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Model {
+    nodes: BTreeMap<u64, MNode>,
+    next: u64,
+}
+
+type Res = Result<(), i32>;
+
+/// One entry of a canonical dump: kind, permissions, link count, contents,
+/// xattrs, and the first path of the same inode (hard links).
+type Dump = BTreeMap<Vec<u8>, (char, u32, u32, Vec<u8>, BTreeMap<Vec<u8>, Vec<u8>>, Vec<u8>)>;
+
+impl Model {
+    fn new() -> Model {
+        let root =
+            MNode { kind: MKind::Dir(BTreeMap::new()), perm: 0o755, xattrs: BTreeMap::new(), parent: 1 };
+        Model { nodes: [(1, root)].into(), next: 2 }
+    }
+    fn children(&self, id: u64) -> Option<&BTreeMap<Vec<u8>, u64>> {
+        match &self.nodes[&id].kind {
+            MKind::Dir(c) => Some(c),
+            _ => None,
+        }
+    }
+    fn children_mut(&mut self, id: u64) -> &mut BTreeMap<Vec<u8>, u64> {
+        match &mut self.nodes.get_mut(&id).expect("node").kind {
+            MKind::Dir(c) => c,
+            _ => panic!("not a dir"),
+        }
+    }
+    /// Resolve the parent directory of `path`; (dir id, last name).
+    fn parent<'a>(&self, path: &'a [Vec<u8>]) -> Result<(u64, &'a [u8]), i32> {
+        let mut cur = 1;
+        for c in &path[..path.len() - 1] {
+            let ch = self.children(cur).ok_or(libc::ENOTDIR)?;
+            cur = *ch.get(c).ok_or(libc::ENOENT)?;
+        }
+        self.children(cur).ok_or(libc::ENOTDIR)?;
+        Ok((cur, &path[path.len() - 1]))
+    }
+    fn resolve(&self, path: &[Vec<u8>]) -> Result<u64, i32> {
+        let (d, n) = self.parent(path)?;
+        self.children(d).expect("dir").get(n).copied().ok_or(libc::ENOENT)
+    }
+    fn is_dir(&self, id: u64) -> bool {
+        matches!(self.nodes[&id].kind, MKind::Dir(_))
+    }
+    fn links(&self, id: u64) -> usize {
+        self.nodes
+            .values()
+            .filter_map(|n| match &n.kind {
+                MKind::Dir(c) => Some(c.values().filter(|&&x| x == id).count()),
+                _ => None,
+            })
+            .sum()
+    }
+    fn add(&mut self, path: &[Vec<u8>], kind: MKind, perm: u32) -> Res {
+        let (d, n) = self.parent(path)?;
+        if self.children(d).expect("dir").contains_key(n) {
+            return Err(libc::EEXIST);
+        }
+        let id = self.next;
+        self.next += 1;
+        self.nodes.insert(id, MNode { kind, perm, xattrs: BTreeMap::new(), parent: d });
+        self.children_mut(d).insert(n.to_vec(), id);
+        Ok(())
+    }
+    fn gc(&mut self, id: u64) {
+        if self.links(id) == 0 {
+            self.nodes.remove(&id);
+        }
+    }
+    fn link(&mut self, src: &[Vec<u8>], dst: &[Vec<u8>]) -> Res {
+        let s = self.resolve(src)?;
+        let (d, n) = self.parent(dst)?;
+        if self.is_dir(s) {
+            return Err(libc::EPERM);
+        }
+        if self.children(d).expect("dir").contains_key(n) {
+            return Err(libc::EEXIST);
+        }
+        self.children_mut(d).insert(n.to_vec(), s);
+        Ok(())
+    }
+    fn unlink(&mut self, path: &[Vec<u8>]) -> Res {
+        let (d, n) = self.parent(path)?;
+        let id = *self.children(d).expect("dir").get(n).ok_or(libc::ENOENT)?;
+        if self.is_dir(id) {
+            return Err(libc::EISDIR);
+        }
+        self.children_mut(d).remove(n);
+        self.gc(id);
+        Ok(())
+    }
+    fn rmdir(&mut self, path: &[Vec<u8>]) -> Res {
+        let (d, n) = self.parent(path)?;
+        let id = *self.children(d).expect("dir").get(n).ok_or(libc::ENOENT)?;
+        match self.children(id) {
+            None => return Err(libc::ENOTDIR),
+            Some(c) if !c.is_empty() => return Err(libc::ENOTEMPTY),
+            _ => {}
+        }
+        self.children_mut(d).remove(n);
+        self.nodes.remove(&id);
+        Ok(())
+    }
+    fn below(&self, dir: u64, moved: u64) -> bool {
+        let mut cur = dir;
+        loop {
+            if cur == moved {
+                return true;
+            }
+            if cur == 1 {
+                return false;
+            }
+            cur = self.nodes[&cur].parent;
+        }
+    }
+    fn rename(&mut self, src: &[Vec<u8>], dst: &[Vec<u8>], flags: u32) -> Res {
+        let (p, n) = self.parent(src)?;
+        let (np, nn) = self.parent(dst)?;
+        let s = *self.children(p).expect("dir").get(n).ok_or(libc::ENOENT)?;
+        let d = self.children(np).expect("dir").get(nn).copied();
+        if flags & fs::RENAME_EXCHANGE != 0 && d.is_none() {
+            return Err(libc::ENOENT);
+        }
+        if flags & fs::RENAME_NOREPLACE != 0 && d.is_some() {
+            return Err(libc::EEXIST);
+        }
+        if p == np && n == nn {
+            return Ok(());
+        }
+        if d == Some(s) {
+            return Ok(());
+        }
+        if self.is_dir(s) && p != np && self.below(np, s) {
+            return Err(libc::EINVAL);
+        }
+        if flags & fs::RENAME_EXCHANGE != 0 {
+            let d = d.expect("checked");
+            if self.is_dir(d) && p != np && self.below(p, d) {
+                return Err(libc::EINVAL);
+            }
+            self.children_mut(p).insert(n.to_vec(), d);
+            self.children_mut(np).insert(nn.to_vec(), s);
+            if self.is_dir(s) {
+                self.nodes.get_mut(&s).expect("s").parent = np;
+            }
+            if self.is_dir(d) {
+                self.nodes.get_mut(&d).expect("d").parent = p;
+            }
+            return Ok(());
+        }
+        if let Some(d) = d {
+            match (self.is_dir(s), self.is_dir(d)) {
+                (true, false) => return Err(libc::ENOTDIR),
+                (false, true) => return Err(libc::EISDIR),
+                _ => {}
+            }
+            if self.children(d).is_some_and(|c| !c.is_empty()) {
+                return Err(libc::ENOTEMPTY);
+            }
+        }
+        self.children_mut(p).remove(n);
+        self.children_mut(np).insert(nn.to_vec(), s);
+        if self.is_dir(s) {
+            self.nodes.get_mut(&s).expect("s").parent = np;
+        }
+        if let Some(d) = d {
+            if self.is_dir(d) {
+                self.nodes.remove(&d);
+            } else {
+                self.gc(d);
+            }
+        }
+        Ok(())
+    }
+    fn file(&mut self, path: &[Vec<u8>]) -> Result<&mut Vec<u8>, i32> {
+        let id = self.resolve(path)?;
+        match &mut self.nodes.get_mut(&id).expect("node").kind {
+            MKind::File(d) => Ok(d),
+            MKind::Dir(_) => Err(libc::EISDIR),
+            MKind::Sym(_) => Err(libc::EINVAL),
+        }
+    }
+    fn dump(&self) -> Dump {
+        let mut out = Dump::new();
+        let mut first: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+        self.walk(1, b"", &mut out, &mut first);
+        out
+    }
+    fn walk(&self, id: u64, path: &[u8], out: &mut Dump, first: &mut BTreeMap<u64, Vec<u8>>) {
+        for (name, &c) in self.children(id).expect("dir") {
+            let mut p = path.to_vec();
+            p.push(b'/');
+            p.extend_from_slice(name);
+            let node = &self.nodes[&c];
+            let f = first.entry(c).or_insert_with(|| p.clone()).clone();
+            let (k, nl, data) = match &node.kind {
+                MKind::File(d) => ('f', self.links(c) as u32, d.clone()),
+                MKind::Sym(t) => ('l', self.links(c) as u32, t.clone()),
+                MKind::Dir(ch) => ('d', 2 + ch.values().filter(|&&x| self.is_dir(x)).count() as u32, vec![]),
+            };
+            out.insert(p.clone(), (k, node.perm, nl, data, node.xattrs.clone(), f));
+            if k == 'd' {
+                self.walk(c, &p, out, first);
+            }
+        }
+    }
+}
+
+fn errno<T>(r: zlogfs::Result<T>) -> Result<T, i32> {
+    r.map_err(|e| match e {
+        zlogfs::Error::Posix { errno, .. } => errno,
+        other => panic!("unexpected error {other}"),
+    })
+}
+
+fn fs_parent<'a>(f: &Fs, path: &'a [Vec<u8>]) -> Result<(Ino, &'a [u8]), i32> {
+    let mut cur = ROOT;
+    for c in &path[..path.len() - 1] {
+        let a = errno(f.lookup(cur, c))?;
+        cur = a.ino;
+    }
+    if errno(f.getattr(cur))?.kind != Kind::Dir {
+        return Err(libc::ENOTDIR);
+    }
+    Ok((cur, &path[path.len() - 1]))
+}
+
+fn fs_resolve(f: &Fs, path: &[Vec<u8>]) -> Result<Ino, i32> {
+    let (d, n) = fs_parent(f, path)?;
+    Ok(errno(f.lookup(d, n))?.ino)
+}
+
+fn fs_dump(f: &Fs) -> Dump {
+    let mut out = Dump::new();
+    let mut first = BTreeMap::new();
+    fs_walk(f, ROOT, b"", &mut out, &mut first);
+    out
+}
+
+fn fs_walk(f: &Fs, dir: Ino, path: &[u8], out: &mut Dump, first: &mut BTreeMap<Ino, Vec<u8>>) {
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        // Small pages exercise resuming after a name.
+        let page = f.readdir(dir, after.as_deref(), 3).expect("readdir");
+        if page.is_empty() {
+            break;
+        }
+        after = Some(page.last().expect("entry").name.clone());
+        for e in page {
+            let mut p = path.to_vec();
+            p.push(b'/');
+            p.extend_from_slice(&e.name);
+            let a = f.getattr(e.ino).expect("getattr");
+            assert_eq!(a.kind, e.kind, "{p:?}: entry type differs from inode");
+            let fp = first.entry(e.ino).or_insert_with(|| p.clone()).clone();
+            let (k, data) = match a.kind {
+                Kind::File => {
+                    let d = f.read(e.ino, 0, a.size as usize + 10).expect("read");
+                    assert_eq!(d.len() as u64, a.size, "{p:?}: short read");
+                    ('f', d)
+                }
+                Kind::Symlink => ('l', f.readlink(e.ino).expect("readlink")),
+                Kind::Dir => ('d', vec![]),
+                k => panic!("unexpected kind {k:?}"),
+            };
+            let mut x = BTreeMap::new();
+            for n in f.listxattr(e.ino).expect("listxattr") {
+                x.insert(n.clone(), f.getxattr(e.ino, &n).expect("getxattr"));
+            }
+            out.insert(p.clone(), (k, a.mode & 0o7777, a.nlink, data, x, fp));
+            if k == 'd' {
+                fs_walk(f, e.ino, &p, out, first);
+            }
+        }
+    }
+}
+
+fn path(r: &mut StdRng) -> Vec<Vec<u8>> {
+    let depth = r.gen_range(1..=3);
+    (0..depth).map(|_| vec![b"abcde"[r.gen_range(0..5)]]).collect()
+}
+
+fn data(r: &mut StdRng, len: usize) -> Vec<u8> {
+    match r.gen_range(0..4) {
+        0 => vec![0; len],
+        1 => (0..len).map(|_| r.gen()).collect(),
+        _ => {
+            let words: [&[u8]; 4] = [b"zlogfs ", b"chunk ", b"log ", b"\n"];
+            let mut v = Vec::with_capacity(len);
+            while v.len() < len {
+                v.extend_from_slice(words[r.gen_range(0..4)]);
+            }
+            v.truncate(len);
+            v
+        }
+    }
+}
+
+fn run(seed: u64, steps: usize) {
+    let mut r = common::rng(seed);
+    let st = fresh();
+    let mut f = open(&st);
+    let mut m = Model::new();
+    // Models after each accepted operation since the last sync.
+    let mut history: Vec<Model> = vec![m.clone()];
+    let mut crashes = 0;
+    for step in 0..steps {
+        let ctx = format!("seed {seed} step {step}");
+        let op = r.gen_range(0..100);
+        let (fr, mr): (Res, Res) = match op {
+            0..=11 => {
+                let p = path(&mut r);
+                let perm = 0o644;
+                let fr = fs_parent(&f, &p).and_then(|(d, n)| errno(f.create(d, n, perm, 0, 0)).map(|_| ()));
+                (fr, m.add(&p, MKind::File(vec![]), perm))
+            }
+            12..=19 => {
+                let p = path(&mut r);
+                let fr = fs_parent(&f, &p).and_then(|(d, n)| errno(f.mkdir(d, n, 0o755, 0, 0)).map(|_| ()));
+                (fr, m.add(&p, MKind::Dir(BTreeMap::new()), 0o755))
+            }
+            20..=22 => {
+                let p = path(&mut r);
+                let n = r.gen_range(1..200);
+                let t = data(&mut r, n).into_iter().map(|b| b.max(1)).collect::<Vec<u8>>();
+                let fr = fs_parent(&f, &p).and_then(|(d, n)| errno(f.symlink(d, n, &t, 0, 0)).map(|_| ()));
+                (fr, m.add(&p, MKind::Sym(t), 0o777))
+            }
+            23..=26 => {
+                let (a, b) = (path(&mut r), path(&mut r));
+                let fr = fs_resolve(&f, &a).and_then(|s| {
+                    let (d, n) = fs_parent(&f, &b)?;
+                    errno(f.link(s, d, n)).map(|_| ())
+                });
+                (fr, m.link(&a, &b))
+            }
+            27..=32 => {
+                let p = path(&mut r);
+                let fr = fs_parent(&f, &p).and_then(|(d, n)| errno(f.unlink(d, n)));
+                (fr, m.unlink(&p))
+            }
+            33..=36 => {
+                let p = path(&mut r);
+                let fr = fs_parent(&f, &p).and_then(|(d, n)| errno(f.rmdir(d, n)));
+                (fr, m.rmdir(&p))
+            }
+            37..=44 => {
+                let (a, b) = (path(&mut r), path(&mut r));
+                let flags = [0, 0, fs::RENAME_NOREPLACE, fs::RENAME_EXCHANGE][r.gen_range(0..4)];
+                let fr = fs_parent(&f, &a).and_then(|(p, n)| {
+                    let (np, nn) = fs_parent(&f, &b)?;
+                    errno(f.rename(p, n, np, nn, flags))
+                });
+                (fr, m.rename(&a, &b, flags))
+            }
+            45..=64 => {
+                let p = path(&mut r);
+                let off = match r.gen_range(0..3) {
+                    0 => 0,
+                    1 => (r.gen_range(0..3) * CHUNK as u64 + r.gen_range(0..3)).saturating_sub(1),
+                    _ => r.gen_range(0..40_000),
+                };
+                let len = match r.gen_range(0..3) {
+                    0 => r.gen_range(0..100),
+                    1 => CHUNK as usize + r.gen_range(0..3usize) - 1,
+                    _ => r.gen_range(0..20_000),
+                };
+                let d = data(&mut r, len);
+                let fr = fs_resolve(&f, &p).and_then(|i| errno(f.write(i, off, &d)).map(|_| ()));
+                let mr = m.file(&p).map(|v| {
+                    let end = off as usize + d.len();
+                    if v.len() < end && !d.is_empty() {
+                        v.resize(end, 0);
+                    }
+                    if !d.is_empty() {
+                        v[off as usize..end].copy_from_slice(&d);
+                    }
+                });
+                (fr, mr)
+            }
+            65..=70 => {
+                let p = path(&mut r);
+                let size = match r.gen_range(0..3) {
+                    0 => 0,
+                    1 => (r.gen_range(0..4) * CHUNK as u64 + r.gen_range(0..3)).saturating_sub(1),
+                    _ => r.gen_range(0..40_000),
+                };
+                let fr = fs_resolve(&f, &p).and_then(|i| {
+                    if errno(f.getattr(i))?.kind == Kind::Symlink {
+                        return Err(libc::EINVAL);
+                    }
+                    errno(f.setattr(i, &SetAttr { size: Some(size), ..SetAttr::default() })).map(|_| ())
+                });
+                let mr = m.file(&p).map(|v| v.resize(size as usize, 0));
+                (fr, mr)
+            }
+            71..=74 => {
+                let p = path(&mut r);
+                let off = r.gen_range(0..30_000u64);
+                let len = r.gen_range(1..20_000u64);
+                let fr = fs_resolve(&f, &p).and_then(|i| {
+                    if errno(f.getattr(i))?.kind == Kind::Symlink {
+                        return Err(libc::EINVAL);
+                    }
+                    errno(f.fallocate(i, fs::FALLOC_FL_PUNCH_HOLE | fs::FALLOC_FL_KEEP_SIZE, off, len))
+                });
+                let mr = m.file(&p).map(|v| {
+                    let end = ((off + len) as usize).min(v.len());
+                    if (off as usize) < end {
+                        v[off as usize..end].fill(0);
+                    }
+                });
+                (fr, mr)
+            }
+            75..=79 => {
+                let p = path(&mut r);
+                let name = format!("user.{}", ["a", "bb", "c"][r.gen_range(0..3)]).into_bytes();
+                let remove = r.gen_ratio(1, 3);
+                let n = r.gen_range(0..300);
+                let val = data(&mut r, n);
+                let fr = fs_resolve(&f, &p).and_then(|i| {
+                    if remove {
+                        errno(f.removexattr(i, &name))
+                    } else {
+                        errno(f.setxattr(i, &name, &val, 0))
+                    }
+                });
+                let mr = m.resolve(&p).and_then(|id| {
+                    let x = &mut m.nodes.get_mut(&id).expect("node").xattrs;
+                    if remove {
+                        x.remove(&name).map(|_| ()).ok_or(libc::ENODATA)
+                    } else {
+                        x.insert(name.clone(), val.clone());
+                        Ok(())
+                    }
+                });
+                (fr, mr)
+            }
+            80..=83 => {
+                let p = path(&mut r);
+                let perm = r.gen_range(0..0o7777u32);
+                let fr = fs_resolve(&f, &p).and_then(|i| {
+                    errno(f.setattr(i, &SetAttr { mode: Some(perm), ..SetAttr::default() })).map(|_| ())
+                });
+                let mr = m.resolve(&p).map(|id| m.nodes.get_mut(&id).expect("node").perm = perm);
+                (fr, mr)
+            }
+            84..=88 => {
+                f.sync().unwrap_or_else(|e| panic!("{ctx}: sync: {e}"));
+                history = vec![m.clone()];
+                continue;
+            }
+            89..=92 => {
+                f.commit().unwrap_or_else(|e| panic!("{ctx}: commit: {e}"));
+                if r.gen_bool(0.5) {
+                    f.engine().write_out().expect("write_out");
+                }
+                continue;
+            }
+            93..=96 => {
+                // Power cut, then recovery: a prefix no older than the sync.
+                drop(f);
+                let mode =
+                    [CrashMode::DropUnsynced, CrashMode::TearLast, CrashMode::Reorder][r.gen_range(0..3)];
+                st.power_cut(mode, r.gen());
+                f = open(&st);
+                crashes += 1;
+                let got = fs_dump(&f);
+                let at = history.iter().rposition(|h| h.dump() == got).unwrap_or_else(|| {
+                    let last = history.last().expect("history").dump();
+                    let diff: Vec<_> = last
+                        .iter()
+                        .filter(|(k, v)| got.get(*k) != Some(v))
+                        .map(|(k, _)| String::from_utf8_lossy(k).into_owned())
+                        .chain(got.keys().filter(|k| !last.contains_key(*k)).map(|k| format!("+{}", String::from_utf8_lossy(k))))
+                        .collect();
+                    panic!("{ctx}: after a power cut ({mode:?}) the tree matches no state since the last sync; vs latest: {diff:?}")
+                });
+                m = history[at].clone();
+                history = vec![m.clone()];
+                continue;
+            }
+            _ => {
+                let s = f.close();
+                s.unwrap_or_else(|e| panic!("{ctx}: close: {e}"));
+                f = open(&st);
+                history = vec![m.clone()];
+                continue;
+            }
+        };
+        assert_eq!(fr, mr, "{ctx}: op {op}: file system and model disagree");
+        if fr.is_ok() {
+            history.push(m.clone());
+        }
+        if step % 25 == 0 {
+            assert_eq!(fs_dump(&f), m.dump(), "{ctx}: trees differ");
+        }
+    }
+    assert_eq!(fs_dump(&f), m.dump(), "seed {seed}: trees differ at the end");
+    f.close().expect("close");
+    let f = open(&st);
+    assert_eq!(fs_dump(&f), m.dump(), "seed {seed}: trees differ after a clean reopen");
+    eprintln!("seed {seed}: {steps} steps, {crashes} power cuts");
+}
+
+#[test]
+fn fs_matches_model_through_crashes() {
+    let base = common::seed("fs_matches_model_through_crashes");
+    let runs = if std::env::var("ZLOGFS_SEED").is_ok() { 1 } else { 8 };
+    for k in 0..runs {
+        run(base.wrapping_add(k), 1500);
+    }
+}
