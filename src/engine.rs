@@ -424,6 +424,8 @@ pub struct EngineStats {
     pub runs: usize,
     /// Entries in all runs.
     pub run_entries: u64,
+    /// Bytes of all runs' blocks on disk.
+    pub run_bytes: u64,
     /// Versions in memtables.
     pub memtable_entries: usize,
     /// Last checkpoint number.
@@ -916,6 +918,41 @@ impl Engine {
         }
     }
 
+    /// The header of a data block (codec, level, raw reason, lengths), read
+    /// without its payload and so without checking its crc: for reports.
+    pub fn block_header(&self, addr: BlockAddr) -> Result<BlockHeader> {
+        let mut buf = [0u8; BLOCK_HEADER_SIZE];
+        let pending = lock(&self.sh.core).log.read_pending(addr);
+        match pending {
+            Some(b) if b.len() >= BLOCK_HEADER_SIZE => buf.copy_from_slice(&b[..BLOCK_HEADER_SIZE]),
+            _ => {
+                let g = self.sh.sb.geometry;
+                if addr.seg >= g.segment_count
+                    || u64::from(addr.offset) + BLOCK_HEADER_SIZE as u64 > u64::from(g.segment_size)
+                {
+                    return Err(Error::corrupt(
+                        format!("reference to block at {addr}"),
+                        "outside the device",
+                    ));
+                }
+                self.sh
+                    .store
+                    .read(addr.seg, addr.offset, &mut buf)
+                    .map_err(|e| Error::io(format!("reading block header at {addr}"), e))?;
+            }
+        }
+        let mut r = crate::bytes::Reader::new(&buf, "block header");
+        Ok(BlockHeader {
+            crc: r.u32()?,
+            codec: r.u8()?,
+            level: r.u8()?,
+            raw_reason: r.u8()?,
+            kind: r.u8()?,
+            raw_len: r.u32()?,
+            stored_len: r.u32()?,
+        })
+    }
+
     /// Flush the memtable into a run and write a checkpoint.
     pub fn flush(&self) -> Result<()> {
         self.check_ok()?;
@@ -1225,6 +1262,7 @@ impl Engine {
             device_bytes_written: core.log.device_bytes,
             runs: ver.runs.len(),
             run_entries: ver.runs.iter().map(|r| r.meta.entries).sum(),
+            run_bytes: ver.runs.iter().map(|r| r.meta.bytes).sum(),
             memtable_entries: ver.active.len() + ver.frozen.iter().map(|f| f.mem.len()).sum::<usize>(),
             checkpoint: core.ckpt.number,
             seq: self.seq(),

@@ -22,6 +22,7 @@ pub mod fs;
 pub mod index;
 pub mod log;
 pub mod store;
+pub mod tools;
 
 pub use engine::{mkfs, Engine, Op, Options, Snapshot, WriteBatch};
 pub use error::{Error, Result};

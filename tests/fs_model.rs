@@ -549,6 +549,8 @@ fn run(seed: u64, steps: usize) {
                 });
                 m = history[at].clone();
                 history = vec![m.clone()];
+                let rep = f.check(&|_, _| {}).expect("fsck");
+                assert!(rep.problems.is_empty(), "{ctx}: fsck after a power cut: {:?}", rep.problems);
                 continue;
             }
             _ => {
@@ -571,6 +573,9 @@ fn run(seed: u64, steps: usize) {
     f.close().expect("close");
     let f = open(&st);
     assert_eq!(fs_dump(&f), m.dump(), "seed {seed}: trees differ after a clean reopen");
+    let rep = f.check(&|_, _| {}).expect("fsck");
+    assert!(rep.problems.is_empty(), "seed {seed}: fsck: {:?}", rep.problems);
+    assert!(rep.inodes > 1, "seed {seed}: the final tree is empty");
     eprintln!("seed {seed}: {steps} steps, {crashes} power cuts");
 }
 

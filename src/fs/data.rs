@@ -18,6 +18,8 @@ struct Piece {
     idx: u64,
     data: Vec<u8>,
     spec: CodecSpec,
+    /// Length of the buffer, as counted in the inode's `alloc`.
+    counted: usize,
 }
 
 impl State {
@@ -207,15 +209,21 @@ impl State {
         Ok(())
     }
 
-    /// Make chunk `idx` a hole.
+    /// Make chunk `idx` a hole: drop its buffer and its stored extent. A
+    /// buffered chunk is counted in `alloc` at its buffer's length only.
     fn punch_chunk(&mut self, i: &mut Inode, idx: u64) -> Result<()> {
-        if let Some(n) = self.drop_dirty(i.ino, idx) {
-            i.alloc -= n as u64;
-        } else if let Some(e) = self.stored_extent(i.ino, idx)? {
-            self.release(i.ino, idx, &e)?;
+        let buffered = self.drop_dirty(i.ino, idx);
+        let stored = self.stored_extent(i.ino, idx)?;
+        if let Some(e) = &stored {
+            self.release(i.ino, idx, e)?;
             self.del(extent_key(i.ino, idx));
-            i.alloc = i.alloc.saturating_sub(e.len());
         }
+        let counted = match (buffered, stored) {
+            (Some(n), _) => n as u64,
+            (None, Some(e)) => e.len(),
+            (None, None) => 0,
+        };
+        i.alloc = i.alloc.saturating_sub(counted);
         Ok(())
     }
 
@@ -275,9 +283,7 @@ impl State {
                 .map(|m| m.range(keep..).map(|(&k, _)| k).collect())
                 .unwrap_or_default();
             for idx in gone {
-                if let Some(n) = self.drop_dirty(i.ino, idx) {
-                    i.alloc -= n as u64;
-                }
+                self.punch_chunk(i, idx)?;
             }
             i.size = size;
             self.trim_extents(i, keep, 1 + keep)?;
@@ -448,8 +454,9 @@ impl State {
             let chunks = dirty.remove(&i.ino).unwrap_or_default();
             for (idx, mut data) in chunks {
                 let lim = i.size.saturating_sub(idx * cs).min(cs) as usize;
+                let counted = data.len();
                 data.truncate(lim);
-                let p = Piece { ino: i.ino, idx, data, spec };
+                let p = Piece { ino: i.ino, idx, data, spec, counted };
                 if p.data.is_empty() || is_zero(&p.data) {
                     holes.push(p);
                 } else if idx == 0 && i.size <= u64::from(self.cfg.inline_max) {
@@ -497,6 +504,11 @@ impl State {
         drop(reqs);
         // From here on the blocks exist; point the files at them.
         let r = (|| -> Result<()> {
+            for p in own.iter().chain(&pack).chain(&inline) {
+                if p.counted > p.data.len() {
+                    self.uncount(p.ino, (p.counted - p.data.len()) as u64)?;
+                }
+            }
             for (p, a) in own.iter().zip(&addrs) {
                 self.install(p.ino, p.idx, Extent::Own(*a, p.data.len() as u32))?;
                 self.stats.chunk_bytes += p.data.len() as u64;
@@ -521,18 +533,24 @@ impl State {
                 self.install(p.ino, p.idx, Extent::Inline(p.data))?;
             }
             for p in holes {
-                let mut i = self.inode(p.ino)?;
                 if let Some(e) = self.stored_extent(p.ino, p.idx)? {
                     self.release(p.ino, p.idx, &e)?;
                     self.del(extent_key(p.ino, p.idx));
                 }
-                i.alloc = i.alloc.saturating_sub(p.data.len() as u64);
                 self.stats.zero_chunks += 1;
-                self.save(&i);
+                self.uncount(p.ino, p.counted as u64)?;
             }
             Ok(())
         })();
         r.map_err(|e| (e, None))
+    }
+
+    /// Take `n` bytes off an inode's allocated count.
+    fn uncount(&mut self, ino: Ino, n: u64) -> Result<()> {
+        let mut i = self.inode(ino)?;
+        i.alloc = i.alloc.saturating_sub(n);
+        self.save(&i);
+        Ok(())
     }
 
     fn install(&mut self, ino: Ino, idx: u64, e: Extent) -> Result<()> {

@@ -16,6 +16,7 @@
 pub mod keys;
 pub mod pending;
 
+mod check;
 mod data;
 mod ops;
 
@@ -31,6 +32,7 @@ use crate::log::format::BlockAddr;
 use crate::log::max_block_raw;
 use crate::store::Store;
 
+pub use check::{CheckReport, CodecUse, TreeUsage, Usage};
 use keys::*;
 pub use keys::{Ino, Inode, Kind, Time, ROOT};
 use pending::Pending;

@@ -1,0 +1,455 @@
+//! fsck and usage accounting: whole-image scans of the records.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use super::*;
+use crate::codec::{encode, raw_reason};
+
+/// What [`Fs::check`] found.
+#[derive(Debug, Clone, Default)]
+pub struct CheckReport {
+    /// Every inconsistency, one line each (empty: clean).
+    pub problems: Vec<String>,
+    /// Inodes.
+    pub inodes: u64,
+    /// Directory entries.
+    pub dirents: u64,
+    /// Stored chunks.
+    pub extents: u64,
+    /// Data blocks read and verified.
+    pub blocks: u64,
+    /// Stored bytes of those blocks.
+    pub block_bytes: u64,
+    /// Xattrs.
+    pub xattrs: u64,
+    /// Inodes waiting in the orphan list.
+    pub orphans: u64,
+}
+
+/// Logical and stored bytes of a tree.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TreeUsage {
+    /// Regular files.
+    pub files: u64,
+    /// Directories (the top one included).
+    pub dirs: u64,
+    /// Other inodes.
+    pub others: u64,
+    /// Sum of file sizes.
+    pub logical: u64,
+    /// Logical bytes not in holes.
+    pub allocated: u64,
+    /// Stored bytes of the data (shared blocks split by share).
+    pub physical: u64,
+}
+
+/// Codec use: blocks, logical bytes and stored bytes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CodecUse {
+    /// Data blocks.
+    pub blocks: u64,
+    /// Decompressed bytes.
+    pub raw: u64,
+    /// Stored bytes (with headers).
+    pub stored: u64,
+}
+
+/// Whole-image usage for `zlogfs stats`.
+#[derive(Debug, Clone, Default)]
+pub struct Usage {
+    /// The tree from the root.
+    pub tree: TreeUsage,
+    /// Inodes in the index.
+    pub inodes: u64,
+    /// Data blocks by codec name ("zstd:3", "raw:no-gain", ...).
+    pub codecs: BTreeMap<String, CodecUse>,
+    /// Bytes of file data inline in the index.
+    pub inline_bytes: u64,
+    /// Inode records (keys and values) before compression.
+    pub inode_bytes_raw: u64,
+    /// Inode records compressed as the index stores them (16 KiB blocks,
+    /// the index codec).
+    pub inode_bytes_compressed: u64,
+    /// (uid, gid, mode) triples.
+    pub triples: u64,
+}
+
+impl Fs {
+    /// Verify every checksum and cross-reference. Problems are collected,
+    /// not raised; an error means the scan itself could not go on.
+    pub fn check(&self, progress: &dyn Fn(u64, u64)) -> Result<CheckReport> {
+        let mut st = self.st();
+        st.commit()?;
+        let mut rep = CheckReport::default();
+        let cs = st.cs();
+        let bad = |rep: &mut CheckReport, s: String| {
+            if rep.problems.len() < 10_000 {
+                rep.problems.push(s);
+            }
+        };
+        // Inodes.
+        let mut inodes: HashMap<Ino, Inode> = HashMap::new();
+        let (lo, hi) = inodes_range();
+        for (k, v) in st.scan(&lo, &hi, usize::MAX)? {
+            let Some(ino) = parse_inode_key(&k) else {
+                bad(&mut rep, format!("malformed inode key {k:02x?}"));
+                continue;
+            };
+            match Inode::decode(ino, &v, st.cfg.base_sec, |id| st.triple_ids.get(&id).copied()) {
+                Ok(i) => {
+                    if ino >= st.cfg.next_ino {
+                        bad(
+                            &mut rep,
+                            format!("inode {ino} is not below the next inode number {}", st.cfg.next_ino),
+                        );
+                    }
+                    inodes.insert(ino, i);
+                }
+                Err(e) => bad(&mut rep, format!("inode {ino}: {e}")),
+            }
+        }
+        rep.inodes = inodes.len() as u64;
+        if !inodes.get(&ROOT).is_some_and(|r| r.kind() == Kind::Dir) {
+            bad(&mut rep, "the root directory is missing or not a directory".into());
+        }
+        // Orphans.
+        let mut orphans = HashSet::new();
+        let (lo, hi) = orphans_range();
+        for (k, _) in st.scan(&lo, &hi, usize::MAX)? {
+            if let Some(i) = parse_orphan_key(&k) {
+                orphans.insert(i);
+            }
+        }
+        rep.orphans = orphans.len() as u64;
+        // Directory entries.
+        let mut links: HashMap<Ino, u32> = HashMap::new();
+        let mut subdirs: HashMap<Ino, u32> = HashMap::new();
+        let mut children: HashMap<Ino, Vec<Ino>> = HashMap::new();
+        let (lo, hi) = all_dirents_range();
+        for (k, v) in st.scan(&lo, &hi, usize::MAX)? {
+            rep.dirents += 1;
+            let Some((parent, name)) = parse_dirent_key(&k) else {
+                bad(&mut rep, format!("malformed directory entry key {k:02x?}"));
+                continue;
+            };
+            let nm = name_str(name);
+            if let Err(e) = check_name(name) {
+                bad(&mut rep, format!("directory {parent}: entry {nm:?}: {e}"));
+            }
+            match inodes.get(&parent) {
+                Some(p) if p.kind() == Kind::Dir => {}
+                _ => bad(&mut rep, format!("entry {nm:?} lies in {parent}, which is not a directory")),
+            }
+            let (child, kind) = match decode_dirent(&v) {
+                Ok(x) => x,
+                Err(e) => {
+                    bad(&mut rep, format!("directory {parent}: entry {nm:?}: {e}"));
+                    continue;
+                }
+            };
+            match inodes.get(&child) {
+                None => {
+                    bad(&mut rep, format!("directory {parent}: entry {nm:?} points at missing inode {child}"))
+                }
+                Some(c) => {
+                    if c.kind() != kind {
+                        bad(
+                            &mut rep,
+                            format!(
+                                "directory {parent}: entry {nm:?} says {kind:?}, inode {child} is {:?}",
+                                c.kind()
+                            ),
+                        );
+                    }
+                    if c.kind() == Kind::Dir {
+                        *subdirs.entry(parent).or_default() += 1;
+                        if c.parent != parent {
+                            bad(
+                                &mut rep,
+                                format!(
+                                    "directory {child} is in {parent} but names {} as its parent",
+                                    c.parent
+                                ),
+                            );
+                        }
+                    }
+                }
+            }
+            *links.entry(child).or_default() += 1;
+            children.entry(parent).or_default().push(child);
+        }
+        // Link counts and reachability.
+        let mut seen = HashSet::from([ROOT]);
+        let mut queue = vec![ROOT];
+        while let Some(d) = queue.pop() {
+            for &c in children.get(&d).map(|v| v.as_slice()).unwrap_or(&[]) {
+                if seen.insert(c) && inodes.get(&c).is_some_and(|i| i.kind() == Kind::Dir) {
+                    queue.push(c);
+                }
+            }
+        }
+        let mut sorted: Vec<&Inode> = inodes.values().collect();
+        sorted.sort_by_key(|i| i.ino);
+        for i in &sorted {
+            let n = links.get(&i.ino).copied().unwrap_or(0);
+            if i.kind() == Kind::Dir {
+                let want = 2 + subdirs.get(&i.ino).copied().unwrap_or(0);
+                if i.nlink != want && !(orphans.contains(&i.ino) && i.nlink == 0) {
+                    bad(
+                        &mut rep,
+                        format!("directory {} has link count {}, its entries make {want}", i.ino, i.nlink),
+                    );
+                }
+                if i.ino != ROOT && n > 1 {
+                    bad(&mut rep, format!("directory {} has {n} names", i.ino));
+                }
+            } else if i.nlink != n {
+                bad(&mut rep, format!("inode {} has link count {}, but {n} entries name it", i.ino, i.nlink));
+            }
+            if !seen.contains(&i.ino) && !orphans.contains(&i.ino) {
+                bad(&mut rep, format!("inode {} ({:?}) is not reachable from the root", i.ino, i.kind()));
+            }
+        }
+        // Chunks and blocks.
+        let mut alloc: HashMap<Ino, u64> = HashMap::new();
+        let mut own_blocks: HashMap<BlockAddr, (Ino, u64)> = HashMap::new();
+        let mut shared_users: HashMap<BlockAddr, Vec<(Ino, u64, u32, u32)>> = HashMap::new();
+        let (lo, hi) = all_extents_range();
+        for (k, v) in st.scan(&lo, &hi, usize::MAX)? {
+            rep.extents += 1;
+            let Some((ino, idx)) = parse_extent_key(&k) else {
+                bad(&mut rep, format!("malformed chunk key {k:02x?}"));
+                continue;
+            };
+            let e = match Extent::decode(&v, &format!("chunk {idx} of inode {ino}")) {
+                Ok(e) => e,
+                Err(e) => {
+                    bad(&mut rep, e.to_string());
+                    continue;
+                }
+            };
+            match inodes.get(&ino) {
+                Some(i) if matches!(i.kind(), Kind::File | Kind::Symlink) => {
+                    let start = idx.saturating_mul(cs);
+                    if start >= i.size || e.len() > cs || e.len() > i.size - start {
+                        bad(
+                            &mut rep,
+                            format!(
+                                "chunk {idx} of inode {ino} ({} bytes) lies past its size {}",
+                                e.len(),
+                                i.size
+                            ),
+                        );
+                    }
+                }
+                _ => bad(&mut rep, format!("chunk {idx} belongs to inode {ino}, which is not a file")),
+            }
+            *alloc.entry(ino).or_default() += e.len();
+            match e {
+                Extent::Inline(_) => {}
+                Extent::Own(a, _) => {
+                    if let Some((pi, pc)) = own_blocks.insert(a, (ino, idx)) {
+                        bad(
+                            &mut rep,
+                            format!("block {a} is owned by chunk {idx} of {ino} and chunk {pc} of {pi}"),
+                        );
+                    }
+                }
+                Extent::Shared { addr, off, len, .. } => {
+                    shared_users.entry(addr).or_default().push((ino, idx, off, len));
+                }
+            }
+        }
+        for i in &sorted {
+            let a = alloc.get(&i.ino).copied().unwrap_or(0);
+            if i.alloc != a {
+                bad(
+                    &mut rep,
+                    format!("inode {} counts {} allocated bytes, its chunks hold {a}", i.ino, i.alloc),
+                );
+            }
+        }
+        // Shared-block reference lists.
+        let mut listed: HashSet<BlockAddr> = HashSet::new();
+        let (lo, hi) = all_shared_range();
+        for (k, v) in st.scan(&lo, &hi, usize::MAX)? {
+            let Some(a) = parse_shared_key(&k) else {
+                bad(&mut rep, format!("malformed shared-block key {k:02x?}"));
+                continue;
+            };
+            listed.insert(a);
+            let mut refs = match decode_refs(&v) {
+                Ok(r) => r,
+                Err(e) => {
+                    bad(&mut rep, format!("block {a}: {e}"));
+                    continue;
+                }
+            };
+            let mut users: Vec<(Ino, u64)> =
+                shared_users.get(&a).map(|u| u.iter().map(|x| (x.0, x.1)).collect()).unwrap_or_default();
+            refs.sort_unstable();
+            users.sort_unstable();
+            if refs != users {
+                bad(
+                    &mut rep,
+                    format!(
+                        "block {a}: its reference list {refs:?} differs from the chunks using it {users:?}"
+                    ),
+                );
+            }
+            if own_blocks.contains_key(&a) {
+                bad(&mut rep, format!("block {a} is both shared and owned by one chunk"));
+            }
+        }
+        for a in shared_users.keys() {
+            if !listed.contains(a) {
+                bad(&mut rep, format!("block {a} is shared by chunks but has no reference list"));
+            }
+        }
+        // Read every block: checksums and lengths.
+        let mut blocks: Vec<(BlockAddr, bool, u32)> = own_blocks.keys().map(|a| (*a, true, 0)).collect();
+        blocks.extend(
+            shared_users.iter().map(|(a, u)| (*a, false, u.iter().map(|x| x.2 + x.3).max().unwrap_or(0))),
+        );
+        blocks.sort_by_key(|b| (b.0.seg, b.0.offset));
+        let total: u64 = blocks.iter().map(|b| u64::from(b.0.len)).sum();
+        let mut per_seg: HashMap<u32, u64> = HashMap::new();
+        for (a, own, need) in &blocks {
+            rep.blocks += 1;
+            rep.block_bytes += u64::from(a.len);
+            *per_seg.entry(a.seg).or_default() += u64::from(a.len);
+            progress(rep.block_bytes, total);
+            match st.eng.read_block(*a) {
+                Ok(raw) => {
+                    if *own {
+                        let (ino, idx) = own_blocks[a];
+                        let want = st.stored_extent(ino, idx)?.map(|e| e.len()).unwrap_or(0);
+                        if raw.len() as u64 != want {
+                            bad(
+                                &mut rep,
+                                format!(
+                                    "block {a} holds {} bytes, chunk {idx} of inode {ino} says {want}",
+                                    raw.len()
+                                ),
+                            );
+                        }
+                    } else if (raw.len() as u64) < u64::from(*need) {
+                        bad(&mut rep, format!("block {a} holds {} bytes, its pieces need {need}", raw.len()));
+                    }
+                }
+                Err(e) => bad(&mut rep, format!("block {a}: {e}")),
+            }
+        }
+        // Segment usage must cover every live data block (else the cleaner
+        // could reuse a segment still in use).
+        let usage = st.eng.segment_usage();
+        let mut segs: Vec<_> = per_seg.into_iter().collect();
+        segs.sort_unstable();
+        for (seg, bytes) in segs {
+            let live = usage.get(seg as usize).map_or(0, |u| u64::from(u.live));
+            if live < bytes {
+                bad(&mut rep, format!("segment {seg} accounts {live} live bytes but holds {bytes} bytes of live data blocks"));
+            }
+        }
+        // Xattrs.
+        let (lo, hi) = (vec![0x40], vec![0x41]);
+        for (k, _) in st.scan(&lo, &hi, usize::MAX)? {
+            rep.xattrs += 1;
+            match parse_xattr_key(&k) {
+                Some((ino, _)) if inodes.contains_key(&ino) => {}
+                Some((ino, n)) => {
+                    bad(&mut rep, format!("xattr {:?} belongs to missing inode {ino}", name_str(n)))
+                }
+                None => bad(&mut rep, format!("malformed xattr key {k:02x?}")),
+            }
+        }
+        Ok(rep)
+    }
+
+    /// Logical and stored bytes of the tree under `ino`.
+    pub fn du(&self, ino: Ino) -> Result<TreeUsage> {
+        let st = self.st();
+        let mut u = TreeUsage::default();
+        let mut seen = HashSet::new();
+        let mut stack = vec![ino];
+        while let Some(i) = stack.pop() {
+            if !seen.insert(i) {
+                continue;
+            }
+            let node = st.inode(i)?;
+            match node.kind() {
+                Kind::Dir => {
+                    u.dirs += 1;
+                    let (lo, hi) = dirents_range(i);
+                    for (_, v) in st.scan(&lo, &hi, usize::MAX)? {
+                        stack.push(decode_dirent(&v)?.0);
+                    }
+                }
+                k => {
+                    if k == Kind::File {
+                        u.files += 1;
+                        u.logical += node.size;
+                    } else {
+                        u.others += 1;
+                    }
+                    u.allocated += node.alloc;
+                    u.physical += st.physical(i)?;
+                }
+            }
+        }
+        Ok(u)
+    }
+
+    /// Whole-image usage (reads every data block's header).
+    pub fn usage(&self) -> Result<Usage> {
+        let tree = self.du(ROOT)?;
+        let mut st = self.st();
+        st.commit()?;
+        let mut u = Usage { tree, triples: st.triple_ids.len() as u64, ..Usage::default() };
+        let (lo, hi) = inodes_range();
+        let mut block = Vec::new();
+        let spec = CodecSpec::new(CodecId::Zstd, 3);
+        for (k, v) in st.scan(&lo, &hi, usize::MAX)? {
+            u.inodes += 1;
+            u.inode_bytes_raw += (k.len() + v.len()) as u64;
+            block.extend_from_slice(&k);
+            block.extend_from_slice(&v);
+            if block.len() >= 16 << 10 {
+                u.inode_bytes_compressed += encode(spec, &block).data.len() as u64;
+                block.clear();
+            }
+        }
+        if !block.is_empty() {
+            u.inode_bytes_compressed += encode(spec, &block).data.len() as u64;
+        }
+        let mut blocks: HashSet<BlockAddr> = HashSet::new();
+        let (lo, hi) = all_extents_range();
+        for (k, v) in st.scan(&lo, &hi, usize::MAX)? {
+            match Extent::decode(&v, &format!("chunk {k:02x?}"))? {
+                Extent::Inline(b) => u.inline_bytes += b.len() as u64,
+                Extent::Own(a, _) | Extent::Shared { addr: a, .. } => {
+                    blocks.insert(a);
+                }
+            }
+        }
+        let mut sorted: Vec<BlockAddr> = blocks.into_iter().collect();
+        sorted.sort_by_key(|a| (a.seg, a.offset));
+        for a in sorted {
+            let h = st.eng.block_header(a)?;
+            let name = match CodecId::from_u8(h.codec) {
+                Some(CodecId::None) if h.raw_reason & raw_reason::PROBE != 0 => {
+                    "raw (looked incompressible)".into()
+                }
+                Some(CodecId::None) if h.raw_reason & raw_reason::NO_GAIN != 0 => "raw (no gain)".into(),
+                Some(CodecId::None) => "none".into(),
+                Some(c) => CodecSpec::new(c, h.level).to_string(),
+                None => format!("unknown codec {}", h.codec),
+            };
+            let e = u.codecs.entry(name).or_default();
+            e.blocks += 1;
+            e.raw += u64::from(h.raw_len);
+            e.stored += u64::from(a.len);
+        }
+        Ok(u)
+    }
+}

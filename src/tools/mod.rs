@@ -1,0 +1,72 @@
+//! Whole-tree tools over [`Fs`](crate::fs::Fs) used by the command-line
+//! front end: import a directory, export a tree, check an image (fsck),
+//! and measure usage (du, stats).
+
+pub mod export;
+pub mod import;
+
+use crate::fs::{Fs, Ino, Kind, ROOT};
+use crate::{Error, Result};
+
+/// Resolve a path inside the image ("/" or "" is the root); symbolic links
+/// are not followed.
+pub fn resolve(fs: &Fs, path: &str) -> Result<Ino> {
+    let mut cur = ROOT;
+    for c in path.split('/').filter(|c| !c.is_empty() && *c != ".") {
+        let a = fs.lookup(cur, c.as_bytes()).map_err(|e| match e {
+            Error::Posix { errno, .. } => Error::posix(
+                errno,
+                format!(
+                    "{path}: {}",
+                    if errno == libc::ENOENT { "no such file or directory" } else { "not a directory" }
+                ),
+            ),
+            e => e,
+        })?;
+        cur = a.ino;
+    }
+    Ok(cur)
+}
+
+/// Visit every entry under `dir` depth first, in name order: `f(path,
+/// entry)`; paths are relative to `dir`, without a leading slash.
+pub fn walk(
+    fs: &Fs,
+    dir: Ino,
+    prefix: &[u8],
+    f: &mut dyn FnMut(&[u8], &crate::fs::DirEntry) -> Result<()>,
+) -> Result<()> {
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        let page = fs.readdir(dir, after.as_deref(), 1024)?;
+        let Some(last) = page.last() else { return Ok(()) };
+        after = Some(last.name.clone());
+        for e in &page {
+            let mut p = prefix.to_vec();
+            if !p.is_empty() {
+                p.push(b'/');
+            }
+            p.extend_from_slice(&e.name);
+            f(&p, e)?;
+            if e.kind == Kind::Dir {
+                walk(fs, e.ino, &p, f)?;
+            }
+        }
+    }
+}
+
+/// A progress bar on stderr when it is a terminal and output is not JSON.
+pub fn progress(len: u64, what: &str, quiet: bool) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if quiet || !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let pb = indicatif::ProgressBar::new(len);
+    let style = indicatif::ProgressStyle::with_template(
+        "{msg} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} ({bytes_per_sec}, {eta})",
+    )
+    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+    pb.set_style(style);
+    pb.set_message(what.to_string());
+    pb
+}
