@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit and randomised engine tests
 # (model, crash at every I/O operation, I/O-error loop, corruption), the
-# CLI end to end, and a short run of every fuzz target.
+# file system model with power cuts, import/export round trips of real trees
+# (/usr/include and linux-source), the CLI end to end, and a short run of
+# every fuzz target.
 # Randomised tests print their seed; replay one with ZLOGFS_SEED=<seed>.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -10,6 +12,31 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
 cargo clippy --all-targets -- -D warnings
+# The round trip of the unpacked linux-source tree (tests/roundtrip.rs)
+# needs the tree: unpack Debian's linux-source tarball once into a cache.
+# CI installs the package (.ci/run) and insists on the tree.
+if [ -z "${ZLOGFS_ROUNDTRIP_TREES:-}" ]; then
+    cache=/var/tmp/zlogfs-bench/tree
+    tarball=$(ls /usr/src/linux-source-*.tar.xz 2>/dev/null | head -n 1 || true)
+    tree=""
+    if [ -n "$tarball" ]; then
+        tree="$cache/$(basename "$tarball" .tar.xz)"
+        if [ ! -d "$tree" ]; then
+            echo "== unpacking $tarball into $cache (once)"
+            mkdir -p "$cache"
+            tar -C "$cache" -xJf "$tarball"
+        fi
+    fi
+    if [ -n "$tree" ] && [ -d "$tree" ]; then
+        export ZLOGFS_ROUNDTRIP_TREES="$tree"
+    elif [ "${CI:-}" = true ]; then
+        echo "linux-source is not installed: the linux tree round trip cannot run" >&2
+        exit 1
+    else
+        echo "note: no /usr/src/linux-source-*.tar.xz (apt-get install linux-source): the linux tree round trip is skipped"
+    fi
+fi
+
 echo "== cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

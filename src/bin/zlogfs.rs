@@ -5,9 +5,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
+use zlogfs::codec::CodecSpec;
+use zlogfs::fs::{self as zfs, Fs, FsOptions, Kind, MkfsOptions};
 use zlogfs::log::format::{validate_geometry, DEFAULT_SEGMENT_SIZE};
 use zlogfs::store::{FileStore, Geometry, Store, META_AREA_SIZE};
-use zlogfs::{engine, Engine, Error, Options};
+use zlogfs::tools;
+use zlogfs::{engine, Error, Options};
 
 #[derive(Parser)]
 #[command(name = "zlogfs", version, about = "A log-structured file system with transparent compression")]
@@ -18,21 +21,82 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Create an empty zlogfs image in a file or on a block device.
+    /// Create an empty zlogfs file system in a file or on a block device.
     Mkfs {
         /// Image file to create (or block device to format).
         image: PathBuf,
-        /// Size of a new image file, e.g. 1G, 512M (ignored for devices).
-        #[arg(long, default_value = "1G", value_parser = parse_size)]
-        size: u64,
-        /// Segment size, e.g. 4M (128K to 1G, a multiple of 512).
-        #[arg(long, default_value = "4M", value_parser = parse_size)]
-        segment_size: u64,
+        #[command(flatten)]
+        fmt: FormatArgs,
         /// Overwrite an existing image or file.
         #[arg(long, short)]
         force: bool,
     },
-    /// Open an image (recovering it if needed) and print what it holds.
+    /// Copy a directory tree into an image without mounting it (creating
+    /// the image if it does not exist).
+    Import {
+        /// The directory to copy.
+        dir: PathBuf,
+        /// The image (made with the format options below if missing).
+        image: PathBuf,
+        #[command(flatten)]
+        fmt: FormatArgs,
+        /// Machine-readable summary.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Copy the tree of an image (or a subtree) out to a directory.
+    Export {
+        /// The image.
+        image: PathBuf,
+        /// Destination directory (created; must be empty if it exists).
+        dir: PathBuf,
+        /// Subtree of the image to export.
+        #[arg(long, default_value = "/")]
+        path: String,
+        /// Machine-readable summary.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List a directory of an image.
+    Ls {
+        /// The image.
+        image: PathBuf,
+        /// Directory inside the image.
+        #[arg(default_value = "/")]
+        path: String,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a file of an image to standard output.
+    Cat {
+        /// The image.
+        image: PathBuf,
+        /// File inside the image.
+        path: String,
+    },
+    /// Show the attributes of a file of an image.
+    Stat {
+        /// The image.
+        image: PathBuf,
+        /// Path inside the image.
+        path: String,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Logical and stored bytes of a subtree, and of each entry in it.
+    Du {
+        /// The image.
+        image: PathBuf,
+        /// Path inside the image.
+        #[arg(default_value = "/")]
+        path: String,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Open an image (recovering it if needed) and report what it holds.
     Stats {
         /// The image.
         image: PathBuf,
@@ -40,6 +104,37 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Check every checksum and cross-reference of an image. Exit status 0
+    /// when clean, 1 with a report when not.
+    Fsck {
+        /// The image.
+        image: PathBuf,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(clap::Args)]
+struct FormatArgs {
+    /// Size of a new image file, e.g. 1G, 512M (ignored for devices).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    size: u64,
+    /// Segment size, e.g. 4M (128K to 1G, a multiple of 512).
+    #[arg(long, default_value = "4M", value_parser = parse_size)]
+    segment_size: u64,
+    /// Bytes of file data per chunk (power of two, 4K to 1M).
+    #[arg(long, default_value = "64K", value_parser = parse_size)]
+    chunk_size: u64,
+    /// Target size of a block of small files packed together.
+    #[arg(long, default_value = "128K", value_parser = parse_size)]
+    pack_size: u64,
+    /// Files up to this size live inline in the index.
+    #[arg(long, default_value = "512", value_parser = parse_size)]
+    inline_max: u64,
+    /// Default codec of file data: zstd:N (1-19), lz4, deflate:N, pred1, pred2, none.
+    #[arg(long, default_value = "zstd:3")]
+    codec: CodecSpec,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -66,19 +161,28 @@ fn parse_size(s: &str) -> Result<u64, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
-        Cmd::Mkfs { image, size, segment_size, force } => mkfs(&image, size, segment_size, force),
+        Cmd::Mkfs { image, fmt, force } => mkfs(&image, &fmt, force).map(|_| ExitCode::SUCCESS),
+        Cmd::Import { dir, image, fmt, json } => import(&dir, &image, &fmt, json),
+        Cmd::Export { image, dir, path, json } => export(&image, &dir, &path, json),
+        Cmd::Ls { image, path, json } => ls(&image, &path, json),
+        Cmd::Cat { image, path } => cat(&image, &path),
+        Cmd::Stat { image, path, json } => stat(&image, &path, json),
+        Cmd::Du { image, path, json } => du(&image, &path, json),
         Cmd::Stats { image, json } => stats(&image, json),
+        Cmd::Fsck { image, json } => fsck(&image, json),
     };
     match r {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("zlogfs: {e}");
-            ExitCode::FAILURE
+            ExitCode::from(2)
         }
     }
 }
 
-fn mkfs(image: &Path, size: u64, segment_size: u64, force: bool) -> Result<(), String> {
+type Res = Result<ExitCode, String>;
+
+fn mkfs(image: &Path, f: &FormatArgs, force: bool) -> Result<(), String> {
     let is_dev = std::fs::metadata(image)
         .map(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()))
         .unwrap_or(false);
@@ -88,65 +192,402 @@ fn mkfs(image: &Path, size: u64, segment_size: u64, force: bool) -> Result<(), S
     let size = if is_dev {
         FileStore::len_bytes(image).map_err(|e| format!("cannot size {}: {e}", image.display()))?
     } else {
-        size
+        f.size
     };
-    let segment_size = u32::try_from(segment_size).map_err(|_| "segment size too large".to_string())?;
+    let segment_size = u32::try_from(f.segment_size).map_err(|_| "segment size too large".to_string())?;
     let segment_size = if segment_size == 0 { DEFAULT_SEGMENT_SIZE } else { segment_size };
     let segment_count = size.saturating_sub(META_AREA_SIZE) / u64::from(segment_size);
     let geometry = Geometry { segment_size, segment_count: u32::try_from(segment_count).unwrap_or(u32::MAX) };
     validate_geometry(geometry).map_err(|e| format!("cannot make an image of {size} bytes: {e}"))?;
+    let small = |v: u64, what: &str| u32::try_from(v).map_err(|_| format!("{what} {v} is too large"));
+    let o = MkfsOptions {
+        chunk_size: small(f.chunk_size, "chunk size")?,
+        pack_bytes: small(f.pack_size, "pack size")?,
+        inline_max: small(f.inline_max, "inline limit")?,
+        codec: f.codec,
+        // SAFETY: getuid and getgid have no preconditions and cannot fail.
+        root_uid: unsafe { libc::getuid() },
+        // SAFETY: as above.
+        root_gid: unsafe { libc::getgid() },
+    };
     let store =
         FileStore::create(image, geometry).map_err(|e| format!("cannot create {}: {e}", image.display()))?;
     let store: Arc<dyn Store> = Arc::new(store);
-    let sb = engine::mkfs(store).map_err(|e| e.to_string())?;
-    println!(
-        "created {}: {} segments of {} KiB ({} MiB), uuid {}",
+    zfs::mkfs(store.clone(), &o).map_err(|e| format!("{}: {e}", image.display()))?;
+    let sb = engine::read_superblock(store.as_ref()).map_err(|e| e.to_string())?;
+    eprintln!(
+        "created {}: {} segments of {} KiB ({} MiB), chunks of {} KiB, codec {}, uuid {}",
         image.display(),
         geometry.segment_count,
         geometry.segment_size / 1024,
         geometry.capacity() >> 20,
+        o.chunk_size / 1024,
+        o.codec,
         sb.uuid.iter().map(|b| format!("{b:02x}")).collect::<String>()
     );
     Ok(())
 }
 
-fn open_image(image: &Path) -> Result<Engine, String> {
+fn open_fs(image: &Path, atime: zfs::Atime) -> Result<Fs, String> {
     let f = FileStore::open(image).map_err(|e| format!("cannot open {}: {e}", image.display()))?;
     let sb = engine::read_superblock(&f).map_err(|e| format!("{}: {e}", image.display()))?;
     let f = f.with_geometry(sb.geometry).map_err(|e| format!("{}: {e}", image.display()))?;
-    let opts = Options { background: false, ..Options::default() };
-    Engine::open(Arc::new(f), opts).map_err(|e: Error| format!("{}: {e}", image.display()))
+    let opts = FsOptions {
+        engine: Options { background: false, ..Options::default() },
+        commit_interval: None,
+        atime,
+        ..FsOptions::default()
+    };
+    Fs::open(Arc::new(f), opts).map_err(|e: Error| format!("{}: {e}", image.display()))
 }
 
-fn stats(image: &Path, json: bool) -> Result<(), String> {
-    let e = open_image(image)?;
-    let s = e.stats();
-    let g = e.superblock().geometry;
+fn close(fs: Fs, image: &Path) -> Result<(), String> {
+    fs.close().map_err(|e| format!("closing {}: {e}", image.display()))
+}
+
+fn resolve(fs: &Fs, path: &str) -> Result<zfs::Ino, String> {
+    tools::resolve(fs, path).map_err(|e| e.to_string())
+}
+
+fn import(dir: &Path, image: &Path, f: &FormatArgs, json: bool) -> Res {
+    if !image.exists() {
+        mkfs(image, f, false)?;
+    }
+    let fs = open_fs(image, zfs::Atime::Noatime)?;
+    let start = std::time::Instant::now();
+    let pb = tools::progress(0, "importing", json);
+    let rep = tools::import::import(&fs, dir, &|done, total| {
+        pb.set_length(total);
+        pb.set_position(done);
+    })
+    .map_err(|e| format!("importing {}: {e}", dir.display()))?;
+    fs.sync().map_err(|e| e.to_string())?;
+    fs.engine().flush().map_err(|e| e.to_string())?;
+    pb.finish_and_clear();
+    let secs = start.elapsed().as_secs_f64();
+    let u = fs.du(zfs::ROOT).map_err(|e| e.to_string())?;
+    let entries = rep.files + rep.dirs + rep.symlinks + rep.specials + rep.hardlinks;
     if json {
         let v = serde_json::json!({
-            "image": image.display().to_string(),
-            "format_version": e.superblock().version,
-            "segment_size": g.segment_size,
-            "segments": s.segments,
-            "free_segments": s.free_segments,
-            "live_bytes": s.live_bytes,
-            "index_runs": s.runs,
-            "index_run_entries": s.run_entries,
-            "memtable_entries": s.memtable_entries,
-            "checkpoint": s.checkpoint,
-            "sequence": s.seq,
+            "files": rep.files, "dirs": rep.dirs, "symlinks": rep.symlinks, "specials": rep.specials,
+            "hardlinks": rep.hardlinks, "xattrs": rep.xattrs, "bytes": rep.bytes,
+            "logical_bytes": u.logical, "physical_bytes": u.physical, "seconds": secs,
+            "entries_per_second": entries as f64 / secs.max(1e-9),
         });
         println!("{v:#}");
     } else {
-        println!("image:          {}", image.display());
-        println!("format version: {}", e.superblock().version);
-        println!("segments:       {} of {} KiB, {} free", s.segments, g.segment_size / 1024, s.free_segments);
-        println!("live bytes:     {}", s.live_bytes);
         println!(
-            "index:          {} runs, {} entries; {} in memtable",
-            s.runs, s.run_entries, s.memtable_entries
+            "imported {} files, {} directories, {} symlinks, {} special files, {} extra hard links, {} xattrs",
+            rep.files, rep.dirs, rep.symlinks, rep.specials, rep.hardlinks, rep.xattrs
         );
-        println!("checkpoint:     {} (sequence number {})", s.checkpoint, s.seq);
+        println!(
+            "{} bytes of data stored in {} bytes (ratio {:.2}) in {:.1} s ({:.0} entries/s, {:.1} MB/s)",
+            u.logical,
+            u.physical,
+            u.logical as f64 / (u.physical.max(1)) as f64,
+            secs,
+            entries as f64 / secs.max(1e-9),
+            rep.bytes as f64 / secs.max(1e-9) / 1e6
+        );
     }
-    Ok(())
+    close(fs, image)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn export(image: &Path, dir: &Path, path: &str, json: bool) -> Res {
+    let fs = open_fs(image, zfs::Atime::Noatime)?;
+    let from = resolve(&fs, path)?;
+    if fs.getattr(from).map_err(|e| e.to_string())?.kind != Kind::Dir {
+        return Err(format!("{path} is not a directory in {}", image.display()));
+    }
+    let start = std::time::Instant::now();
+    let pb = tools::progress(0, "exporting", json);
+    let rep = tools::export::export(&fs, from, dir, &|done, total| {
+        pb.set_length(total);
+        pb.set_position(done);
+    })
+    .map_err(|e| format!("exporting to {}: {e}", dir.display()))?;
+    pb.finish_and_clear();
+    let secs = start.elapsed().as_secs_f64();
+    if json {
+        let v = serde_json::json!({
+            "files": rep.files, "dirs": rep.dirs, "symlinks": rep.symlinks, "specials": rep.specials,
+            "hardlinks": rep.hardlinks, "bytes": rep.bytes, "seconds": secs,
+        });
+        println!("{v:#}");
+    } else {
+        println!(
+            "exported {} files, {} directories, {} symlinks, {} special files, {} extra hard links: {} bytes in {:.1} s",
+            rep.files, rep.dirs, rep.symlinks, rep.specials, rep.hardlinks, rep.bytes, secs
+        );
+    }
+    close(fs, image)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn kind_char(k: Kind) -> char {
+    match k {
+        Kind::File => '-',
+        Kind::Dir => 'd',
+        Kind::Symlink => 'l',
+        Kind::Fifo => 'p',
+        Kind::Socket => 's',
+        Kind::Char => 'c',
+        Kind::Block => 'b',
+    }
+}
+
+fn mode_string(a: &zfs::Attr) -> String {
+    let mut s = String::new();
+    s.push(kind_char(a.kind));
+    for (i, c) in "rwxrwxrwx".chars().enumerate() {
+        s.push(if a.mode & (0o400 >> i) != 0 { c } else { '-' });
+    }
+    s
+}
+
+fn ls(image: &Path, path: &str, json: bool) -> Res {
+    let fs = open_fs(image, zfs::Atime::Noatime)?;
+    let ino = resolve(&fs, path)?;
+    let mut rows = Vec::new();
+    let a = fs.getattr(ino).map_err(|e| e.to_string())?;
+    let entries = if a.kind == Kind::Dir {
+        let mut v = Vec::new();
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let page = fs.readdir(ino, after.as_deref(), 1024).map_err(|e| e.to_string())?;
+            let Some(l) = page.last() else { break };
+            after = Some(l.name.clone());
+            v.extend(page);
+        }
+        v
+    } else {
+        vec![zfs::DirEntry {
+            name: path.rsplit('/').next().unwrap_or(path).as_bytes().to_vec(),
+            ino,
+            kind: a.kind,
+        }]
+    };
+    for e in entries {
+        let a = fs.getattr(e.ino).map_err(|e| e.to_string())?;
+        let phys =
+            if a.kind == Kind::File { fs.physical_bytes(e.ino).map_err(|e| e.to_string())? } else { 0 };
+        rows.push((String::from_utf8_lossy(&e.name).into_owned(), a, phys));
+    }
+    if json {
+        let v: Vec<_> = rows
+            .iter()
+            .map(|(n, a, p)| {
+                serde_json::json!({"name": n, "ino": a.ino, "mode": a.mode, "nlink": a.nlink,
+                "uid": a.uid, "gid": a.gid, "size": a.size, "physical": p, "mtime": a.mtime.sec})
+            })
+            .collect();
+        println!("{:#}", serde_json::Value::Array(v));
+    } else {
+        for (n, a, p) in rows {
+            println!(
+                "{} {:>3} {:>5} {:>5} {:>12} {:>12} {}",
+                mode_string(&a),
+                a.nlink,
+                a.uid,
+                a.gid,
+                a.size,
+                p,
+                n
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cat(image: &Path, path: &str) -> Res {
+    use std::io::Write;
+    let fs = open_fs(image, zfs::Atime::Noatime)?;
+    let ino = resolve(&fs, path)?;
+    let a = fs.getattr(ino).map_err(|e| e.to_string())?;
+    let mut out = std::io::stdout().lock();
+    let mut off = 0u64;
+    while off < a.size {
+        let buf = fs.read(ino, off, 1 << 20).map_err(|e| format!("{path}: {e}"))?;
+        if buf.is_empty() {
+            break;
+        }
+        out.write_all(&buf).map_err(|e| format!("writing to standard output: {e}"))?;
+        off += buf.len() as u64;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn stat(image: &Path, path: &str, json: bool) -> Res {
+    let fs = open_fs(image, zfs::Atime::Noatime)?;
+    let ino = resolve(&fs, path)?;
+    let a = fs.getattr(ino).map_err(|e| e.to_string())?;
+    let phys = fs.physical_bytes(ino).map_err(|e| e.to_string())?;
+    let codec = fs.getxattr(ino, zfs::XATTR_CODEC).ok().map(|v| String::from_utf8_lossy(&v).into_owned());
+    let t = |t: zfs::Time| format!("{}.{:09}", t.sec, t.nsec);
+    if json {
+        let v = serde_json::json!({"path": path, "ino": a.ino, "kind": format!("{:?}", a.kind), "mode": a.mode,
+            "nlink": a.nlink, "uid": a.uid, "gid": a.gid, "rdev": a.rdev, "size": a.size, "blocks": a.blocks,
+            "physical": phys, "codec": codec, "atime": t(a.atime), "mtime": t(a.mtime), "ctime": t(a.ctime),
+            "btime": t(a.btime)});
+        println!("{v:#}");
+    } else {
+        println!(
+            "  path: {path}\n inode: {}  kind: {:?}  mode: {:o} ({})",
+            a.ino,
+            a.kind,
+            a.mode & 0o7777,
+            mode_string(&a)
+        );
+        println!(" links: {}  uid: {}  gid: {}  rdev: {:#x}", a.nlink, a.uid, a.gid, a.rdev);
+        println!(
+            "  size: {}  blocks: {} (512 B)  stored: {} bytes  codec policy: {}",
+            a.size,
+            a.blocks,
+            phys,
+            codec.as_deref().unwrap_or("(file system default)")
+        );
+        println!(
+            " atime: {}\n mtime: {}\n ctime: {}\n btime: {}",
+            t(a.atime),
+            t(a.mtime),
+            t(a.ctime),
+            t(a.btime)
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn du(image: &Path, path: &str, json: bool) -> Res {
+    let fs = open_fs(image, zfs::Atime::Noatime)?;
+    let ino = resolve(&fs, path)?;
+    let mut rows = Vec::new();
+    if fs.getattr(ino).map_err(|e| e.to_string())?.kind == Kind::Dir {
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let page = fs.readdir(ino, after.as_deref(), 1024).map_err(|e| e.to_string())?;
+            let Some(l) = page.last() else { break };
+            after = Some(l.name.clone());
+            for e in page {
+                let u = fs.du(e.ino).map_err(|e| e.to_string())?;
+                rows.push((String::from_utf8_lossy(&e.name).into_owned(), u));
+            }
+        }
+    }
+    let total = fs.du(ino).map_err(|e| e.to_string())?;
+    let ratio = |u: &zfs::TreeUsage| u.logical as f64 / u.physical.max(1) as f64;
+    if json {
+        let row = |n: &str, u: &zfs::TreeUsage| {
+            serde_json::json!({"path": n, "files": u.files, "dirs": u.dirs,
+            "logical": u.logical, "allocated": u.allocated, "physical": u.physical, "ratio": ratio(u)})
+        };
+        let v = serde_json::json!({"total": row(path, &total), "entries": rows.iter().map(|(n, u)| row(n, u)).collect::<Vec<_>>()});
+        println!("{v:#}");
+    } else {
+        println!("{:>14} {:>14} {:>7} {:>8}  path", "logical", "physical", "ratio", "files");
+        for (n, u) in rows.iter().chain(std::iter::once(&(path.to_string(), total.clone()))) {
+            println!("{:>14} {:>14} {:>7.2} {:>8}  {n}", u.logical, u.physical, ratio(u), u.files);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn stats(image: &Path, json: bool) -> Res {
+    let fs = open_fs(image, zfs::Atime::Noatime)?;
+    let u = fs.usage().map_err(|e| e.to_string())?;
+    let e = fs.engine();
+    let s = e.stats();
+    let g = e.superblock().geometry;
+    let files = u.tree.files + u.tree.dirs + u.tree.others;
+    let ratio = u.tree.logical as f64 / u.tree.physical.max(1) as f64;
+    let per_inode = u.inode_bytes_compressed as f64 / u.inodes.max(1) as f64;
+    let meta_per_file = s.run_bytes as f64 / files.max(1) as f64;
+    if json {
+        let codecs: serde_json::Map<String, serde_json::Value> = u
+            .codecs
+            .iter()
+            .map(|(k, c)| {
+                (k.clone(), serde_json::json!({"blocks": c.blocks, "logical": c.raw, "stored": c.stored}))
+            })
+            .collect();
+        let v = serde_json::json!({
+            "image": image.display().to_string(),
+            "format_version": e.superblock().version,
+            "segment_size": g.segment_size, "segments": s.segments, "free_segments": s.free_segments,
+            "live_bytes": s.live_bytes,
+            "files": u.tree.files, "dirs": u.tree.dirs, "other_inodes": u.tree.others, "inodes": u.inodes,
+            "logical_bytes": u.tree.logical, "allocated_bytes": u.tree.allocated, "physical_bytes": u.tree.physical,
+            "ratio": ratio, "inline_bytes": u.inline_bytes, "codecs": codecs,
+            "inode_bytes_raw": u.inode_bytes_raw, "inode_bytes_compressed": u.inode_bytes_compressed,
+            "bytes_per_inode": per_inode, "index_bytes": s.run_bytes, "metadata_bytes_per_file": meta_per_file,
+            "triples": u.triples, "index_runs": s.runs, "memtable_entries": s.memtable_entries,
+            "checkpoint": s.checkpoint,
+        });
+        println!("{v:#}");
+    } else {
+        println!("image:            {} (format version {})", image.display(), e.superblock().version);
+        println!(
+            "segments:         {} of {} KiB, {} free; {} live bytes",
+            s.segments,
+            g.segment_size / 1024,
+            s.free_segments,
+            s.live_bytes
+        );
+        println!(
+            "tree:             {} files, {} directories, {} others",
+            u.tree.files, u.tree.dirs, u.tree.others
+        );
+        println!("file data:        {} logical, {} allocated, {} stored (ratio {ratio:.2}); {} inline in the index", u.tree.logical, u.tree.allocated, u.tree.physical, u.inline_bytes);
+        for (k, c) in &u.codecs {
+            println!(
+                "  {k:<24} {:>8} blocks {:>14} -> {:>14} ({:.2})",
+                c.blocks,
+                c.raw,
+                c.stored,
+                c.raw as f64 / c.stored.max(1) as f64
+            );
+        }
+        println!("inodes:           {} records, {} bytes raw, {} compressed: {per_inode:.1} bytes per inode; {} (uid, gid, mode) triples", u.inodes, u.inode_bytes_raw, u.inode_bytes_compressed, u.triples);
+        println!("index:            {} runs, {} bytes ({meta_per_file:.1} bytes per file, inline data included); {} entries in memtables", s.runs, s.run_bytes, s.memtable_entries);
+        println!("checkpoint:       {}", s.checkpoint);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn fsck(image: &Path, json: bool) -> Res {
+    let fs = open_fs(image, zfs::Atime::Noatime)?;
+    let pb = tools::progress(0, "checking blocks", json);
+    let rep = fs
+        .check(&|done, total| {
+            pb.set_length(total);
+            pb.set_position(done);
+        })
+        .map_err(|e| format!("{}: check stopped: {e}", image.display()))?;
+    pb.finish_and_clear();
+    if json {
+        let v = serde_json::json!({"clean": rep.problems.is_empty(), "problems": rep.problems, "inodes": rep.inodes,
+            "dirents": rep.dirents, "extents": rep.extents, "blocks": rep.blocks, "block_bytes": rep.block_bytes,
+            "xattrs": rep.xattrs, "orphans": rep.orphans});
+        println!("{v:#}");
+    } else {
+        for p in &rep.problems {
+            println!("problem: {p}");
+        }
+        println!(
+            "{}: {} inodes, {} entries, {} chunks, {} blocks ({} bytes) verified, {} xattrs: {}",
+            image.display(),
+            rep.inodes,
+            rep.dirents,
+            rep.extents,
+            rep.blocks,
+            rep.block_bytes,
+            rep.xattrs,
+            if rep.problems.is_empty() {
+                "clean".to_string()
+            } else {
+                format!("{} problems", rep.problems.len())
+            }
+        );
+    }
+    Ok(if rep.problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
