@@ -941,16 +941,7 @@ impl Engine {
                     .map_err(|e| Error::io(format!("reading block header at {addr}"), e))?;
             }
         }
-        let mut r = crate::bytes::Reader::new(&buf, "block header");
-        Ok(BlockHeader {
-            crc: r.u32()?,
-            codec: r.u8()?,
-            level: r.u8()?,
-            raw_reason: r.u8()?,
-            kind: r.u8()?,
-            raw_len: r.u32()?,
-            stored_len: r.u32()?,
-        })
+        BlockHeader::parse(&mut Reader::new(&buf, &format!("block header at {addr}")))
     }
 
     /// Flush the memtable into a run and write a checkpoint.

@@ -382,21 +382,27 @@ impl BlockHeader {
         out.extend_from_slice(payload);
     }
 
-    /// Parse and verify a whole block (header + payload) read from `addr`.
-    /// Returns the header and the payload.
-    pub fn open(buf: &[u8], addr: BlockAddr) -> Result<(BlockHeader, &[u8])> {
-        let what = format!("block at {addr}");
-        let mut r = Reader::new(buf, &what);
-        let stored_crc = r.u32()?;
-        let h = BlockHeader {
-            crc: stored_crc,
+    /// Parse the 16 header bytes (nothing verified: the crc covers the
+    /// payload too).
+    pub fn parse(r: &mut Reader) -> Result<BlockHeader> {
+        Ok(BlockHeader {
+            crc: r.u32()?,
             codec: r.u8()?,
             level: r.u8()?,
             raw_reason: r.u8()?,
             kind: r.u8()?,
             raw_len: r.u32()?,
             stored_len: r.u32()?,
-        };
+        })
+    }
+
+    /// Parse and verify a whole block (header + payload) read from `addr`.
+    /// Returns the header and the payload.
+    pub fn open(buf: &[u8], addr: BlockAddr) -> Result<(BlockHeader, &[u8])> {
+        let what = format!("block at {addr}");
+        let mut r = Reader::new(buf, &what);
+        let h = BlockHeader::parse(&mut r)?;
+        let stored_crc = h.crc;
         let got = crc(&buf[4..]);
         if got != stored_crc {
             return Err(Error::ChecksumMismatch { what, expected: stored_crc, got });

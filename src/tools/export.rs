@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use filetime::FileTime;
 
+use super::io;
 use super::walk;
 use crate::fs::{Attr, Fs, Ino, Kind, ROOT};
 use crate::{Error, Result};
@@ -29,10 +30,6 @@ pub struct ExportReport {
     pub hardlinks: u64,
     /// Bytes of file data written (holes excluded).
     pub bytes: u64,
-}
-
-fn io(what: String) -> impl FnOnce(std::io::Error) -> Error {
-    move |e| Error::io(what, e)
 }
 
 fn cpath(p: &Path) -> Result<CString> {

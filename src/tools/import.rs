@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
+use super::io;
 use crate::fs::{Fs, Ino, SetAttr, Time, ROOT};
 use crate::{Error, Result};
 
@@ -46,10 +47,6 @@ struct Item {
     parent: Option<usize>,
     name: Vec<u8>,
     meta: std::fs::Metadata,
-}
-
-fn io(what: String) -> impl FnOnce(std::io::Error) -> Error {
-    move |e| Error::io(what, e)
 }
 
 fn list(root: &Path) -> Result<Vec<Item>> {

@@ -55,6 +55,11 @@ pub fn walk(
     }
 }
 
+/// Map an I/O error to [`Error::Io`] naming what was being done.
+pub fn io(what: String) -> impl FnOnce(std::io::Error) -> Error {
+    move |e| Error::io(what, e)
+}
+
 /// A progress bar on stderr when it is a terminal and output is not JSON.
 pub fn progress(len: u64, what: &str, quiet: bool) -> indicatif::ProgressBar {
     use std::io::IsTerminal;
