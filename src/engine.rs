@@ -416,6 +416,10 @@ pub struct EngineStats {
     pub segments: u32,
     /// Segments free for reuse.
     pub free_segments: u32,
+    /// Segments with nothing live, kept only until the next memtable
+    /// flush moves the replay start past them (the engine does that when
+    /// free segments run low): free space in all but name.
+    pub pinned_segments: u32,
     /// Live bytes of blocks.
     pub live_bytes: u64,
     /// Bytes written to the device since open.
@@ -641,10 +645,35 @@ impl Engine {
         Ok(())
     }
 
+    /// When free segments run low while dead ones are pinned only by
+    /// recovery (their journal batches are newer than the replay start,
+    /// which moves only when the memtable is flushed), flush the memtable
+    /// and checkpoint twice, so that the replay start passes them and
+    /// they are free. Without this, deleted data would stay unusable
+    /// until the memtable filled, which small index updates may never do.
+    /// `bytes` is the size of the write about to be placed.
+    fn relieve(&self, bytes: usize) -> Result<()> {
+        let pinned = {
+            let core = lock(&self.sh.core);
+            let seg = self.sh.sb.geometry.segment_size as usize;
+            let need = core.log.low_water() as usize + bytes.div_ceil(seg);
+            if core.log.free_segments() as usize >= need {
+                return Ok(());
+            }
+            core.log.pinned_segments()
+        };
+        if pinned == 0 {
+            return Ok(());
+        }
+        self.flush()?;
+        self.checkpoint()
+    }
+
     /// Apply `batch` atomically; returns the sequence number of its last
     /// mutation. Not durable until [`Engine::sync`].
     pub fn write(&self, batch: &WriteBatch) -> Result<u64> {
         self.check_ok()?;
+        self.relieve(0)?;
         for op in &batch.ops {
             match op {
                 Op::Put(k, v) if k.len() > MAX_KEY || v.len() > MAX_VALUE => {
@@ -904,6 +933,7 @@ impl Engine {
             .par_iter()
             .map(|(owner, spec, r)| NewBlock::encode(BlockKind::Data, *owner, *spec, r))
             .collect();
+        self.relieve(blocks.iter().map(|b| b.bytes().len()).sum())?;
         let mut core = lock(&self.sh.core);
         let r = core.log.add_blocks(blocks, false);
         self.latch(&core, r)
@@ -1242,6 +1272,11 @@ impl Engine {
         Ok(())
     }
 
+    /// Bytes written to the device since open (cheaper than `stats`).
+    pub fn device_bytes_written(&self) -> u64 {
+        lock(&self.sh.core).log.device_bytes
+    }
+
     /// Counters.
     pub fn stats(&self) -> EngineStats {
         let core = lock(&self.sh.core);
@@ -1249,6 +1284,7 @@ impl Engine {
         EngineStats {
             segments: self.sh.sb.geometry.segment_count,
             free_segments: core.log.free_segments(),
+            pinned_segments: core.log.pinned_segments(),
             live_bytes: core.log.usage.iter().map(|u| u64::from(u.live)).sum(),
             device_bytes_written: core.log.device_bytes,
             runs: ver.runs.len(),

@@ -823,8 +823,6 @@ fn orphan_is_deleted_at_open_after_drop_without_release() {
 }
 
 #[test]
-#[ignore = "fs bug: link and rename into a removed (nlink 0) but open directory succeed; the entries \
-            outlive the directory and their inodes leak (fsck: not reachable)"]
 fn removed_open_directory_takes_no_new_entries() {
     let (s, f) = fresh();
     let d = mkdir(&f, ROOT, b"d");
@@ -1197,8 +1195,6 @@ fn readdir_resume_sees_each_stable_entry_once() {
 /// again: the space of deleted data must be reusable, and statfs must show
 /// it free again, without waiting for the index to fill its memtable.
 #[test]
-#[ignore = "fs/engine bug: segments of deleted data stay pinned by journal replay until the memtable \
-            flushes (32 MiB of index updates); rewriting fails with NoSpace"]
 fn space_freed_by_delete_is_reusable() {
     let s: Arc<dyn Store> = Arc::new(MemStore::new(Geometry { segment_size: 1 << 20, segment_count: 64 }));
     fs::mkfs(s.clone(), &MkfsOptions::default()).expect("mkfs");
@@ -1232,8 +1228,6 @@ fn space_freed_by_delete_is_reusable() {
 /// its last chunk: the answer must not take time proportional to the size
 /// of the hole.
 #[test]
-#[ignore = "fs bug: State::seek steps through the hole 1024 chunks (one index scan) at a time, \
-            O(hole size): an 8 EiB hole takes 2^37 scans"]
 fn seek_on_largest_sparse_file() {
     let (s, f) = fresh();
     let ino = create(&f, ROOT, b"huge");

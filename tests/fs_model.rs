@@ -17,7 +17,7 @@ use rand::rngs::StdRng;
 use rand::Rng;
 use zlogfs::codec::{CodecId, CodecSpec};
 use zlogfs::fs::{self, Fs, FsOptions, Ino, Kind, MkfsOptions, SetAttr, ROOT};
-use zlogfs::store::{CrashMode, FaultStore, Geometry, Store};
+use zlogfs::store::{CrashMode, FaultConfig, FaultStore, Geometry, Store};
 
 const CHUNK: u32 = 4096;
 
@@ -280,6 +280,12 @@ impl Model {
 fn errno<T>(r: zlogfs::Result<T>) -> Result<T, i32> {
     r.map_err(|e| match e {
         zlogfs::Error::Posix { errno, .. } => errno,
+        // Device errors (injected ones, in the I/O-error run) are EIO;
+        // the model never expects EIO, so an unexpected one still fails.
+        e @ (zlogfs::Error::Io { .. } | zlogfs::Error::Failed) => {
+            assert_eq!(e.errno(), libc::EIO, "{e}");
+            libc::EIO
+        }
         other => panic!("unexpected error {other}"),
     })
 }
@@ -367,7 +373,47 @@ fn data(r: &mut StdRng, len: usize) -> Vec<u8> {
     }
 }
 
-fn run(seed: u64, steps: usize) {
+/// Power cut, then recovery: the tree must match a state since the last
+/// sync (`history`), and fsck must be clean. Returns the reopened file
+/// system and the model state it matched.
+fn recover(
+    st: &Arc<FaultStore>,
+    f: Fs,
+    history: &[Model],
+    mode: CrashMode,
+    seed: u64,
+    ctx: &str,
+) -> (Fs, Model) {
+    drop(f);
+    recover_closed(st, history, mode, seed, ctx)
+}
+
+fn recover_closed(
+    st: &Arc<FaultStore>,
+    history: &[Model],
+    mode: CrashMode,
+    seed: u64,
+    ctx: &str,
+) -> (Fs, Model) {
+    st.power_cut(mode, seed);
+    let f = open(st);
+    let got = fs_dump(&f);
+    let at = history.iter().rposition(|h| h.dump() == got).unwrap_or_else(|| {
+        let last = history.last().expect("history").dump();
+        let diff: Vec<_> = last
+            .iter()
+            .filter(|(k, v)| got.get(*k) != Some(v))
+            .map(|(k, _)| String::from_utf8_lossy(k).into_owned())
+            .chain(got.keys().filter(|k| !last.contains_key(*k)).map(|k| format!("+{}", String::from_utf8_lossy(k))))
+            .collect();
+        panic!("{ctx}: after a power cut ({mode:?}) the tree matches no state since the last sync; vs latest: {diff:?}")
+    });
+    let rep = f.check(&|_, _| {}).expect("fsck");
+    assert!(rep.problems.is_empty(), "{ctx}: fsck after a power cut: {:?}", rep.problems);
+    (f, history[at].clone())
+}
+
+fn run(seed: u64, steps: usize, io_errors: bool) {
     let mut r = common::rng(seed);
     let st = fresh();
     let mut f = open(&st);
@@ -375,6 +421,8 @@ fn run(seed: u64, steps: usize) {
     // Models after each accepted operation since the last sync.
     let mut history: Vec<Model> = vec![m.clone()];
     let mut crashes = 0;
+    let mut io_faults = 0;
+    let mut armed = false;
     for step in 0..steps {
         let ctx = format!("seed {seed} step {step}");
         let op = r.gen_range(0..100);
@@ -517,57 +565,111 @@ fn run(seed: u64, steps: usize) {
                 (fr, mr)
             }
             84..=88 => {
-                f.sync().unwrap_or_else(|e| panic!("{ctx}: sync: {e}"));
-                history = vec![m.clone()];
+                match f.sync() {
+                    Ok(()) => history = vec![m.clone()],
+                    Err(e) if armed => {
+                        assert_eq!(e.errno(), libc::EIO, "{ctx}: sync failed with {e}");
+                        (f, m) = recover(&st, f, &history, CrashMode::DropUnsynced, r.gen(), &ctx);
+                        (armed, history) = (false, vec![m.clone()]);
+                        io_faults += 1;
+                    }
+                    Err(e) => panic!("{ctx}: sync: {e}"),
+                }
                 continue;
             }
             89..=92 => {
-                f.commit().unwrap_or_else(|e| panic!("{ctx}: commit: {e}"));
-                if r.gen_bool(0.5) {
-                    f.engine().write_out().expect("write_out");
+                let mut res = f.commit();
+                if res.is_ok() && r.gen_bool(0.5) {
+                    res = f.engine().write_out();
+                }
+                match res {
+                    Ok(()) => {}
+                    Err(e) if armed => {
+                        assert_eq!(e.errno(), libc::EIO, "{ctx}: commit failed with {e}");
+                        (f, m) = recover(&st, f, &history, CrashMode::TearLast, r.gen(), &ctx);
+                        (armed, history) = (false, vec![m.clone()]);
+                        io_faults += 1;
+                    }
+                    Err(e) => panic!("{ctx}: commit: {e}"),
                 }
                 continue;
             }
             93..=96 => {
                 // Power cut, then recovery: a prefix no older than the sync.
-                drop(f);
                 let mode =
                     [CrashMode::DropUnsynced, CrashMode::TearLast, CrashMode::Reorder][r.gen_range(0..3)];
-                st.power_cut(mode, r.gen());
-                f = open(&st);
+                (f, m) = recover(&st, f, &history, mode, r.gen(), &ctx);
+                armed = false;
                 crashes += 1;
-                let got = fs_dump(&f);
-                let at = history.iter().rposition(|h| h.dump() == got).unwrap_or_else(|| {
-                    let last = history.last().expect("history").dump();
-                    let diff: Vec<_> = last
-                        .iter()
-                        .filter(|(k, v)| got.get(*k) != Some(v))
-                        .map(|(k, _)| String::from_utf8_lossy(k).into_owned())
-                        .chain(got.keys().filter(|k| !last.contains_key(*k)).map(|k| format!("+{}", String::from_utf8_lossy(k))))
-                        .collect();
-                    panic!("{ctx}: after a power cut ({mode:?}) the tree matches no state since the last sync; vs latest: {diff:?}")
-                });
-                m = history[at].clone();
                 history = vec![m.clone()];
-                let rep = f.check(&|_, _| {}).expect("fsck");
-                assert!(rep.problems.is_empty(), "{ctx}: fsck after a power cut: {:?}", rep.problems);
+                continue;
+            }
+            97 if io_errors && !armed => {
+                // An I/O error a few device operations from now, once or
+                // for good: it must surface as EIO from whatever meets it
+                // (never a panic), and a power cut after it must recover a
+                // prefix, as after any crash.
+                let at = st.op_count() + r.gen_range(1..60);
+                let persistent = r.gen_bool(0.5);
+                st.set_faults(FaultConfig { fail_at: Some(at), persistent, ..FaultConfig::default() });
+                armed = true;
                 continue;
             }
             _ => {
-                let s = f.close();
-                s.unwrap_or_else(|e| panic!("{ctx}: close: {e}"));
-                f = open(&st);
-                history = vec![m.clone()];
+                match f.close() {
+                    Ok(()) if armed => {
+                        // The fault is still ahead: it may meet the reopen,
+                        // which must then fail with EIO, not panic.
+                        let s: Arc<dyn Store> = st.clone();
+                        history = vec![m.clone()];
+                        match Fs::open(s, fs_opts()) {
+                            Ok(g) => f = g,
+                            Err(e) => {
+                                assert_eq!(e.errno(), libc::EIO, "{ctx}: open failed with {e}");
+                                (f, m) =
+                                    recover_closed(&st, &history, CrashMode::DropUnsynced, r.gen(), &ctx);
+                                (armed, history) = (false, vec![m.clone()]);
+                                io_faults += 1;
+                            }
+                        }
+                    }
+                    Ok(()) => {
+                        f = open(&st);
+                        history = vec![m.clone()];
+                    }
+                    Err(e) if armed => {
+                        assert_eq!(e.errno(), libc::EIO, "{ctx}: close failed with {e}");
+                        (f, m) = recover_closed(&st, &history, CrashMode::Reorder, r.gen(), &ctx);
+                        (armed, history) = (false, vec![m.clone()]);
+                        io_faults += 1;
+                    }
+                    Err(e) => panic!("{ctx}: close: {e}"),
+                }
                 continue;
             }
         };
+        if armed && fr == Err(libc::EIO) {
+            // The injected error met this operation. Whether the operation
+            // took effect is unknown: both states are candidates.
+            if mr.is_ok() {
+                history.push(m.clone());
+            }
+            (f, m) = recover(&st, f, &history, CrashMode::DropUnsynced, r.gen(), &ctx);
+            (armed, history) = (false, vec![m.clone()]);
+            io_faults += 1;
+            continue;
+        }
         assert_eq!(fr, mr, "{ctx}: op {op}: file system and model disagree");
         if fr.is_ok() {
             history.push(m.clone());
         }
-        if step % 25 == 0 {
+        if step % 25 == 0 && !armed {
             assert_eq!(fs_dump(&f), m.dump(), "{ctx}: trees differ");
         }
+    }
+    if armed {
+        let ctx = format!("seed {seed} at the end");
+        (f, m) = recover(&st, f, &history, CrashMode::DropUnsynced, r.gen(), &ctx);
     }
     assert_eq!(fs_dump(&f), m.dump(), "seed {seed}: trees differ at the end");
     f.close().expect("close");
@@ -576,7 +678,7 @@ fn run(seed: u64, steps: usize) {
     let rep = f.check(&|_, _| {}).expect("fsck");
     assert!(rep.problems.is_empty(), "seed {seed}: fsck: {:?}", rep.problems);
     assert!(rep.inodes > 1, "seed {seed}: the final tree is empty");
-    eprintln!("seed {seed}: {steps} steps, {crashes} power cuts");
+    eprintln!("seed {seed}: {steps} steps, {crashes} power cuts, {io_faults} I/O errors met");
 }
 
 #[test]
@@ -584,6 +686,18 @@ fn fs_matches_model_through_crashes() {
     let base = common::seed("fs_matches_model_through_crashes");
     let runs = if std::env::var("ZLOGFS_SEED").is_ok() { 1 } else { 8 };
     for k in 0..runs {
-        run(base.wrapping_add(k), 1500);
+        run(base.wrapping_add(k), 1500, false);
+    }
+}
+
+/// The same model test with I/O errors injected (once or persistent) a
+/// few device operations after random points: every error surfaces as
+/// EIO, and a power cut after it recovers a prefix with fsck clean.
+#[test]
+fn fs_matches_model_through_io_errors() {
+    let base = common::seed("fs_matches_model_through_io_errors");
+    let runs = if std::env::var("ZLOGFS_SEED").is_ok() { 1 } else { 6 };
+    for k in 0..runs {
+        run(base.wrapping_add(k), 1500, true);
     }
 }

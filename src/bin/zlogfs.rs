@@ -501,6 +501,8 @@ fn stats(image: &Path, json: bool) -> Res {
     let files = u.tree.files + u.tree.dirs + u.tree.others;
     let ratio = u.tree.logical as f64 / u.tree.physical.max(1) as f64;
     let per_inode = u.inode_bytes_compressed as f64 / u.inodes.max(1) as f64;
+    let amp =
+        (u.counters.user_bytes > 0).then(|| u.counters.device_bytes as f64 / u.counters.user_bytes as f64);
     let meta_per_file = s.run_bytes as f64 / files.max(1) as f64;
     if json {
         let codecs: serde_json::Map<String, serde_json::Value> = u
@@ -521,16 +523,19 @@ fn stats(image: &Path, json: bool) -> Res {
             "inode_bytes_raw": u.inode_bytes_raw, "inode_bytes_compressed": u.inode_bytes_compressed,
             "bytes_per_inode": per_inode, "index_bytes": s.run_bytes, "metadata_bytes_per_file": meta_per_file,
             "triples": u.triples, "index_runs": s.runs, "memtable_entries": s.memtable_entries,
-            "checkpoint": s.checkpoint,
+            "checkpoint": s.checkpoint, "pinned_segments": s.pinned_segments,
+            "user_bytes_written": u.counters.user_bytes, "device_bytes_written": u.counters.device_bytes,
+            "device_bytes_per_user_byte": amp,
         });
         println!("{v:#}");
     } else {
         println!("image:            {} (format version {})", image.display(), e.superblock().version);
         println!(
-            "segments:         {} of {} KiB, {} free; {} live bytes",
+            "segments:         {} of {} KiB, {} free, {} free at the next index flush; {} live bytes",
             s.segments,
             g.segment_size / 1024,
             s.free_segments,
+            s.pinned_segments,
             s.live_bytes
         );
         println!(
@@ -549,6 +554,12 @@ fn stats(image: &Path, json: bool) -> Res {
         }
         println!("inodes:           {} records, {} bytes raw, {} compressed: {per_inode:.1} bytes per inode; {} (uid, gid, mode) triples", u.inodes, u.inode_bytes_raw, u.inode_bytes_compressed, u.triples);
         println!("index:            {} runs, {} bytes ({meta_per_file:.1} bytes per file, inline data included); {} entries in memtables", s.runs, s.run_bytes, s.memtable_entries);
+        println!(
+            "writes:           {} bytes by users, {} bytes to the device ({}) over the image's life",
+            u.counters.user_bytes,
+            u.counters.device_bytes,
+            amp.map_or("no user bytes yet".to_string(), |a| format!("{a:.2} device bytes per user byte"))
+        );
         println!("checkpoint:       {}", s.checkpoint);
     }
     Ok(ExitCode::SUCCESS)

@@ -72,6 +72,8 @@ pub struct Usage {
     pub inode_bytes_compressed: u64,
     /// (uid, gid, mode) triples.
     pub triples: u64,
+    /// Lifetime bytes written by users and to the device.
+    pub counters: Counters,
 }
 
 impl Fs {
@@ -405,7 +407,8 @@ impl Fs {
         let tree = self.du(ROOT)?;
         let mut st = self.st();
         st.commit()?;
-        let mut u = Usage { tree, triples: st.triple_ids.len() as u64, ..Usage::default() };
+        let mut u =
+            Usage { tree, triples: st.triple_ids.len() as u64, counters: st.counters, ..Usage::default() };
         let (lo, hi) = inodes_range();
         let mut block = Vec::new();
         let spec = CodecSpec::new(CodecId::Zstd, 3);

@@ -174,6 +174,7 @@ impl State {
             i.size = i.size.max(off + data.len() as u64);
         }
         self.stats.bytes_written += data.len() as u64;
+        self.counters.user_bytes += data.len() as u64;
         Ok(())
     }
 
@@ -373,32 +374,52 @@ impl State {
         }
         let cs = self.cs();
         let last = (i.size - 1) / cs;
-        let mut idx = off / cs;
-        while idx <= last {
-            // Data chunks in [idx, idx + 1024).
-            let stop = (idx + 1024).min(last + 1);
-            let mut present: Vec<u64> = Vec::new();
-            let (lo, _) = extents_from(i.ino, idx);
-            let hi = extent_key(i.ino, stop);
-            for (k, _) in self.scan(&lo, &hi, usize::MAX)? {
-                if let Some((_, c)) = parse_extent_key(&k) {
-                    present.push(c);
+        let mut c = off / cs;
+        // Stored chunks are found by index scans from `c`, buffered ones in
+        // the dirty map: the cost follows the number of data chunks
+        // crossed, never the size of a hole.
+        const STEP: usize = 1024;
+        loop {
+            if c > last {
+                return Ok(if data { None } else { Some(i.size) });
+            }
+            let (lo, hi) = extents_from(i.ino, c);
+            let stored: Vec<u64> = self
+                .scan(&lo, &hi, if data { 1 } else { STEP })?
+                .iter()
+                .filter_map(|(k, _)| parse_extent_key(k).map(|(_, idx)| idx))
+                .collect();
+            let dirty = self.dirty.get(&i.ino);
+            if data {
+                let next_dirty = dirty.and_then(|m| m.range(c..).next().map(|(&k, _)| k));
+                let next = match (stored.first().copied(), next_dirty) {
+                    (Some(a), Some(b)) => a.min(b),
+                    (a, b) => match a.or(b) {
+                        Some(n) => n,
+                        None => return Ok(None),
+                    },
+                };
+                return Ok((next <= last).then(|| (next * cs).max(off)));
+            }
+            let full = stored.len() >= STEP;
+            let mut j = 0;
+            loop {
+                if c > last {
+                    return Ok(Some(i.size));
                 }
-            }
-            if let Some(m) = self.dirty.get(&i.ino) {
-                present.extend(m.range(idx..stop).map(|(&k, _)| k));
-            }
-            present.sort_unstable();
-            present.dedup();
-            for c in idx..stop {
-                let is_data = present.binary_search(&c).is_ok();
-                if is_data == data {
-                    return Ok(Some((c * cs).max(off)));
+                while j < stored.len() && stored[j] < c {
+                    j += 1;
                 }
+                if (j < stored.len() && stored[j] == c) || dirty.is_some_and(|m| m.contains_key(&c)) {
+                    c += 1;
+                    continue;
+                }
+                if j == stored.len() && full {
+                    break; // past this batch: scan again from `c`
+                }
+                return Ok(Some((c * cs).max(off)));
             }
-            idx = stop;
         }
-        Ok(if data { None } else { Some(i.size) })
     }
 
     /// Stored bytes of a file's chunks.

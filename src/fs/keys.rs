@@ -22,6 +22,7 @@ pub const FS_VERSION: u8 = 1;
 
 const T_CONFIG: u8 = 0x01;
 const T_TRIPLE: u8 = 0x02;
+const T_COUNTERS: u8 = 0x03;
 const T_ORPHAN: u8 = 0x08;
 const T_INODE: u8 = 0x10;
 const T_DIRENT: u8 = 0x20;
@@ -39,6 +40,10 @@ fn key(tag: u8, a: u64) -> Vec<u8> {
 /// The file system's config record.
 pub fn config_key() -> Vec<u8> {
     vec![T_CONFIG]
+}
+/// The lifetime write counters.
+pub fn counters_key() -> Vec<u8> {
+    vec![T_COUNTERS]
 }
 /// A (uid, gid, mode) triple by id.
 pub fn triple_key(id: u32) -> Vec<u8> {
@@ -232,6 +237,35 @@ impl Config {
             next_ino,
             next_triple,
         })
+    }
+}
+
+/// Lifetime write counters (the counters record), committed with each
+/// group: bytes users wrote, and bytes the engine wrote to the device
+/// up to the previous group (the device bytes of a group are counted by
+/// the next one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counters {
+    /// Bytes passed to `write` (and imported).
+    pub user_bytes: u64,
+    /// Bytes written to the device: blocks, journal, runs, checkpoints.
+    pub device_bytes: u64,
+}
+
+impl Counters {
+    /// Encode.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.put_var(self.user_bytes);
+        v.put_var(self.device_bytes);
+        v
+    }
+    /// Decode.
+    pub fn decode(b: &[u8]) -> Result<Counters> {
+        let mut r = Reader::new(b, "file system counters record");
+        let c = Counters { user_bytes: r.var()?, device_bytes: r.var()? };
+        r.finish()?;
+        Ok(c)
     }
 }
 
@@ -741,5 +775,17 @@ mod tests {
         assert!(dirents_range(1).1 < dirent_key(2, b""));
         assert_eq!(decode_refs(&encode_refs(&[(1, 2), (3, 4)])).unwrap(), vec![(1, 2), (3, 4)]);
         assert_eq!(decode_dirent(&encode_dirent(99, Kind::Socket)).unwrap(), (99, Kind::Socket));
+    }
+
+    #[test]
+    fn counters_round_trip() {
+        let c = Counters { user_bytes: 1 << 40, device_bytes: 300 };
+        let b = c.encode();
+        // Golden bytes: two LEB128 varints (FORMAT.md §9, tag 0x03).
+        assert_eq!(b, [0x80, 0x80, 0x80, 0x80, 0x80, 0x20, 0xac, 0x02]);
+        assert_eq!(Counters::decode(&b).unwrap(), c);
+        assert!(Counters::decode(&b[..5]).is_err());
+        assert!(Counters::decode(&[b.as_slice(), &[0]].concat()).is_err());
+        assert!(triple_key(u32::MAX) < counters_key() && counters_key() < orphan_key(0));
     }
 }

@@ -34,7 +34,7 @@ use crate::store::Store;
 
 pub use check::{CheckReport, CodecUse, TreeUsage, Usage};
 use keys::*;
-pub use keys::{Ino, Inode, Kind, Time, ROOT};
+pub use keys::{Counters, Ino, Inode, Kind, Time, ROOT};
 use pending::Pending;
 
 /// Parameters fixed when a file system is made.
@@ -284,6 +284,12 @@ struct State {
     dirty_limit: usize,
     atime: Atime,
     stats: FsStats,
+    /// Lifetime counters, as of the last committed group plus this one.
+    counters: Counters,
+    /// Counters as last committed.
+    counters_saved: Counters,
+    /// Engine device bytes when `counters.device_bytes` was last updated.
+    dev_seen: u64,
 }
 
 struct Inner {
@@ -386,6 +392,10 @@ impl Fs {
             triples.insert(t, id);
             triple_ids.insert(id, t);
         }
+        let counters = match eng.get(&counters_key())? {
+            Some(v) => Counters::decode(&v)?,
+            None => Counters::default(),
+        };
         let max_group = max_block_raw(eng.superblock().geometry) / 2;
         let st = State {
             eng: eng.clone(),
@@ -403,6 +413,9 @@ impl Fs {
             dirty_limit: opts.dirty_bytes.max(1 << 20),
             atime: opts.atime,
             stats: FsStats::default(),
+            counters,
+            counters_saved: counters,
+            dev_seen: eng.device_bytes_written(),
         };
         let inner = Arc::new(Inner { st: Mutex::new(st), stop: Mutex::new(false), wake: Condvar::new() });
         {
@@ -618,6 +631,16 @@ impl State {
         Ok(i)
     }
 
+    /// A directory that can take new entries: not removed (a removed
+    /// directory may still be open, but POSIX gives it no new names).
+    fn live_dir(&self, ino: Ino) -> Result<Inode> {
+        let i = self.dir(ino)?;
+        if i.nlink == 0 {
+            return Err(posix(libc::ENOENT, format!("directory {ino} was removed")));
+        }
+        Ok(i)
+    }
+
     fn attr(&self, i: &Inode) -> Attr {
         Attr {
             ino: i.ino,
@@ -667,6 +690,12 @@ impl State {
         if self.pend.is_empty() {
             return Ok(());
         }
+        let dev = self.eng.device_bytes_written();
+        self.counters.device_bytes += dev.saturating_sub(self.dev_seen);
+        self.dev_seen = dev;
+        if self.counters != self.counters_saved {
+            self.put(counters_key(), self.counters.encode());
+        }
         let mut b = WriteBatch::new();
         for (k, v) in &self.pend.map {
             match v {
@@ -679,6 +708,7 @@ impl State {
         }
         self.eng.write(&b)?;
         self.pend = Pending::default();
+        self.counters_saved = self.counters;
         self.stats.commits += 1;
         Ok(())
     }

@@ -28,10 +28,7 @@ impl State {
         check_name(name)?;
         let kind = Kind::from_mode(mode)
             .ok_or_else(|| posix(libc::EINVAL, format!("mode {mode:o} names no file type")))?;
-        let mut p = self.dir(parent)?;
-        if p.nlink == 0 {
-            return Err(noent(format!("directory {parent} (removed)")));
-        }
+        let mut p = self.live_dir(parent)?;
         if self.lookup_entry(parent, name)?.is_some() {
             return Err(posix(libc::EEXIST, format!("{:?} exists in directory {parent}", name_str(name))));
         }
@@ -119,7 +116,7 @@ impl State {
         }
         check_name(nn)?;
         let (sino, skind) = self.entry(p, n)?;
-        self.dir(np)?;
+        self.live_dir(np)?;
         let dst = self.lookup_entry(np, nn)?;
         if flags & RENAME_EXCHANGE != 0 && dst.is_none() {
             return Err(noent(format!("{:?} in directory {np}", name_str(nn))));
@@ -364,7 +361,7 @@ impl Fs {
         if i.nlink >= 65_000 {
             return Err(posix(libc::EMLINK, format!("inode {ino} has {} links", i.nlink)));
         }
-        let mut p = st.dir(newparent)?;
+        let mut p = st.live_dir(newparent)?;
         if st.lookup_entry(newparent, newname)?.is_some() {
             return Err(posix(
                 libc::EEXIST,
@@ -726,7 +723,7 @@ impl Fs {
         let seg = u64::from(self.eng.superblock().geometry.segment_size);
         let bsize = 4096u64;
         let total = u64::from(es.segments) * seg / bsize;
-        let free = u64::from(es.free_segments.saturating_sub(2)) * seg / bsize;
+        let free = u64::from((es.free_segments + es.pinned_segments).saturating_sub(2)) * seg / bsize;
         let used_inodes = st.cfg.next_ino - 1;
         let ffree = (1u64 << 32).saturating_sub(used_inodes);
         Ok(StatFs {

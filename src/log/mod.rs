@@ -201,6 +201,27 @@ impl LogWriter {
         (0..self.geometry.segment_count).filter(|&s| self.is_free(s)).count() as u32
     }
 
+    /// Segments that hold nothing live but are still kept for recovery,
+    /// because their journal batches are newer than the replay start:
+    /// a memtable flush and two checkpoints free them.
+    pub fn pinned_segments(&self) -> u32 {
+        (0..self.geometry.segment_count)
+            .filter(|&s| {
+                let u = self.usage[s as usize];
+                s != self.pos.seg
+                    && s != self.pos.next_seg
+                    && u.live == 0
+                    && u.last_batch != 0
+                    && u.last_batch >= self.keep_from_batch
+            })
+            .count() as u32
+    }
+
+    /// Free segments below which the engine frees pinned ones.
+    pub fn low_water(&self) -> u32 {
+        self.reserve_segments + 2 + self.geometry.segment_count / 16
+    }
+
     fn choose_next(&mut self, system: bool) -> Result<()> {
         if self.pos.next_seg != NO_SEGMENT {
             return Ok(());
