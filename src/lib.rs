@@ -2,6 +2,7 @@
 //! compression.
 //!
 //! Layers, each a module with one job, imports pointing down only:
+//! - [`frontends`]: the FUSE mount (the command-line tool is the other);
 //! - [`fs`]: the POSIX file system layer over the engine;
 //! - [`engine`]: the storage engine (log + index + recovery), the API the
 //!   file system layer builds on;
@@ -18,6 +19,7 @@ pub mod bytes;
 pub mod codec;
 pub mod engine;
 pub mod error;
+pub mod frontends;
 pub mod fs;
 pub mod index;
 pub mod log;

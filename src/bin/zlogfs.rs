@@ -12,6 +12,9 @@ use zlogfs::store::{FileStore, Geometry, Store, META_AREA_SIZE};
 use zlogfs::tools;
 use zlogfs::{engine, Error, Options};
 
+#[path = "zlogfs/mount.rs"]
+mod mount;
+
 #[derive(Parser)]
 #[command(name = "zlogfs", version, about = "A log-structured file system with transparent compression")]
 struct Cli {
@@ -30,6 +33,25 @@ enum Cmd {
         /// Overwrite an existing image or file.
         #[arg(long, short)]
         force: bool,
+    },
+    /// Mount an image on a directory through FUSE (in the background
+    /// unless -f). Unmount with `fusermount3 -u DIR`, `umount DIR`, or
+    /// SIGTERM/SIGINT to the daemon: all of them leave a clean image.
+    Mount {
+        /// The image (made by zlogfs mkfs or zlogfs import).
+        image: PathBuf,
+        /// The mount point (an existing directory).
+        dir: PathBuf,
+        /// Comma-separated options: ro, rw, allow_other, noatime, relatime,
+        /// attr_timeout=S, entry_timeout=S, negative_timeout=S (seconds the
+        /// kernel caches attributes, names and missing names; defaults 1, 1,
+        /// 0), threads=N (default 4). Permissions are always checked by the
+        /// kernel (default_permissions).
+        #[arg(short = 'o', value_name = "OPTIONS")]
+        options: Vec<String>,
+        /// Stay in the foreground (serve until unmounted or interrupted).
+        #[arg(short, long)]
+        foreground: bool,
     },
     /// Copy a directory tree into an image without mounting it (creating
     /// the image if it does not exist).
@@ -159,8 +181,23 @@ fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 fn main() -> ExitCode {
+    // Run as mount.fuse.zlogfs (a link to this program), mount(8) and
+    // /etc/fstab lines of type fuse.zlogfs mount through it.
+    let argv: Vec<String> = std::env::args().collect();
+    let name = argv.first().map(|a| a.rsplit('/').next().unwrap_or(a).to_string()).unwrap_or_default();
+    // mount.fuse3 (what mount(8) runs for type fuse.zlogfs when there is no
+    // mount.fuse.zlogfs) runs `zlogfs IMAGE DIR -o OPTIONS` from PATH.
+    let helper_form = argv.get(1).is_some_and(|a| {
+        !a.starts_with('-')
+            && a != "help"
+            && !<Cli as clap::CommandFactory>::command().get_subcommands().any(|c| c.get_name() == a)
+    });
+    if name.starts_with("mount.") || (helper_form && argv.len() >= 3) {
+        return finish(mount::helper(&argv[1..]));
+    }
     let cli = Cli::parse();
     let r = match cli.cmd {
+        Cmd::Mount { image, dir, options, foreground } => mount::mount(&image, &dir, &options, foreground),
         Cmd::Mkfs { image, fmt, force } => mkfs(&image, &fmt, force).map(|_| ExitCode::SUCCESS),
         Cmd::Import { dir, image, fmt, json } => import(&dir, &image, &fmt, json),
         Cmd::Export { image, dir, path, json } => export(&image, &dir, &path, json),
@@ -171,6 +208,10 @@ fn main() -> ExitCode {
         Cmd::Stats { image, json } => stats(&image, json),
         Cmd::Fsck { image, json } => fsck(&image, json),
     };
+    finish(r)
+}
+
+fn finish(r: Res) -> ExitCode {
     match r {
         Ok(code) => code,
         Err(e) => {

@@ -20,6 +20,10 @@ fn noent(what: impl std::fmt::Display) -> Error {
 impl State {
     fn entry(&self, parent: Ino, name: &[u8]) -> Result<(Ino, Kind)> {
         self.dir(parent)?;
+        if name.len() > 255 {
+            // No such name can exist; POSIX wants it said this way.
+            return Err(posix(libc::ENAMETOOLONG, format!("name of {} bytes exceeds 255", name.len())));
+        }
         self.lookup_entry(parent, name)?
             .ok_or_else(|| noent(format!("{:?} in directory {parent}", name_str(name))))
     }
@@ -274,6 +278,40 @@ fn check_xattr_name(name: &[u8]) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The xattr of a POSIX access ACL.
+const XATTR_ACL_ACCESS: &[u8] = b"system.posix_acl_access";
+
+/// The permission bits of a POSIX ACL in the kernel's xattr form (u32
+/// version 2, then 8-byte entries: u16 tag, u16 perm, u32 id) when it has
+/// only the owner, group and other entries, i.e. says no more than a mode.
+fn acl_equiv_mode(v: &[u8]) -> Option<u32> {
+    const USER_OBJ: u16 = 0x01;
+    const GROUP_OBJ: u16 = 0x04;
+    const OTHER: u16 = 0x20;
+    let (head, body) = v.split_at_checked(4)?;
+    if u32::from_le_bytes(head.try_into().ok()?) != 2 || body.len() % 8 != 0 {
+        return None;
+    }
+    let mut mode = 0;
+    let mut seen = 0u16;
+    for e in body.chunks_exact(8) {
+        let tag = u16::from_le_bytes([e[0], e[1]]);
+        let perm = u32::from(u16::from_le_bytes([e[2], e[3]]) & 7);
+        let shift = match tag {
+            USER_OBJ => 6,
+            GROUP_OBJ => 3,
+            OTHER => 0,
+            _ => return None,
+        };
+        if seen & tag != 0 {
+            return None;
+        }
+        seen |= tag;
+        mode |= perm << shift;
+    }
+    (seen == USER_OBJ | GROUP_OBJ | OTHER).then_some(mode)
 }
 
 impl Fs {
@@ -640,6 +678,21 @@ impl Fs {
         if name == XATTR_PHYSICAL {
             return Err(posix(libc::EPERM, "user.zlogfs.physical is read-only"));
         }
+        if name == XATTR_ACL_ACCESS {
+            if let Some(perm) = acl_equiv_mode(value) {
+                // An access ACL that says no more than the mode is the mode
+                // (as on ext4): `cp -a` and `tar --acls` set one on every
+                // file, and storing it would cost index bytes per file.
+                i.mode = (i.mode & !0o777) | perm;
+                let k = xattr_key(ino, name);
+                if st.get(&k)?.is_some() {
+                    st.del(k);
+                }
+                i.ctime = now();
+                st.save(&i);
+                return Ok(());
+            }
+        }
         let exists = if name == XATTR_CODEC {
             i.policy.is_some()
         } else {
@@ -735,5 +788,35 @@ impl Fs {
             ffree,
             namelen: 255,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::acl_equiv_mode;
+
+    fn acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+        let mut v = 2u32.to_le_bytes().to_vec();
+        for &(t, p, id) in entries {
+            v.extend_from_slice(&t.to_le_bytes());
+            v.extend_from_slice(&p.to_le_bytes());
+            v.extend_from_slice(&id.to_le_bytes());
+        }
+        v
+    }
+
+    #[test]
+    fn minimal_acls_are_modes() {
+        let m = u32::MAX;
+        assert_eq!(acl_equiv_mode(&acl(&[(1, 6, m), (4, 4, m), (0x20, 0, m)])), Some(0o640));
+        // A named user (tag 2) and a mask (0x10) make a real ACL.
+        assert_eq!(
+            acl_equiv_mode(&acl(&[(1, 7, m), (2, 7, 1000), (4, 5, m), (0x10, 7, m), (0x20, 5, m)])),
+            None
+        );
+        assert_eq!(acl_equiv_mode(&acl(&[(1, 7, m), (4, 5, m)])), None);
+        assert_eq!(acl_equiv_mode(&acl(&[(1, 7, m), (1, 7, m), (4, 5, m), (0x20, 5, m)])), None);
+        assert_eq!(acl_equiv_mode(b"\x01\0\0\0"), None);
+        assert_eq!(acl_equiv_mode(b""), None);
     }
 }

@@ -1,0 +1,307 @@
+//! `zlogfs mount`: option parsing, the daemon, signals, and the
+//! `mount.fuse.zlogfs` helper that mount(8) and /etc/fstab use.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use zlogfs::engine::Options;
+use zlogfs::frontends::fuse::{self, MountOptions};
+use zlogfs::fs::{Atime, Fs, FsOptions};
+use zlogfs::store::FileStore;
+use zlogfs::{engine, Error};
+
+use super::Res;
+
+/// Set in the environment of the daemon child: it reports on stdout.
+const READY_ENV: &str = "ZLOGFS_DAEMON_READY";
+
+/// What `-o` gives, with the file system's own options apart.
+pub struct Parsed {
+    pub mount: MountOptions,
+    pub atime: Atime,
+}
+
+/// Parse a `-o` list (several `-o` are joined). Options that mount(8) and
+/// fstab pass for every file system are accepted and ignored.
+pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
+    let mut p = Parsed {
+        mount: MountOptions { fsname: image.display().to_string(), ..MountOptions::default() },
+        atime: Atime::Relatime,
+    };
+    let secs = |k: &str, v: Option<&str>| -> Result<Duration, String> {
+        let v = v.ok_or_else(|| format!("option {k} needs a value in seconds, e.g. {k}=1"))?;
+        let s: f64 = v.parse().map_err(|_| format!("option {k}={v}: not a number of seconds"))?;
+        if !(0.0..=86_400.0).contains(&s) {
+            return Err(format!("option {k}={v}: give 0 to 86400 seconds"));
+        }
+        Ok(Duration::from_secs_f64(s))
+    };
+    for opt in lists.iter().flat_map(|l| l.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
+        let (k, v) = match opt.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (opt, None),
+        };
+        match k {
+            "ro" => p.mount.read_only = true,
+            "rw" => p.mount.read_only = false,
+            "allow_other" | "allow_root" => p.mount.allow_other = true,
+            "attr_timeout" => p.mount.attr_timeout = secs(k, v)?,
+            "entry_timeout" => p.mount.entry_timeout = secs(k, v)?,
+            "negative_timeout" => p.mount.negative_timeout = secs(k, v)?,
+            "noatime" => p.atime = Atime::Noatime,
+            "relatime" | "atime" | "strictatime" => p.atime = Atime::Relatime,
+            "threads" => {
+                let v = v.ok_or("option threads needs a value, e.g. threads=4")?;
+                p.mount.threads = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=64).contains(n))
+                    .ok_or_else(|| format!("option threads={v}: give 1 to 64"))?;
+            }
+            // Always on: the kernel checks permissions.
+            "default_permissions" => {}
+            // Generic options of mount(8) and fstab.
+            "defaults"
+            | "auto"
+            | "noauto"
+            | "user"
+            | "users"
+            | "nouser"
+            | "owner"
+            | "group"
+            | "nofail"
+            | "_netdev"
+            | "dev"
+            | "nodev"
+            | "suid"
+            | "nosuid"
+            | "exec"
+            | "noexec"
+            | "async"
+            | "sync"
+            | "x-systemd.automount" => {}
+            _ if k.starts_with("x-") || k.starts_with("comment=") => {}
+            _ => {
+                return Err(format!(
+                    "unknown mount option {opt:?} (known: ro, rw, allow_other, default_permissions, noatime, \
+                     relatime, attr_timeout=S, entry_timeout=S, negative_timeout=S, threads=N)"
+                ))
+            }
+        }
+    }
+    Ok(p)
+}
+
+fn preflight(dir: &Path) -> Result<(), String> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(format!("mount point {} is not a directory", dir.display())),
+        Err(e) => return Err(format!("mount point {}: {e} (create it with mkdir -p)", dir.display())),
+    }
+    if !Path::new("/dev/fuse").exists() {
+        return Err("/dev/fuse is missing: load the module (modprobe fuse) and install fuse3 \
+                    (apt-get install fuse3)"
+            .into());
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let have_fusermount = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("fusermount3").exists()));
+    if !root && !have_fusermount {
+        return Err("fusermount3 is not installed: apt-get install fuse3 (or mount as root)".into());
+    }
+    Ok(())
+}
+
+fn open_for_mount(image: &Path, atime: Atime) -> Result<Fs, String> {
+    let f = FileStore::open(image).map_err(|e| match e.kind() {
+        std::io::ErrorKind::WouldBlock => format!(
+            "{} is in use by another process (mounted, or open in another zlogfs command); \
+             unmount it first",
+            image.display()
+        ),
+        _ => format!("cannot open {}: {e}", image.display()),
+    })?;
+    let sb = engine::read_superblock(&f).map_err(|e| format!("{}: {e}", image.display()))?;
+    let f = f.with_geometry(sb.geometry).map_err(|e| format!("{}: {e}", image.display()))?;
+    let opts = FsOptions { engine: Options::default(), atime, ..FsOptions::default() };
+    Fs::open(Arc::new(f), opts).map_err(|e: Error| format!("{}: {e}", image.display()))
+}
+
+/// `zlogfs mount IMAGE DIR [-o OPTS] [-f]`.
+pub fn mount(image: &Path, dir: &Path, opts: &[String], foreground: bool) -> Res {
+    let parsed = parse_options(opts, image)?;
+    preflight(dir)?;
+    let daemon_child = std::env::var_os(READY_ENV).is_some();
+    if !foreground && !daemon_child {
+        return spawn_daemon(image, dir, opts);
+    }
+    let fs = Arc::new(open_for_mount(image, parsed.atime).map_err(|e| ready_fail(daemon_child, e))?);
+    let (session, mut unmounter) = fuse::mount(fs.clone(), dir, &parsed.mount)
+        .map_err(|e| ready_fail(daemon_child, format!("cannot mount on {}: {e}", dir.display())))?;
+    let mut signals = signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP])
+        .map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    let mp = dir.to_path_buf();
+    std::thread::spawn(move || {
+        if signals.forever().next().is_some() {
+            if let Err(e) = unmounter.unmount() {
+                report(&format!("unmounting {} on a signal: {e}", mp.display()));
+            }
+        }
+    });
+    if daemon_child {
+        // The parent reads this line and exits; nothing is written to
+        // stdout afterwards.
+        let mut out = std::io::stdout();
+        let _ = writeln!(out, "ready");
+        let _ = out.flush();
+    } else {
+        eprintln!(
+            "zlogfs: {} mounted on {}; unmount with fusermount3 -u or Ctrl-C",
+            image.display(),
+            dir.display()
+        );
+    }
+    let served = session.run();
+    // The session is gone: the adapter synced in `destroy`; close writes a
+    // checkpoint so the next open has nothing to replay.
+    let closed = match Arc::try_unwrap(fs) {
+        Ok(fs) => fs.close().map_err(|e| format!("closing {}: {e}", image.display())),
+        Err(_) => Err("file system still in use at unmount".to_string()),
+    };
+    served.map_err(|e| format!("serving {}: {e}", dir.display()))?;
+    closed?;
+    if !daemon_child {
+        eprintln!("zlogfs: {} unmounted, image closed cleanly", dir.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// In the daemon child, an error before the mount is ready goes to the
+/// parent (stdout), which prints it.
+fn ready_fail(daemon_child: bool, e: String) -> String {
+    if daemon_child {
+        let mut out = std::io::stdout();
+        let _ = writeln!(out, "error: {e}");
+        let _ = out.flush();
+    }
+    e
+}
+
+/// stderr of a daemon is /dev/null; of a foreground mount, the terminal.
+fn report(msg: &str) {
+    let _ = writeln!(std::io::stderr(), "zlogfs: {msg}");
+}
+
+/// Start this program again in the background (its own process group, so
+/// a terminal's Ctrl-C does not reach it) and wait until it has mounted.
+fn spawn_daemon(image: &Path, dir: &Path, opts: &[String]) -> Res {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+    let abs = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let mut cmd = Command::new(exe);
+    cmd.arg("mount").arg(abs(image)).arg(abs(dir));
+    for o in opts {
+        cmd.arg("-o").arg(o);
+    }
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut child = cmd
+        .env(READY_ENV, "1")
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start the mount daemon: {e}"))?;
+    let out = child.stdout.take().ok_or("no pipe from the mount daemon")?;
+    let mut line = String::new();
+    let _ = BufReader::new(out).read_line(&mut line);
+    match line.trim_end() {
+        "ready" => Ok(ExitCode::SUCCESS),
+        l => {
+            let status = child.wait().map_err(|e| e.to_string())?;
+            Err(l.strip_prefix("error: ").map_or_else(
+                || format!("the mount daemon exited ({status}) before mounting"),
+                str::to_string,
+            ))
+        }
+    }
+}
+
+/// Run as `mount.fuse.zlogfs`: mount, or pass a remount back to mount(8)
+/// (`-i`: without helpers), which changes the kernel's flags itself.
+pub fn helper(args: &[String]) -> Res {
+    let (image, dir, opts, foreground) = helper_args(args)?;
+    if opts.iter().flat_map(|o| o.split(',')).any(|o| o == "remount") {
+        let st = Command::new("mount")
+            .arg("-i")
+            .arg("-o")
+            .arg(opts.join(","))
+            .arg(&dir)
+            .status()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        return if st.success() {
+            Ok(ExitCode::SUCCESS)
+        } else {
+            Err(format!("remount of {} failed", dir.display()))
+        };
+    }
+    mount(&image, &dir, &opts, foreground)
+}
+
+/// The arguments of the `mount.fuse.zlogfs` helper: mount(8) runs it as
+/// `mount.fuse.zlogfs IMAGE DIR [-sfnv] [-o OPTS]`.
+pub fn helper_args(args: &[String]) -> Result<(PathBuf, PathBuf, Vec<String>, bool), String> {
+    let mut pos = Vec::new();
+    let mut opts = Vec::new();
+    let mut foreground = false;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "-o" => opts.push(it.next().ok_or("-o needs a value")?.clone()),
+            "-f" => foreground = true,
+            "-t" => {
+                it.next();
+            }
+            s if s.starts_with("-o") => opts.push(s[2..].to_string()),
+            s if s.starts_with('-') => {} // -s, -n, -v: nothing to do
+            s => pos.push(s.to_string()),
+        }
+    }
+    let remount = opts.iter().flat_map(|o| o.split(',')).any(|o| o == "remount");
+    match pos.as_slice() {
+        [img, dir] => Ok((PathBuf::from(img), PathBuf::from(dir), opts, foreground)),
+        [dir] if remount => Ok((PathBuf::new(), PathBuf::from(dir), opts, foreground)),
+        _ => Err("usage: mount.fuse.zlogfs IMAGE DIR [-o OPTIONS]".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_parse_and_reject() {
+        let p = parse_options(
+            &["ro,allow_other,attr_timeout=0".into(), "noatime,defaults".into()],
+            Path::new("i"),
+        )
+        .unwrap();
+        assert!(p.mount.read_only && p.mount.allow_other);
+        assert_eq!(p.mount.attr_timeout, Duration::ZERO);
+        assert_eq!(p.atime, Atime::Noatime);
+        assert!(parse_options(&["bogus".into()], Path::new("i")).is_err());
+        assert!(parse_options(&["attr_timeout=x".into()], Path::new("i")).is_err());
+        assert!(parse_options(&["threads=0".into()], Path::new("i")).is_err());
+        let (i, d, o, f) =
+            helper_args(&["img".into(), "/mnt".into(), "-o".into(), "rw,noatime".into(), "-n".into()])
+                .unwrap();
+        assert_eq!(
+            (i, d, o, f),
+            (PathBuf::from("img"), PathBuf::from("/mnt"), vec!["rw,noatime".to_string()], false)
+        );
+        assert!(helper_args(&["img".into()]).is_err());
+    }
+}

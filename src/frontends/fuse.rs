@@ -1,0 +1,769 @@
+//! The FUSE mount: a thin adapter from kernel requests to [`Fs`] calls.
+//!
+//! Binding: `fuser` (pure Rust, no libfuse to link; mounts through
+//! `mount(2)` as root and through `fusermount3` otherwise; serves requests
+//! on several threads, each with its own cloned `/dev/fuse` descriptor).
+//! docs/ARCHITECTURE.md says why this binding.
+//!
+//! What the adapter decides, and nothing else:
+//! - permission checks are the kernel's (`default_permissions` is always
+//!   on): the file system layer keeps modes and owners, the kernel's VFS
+//!   enforces them, including the sticky bit and the suid/sgid clearing on
+//!   chown and write;
+//! - owners of new entries come from the request's credentials, with the
+//!   group of a set-group-ID directory inherited (and its S_ISGID bit by
+//!   subdirectories), as ext4 does;
+//! - directory offsets: each open directory handle keeps the entries it has
+//!   listed, in name order, loaded from the index a batch at a time; an
+//!   offset is an index into that list, so a listing resumed at any offset
+//!   sees every entry that existed throughout exactly once;
+//! - errors: every [`Error`] carries its errno; anything that is not a plain
+//!   POSIX error (I/O failure, damage) is also written to stderr.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    AccessFlags, Config, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, Session, SessionACL, TimeOrNow, WriteFlags,
+};
+
+use crate::error::Error;
+use crate::fs::{Attr, Fs, Ino, Kind, SetAttr, Time};
+
+/// Options of a mount.
+#[derive(Debug, Clone)]
+pub struct MountOptions {
+    /// Mount read-only (the kernel refuses every change with EROFS).
+    pub read_only: bool,
+    /// Let users other than the mounter use the mount.
+    pub allow_other: bool,
+    /// How long the kernel may cache attributes.
+    pub attr_timeout: Duration,
+    /// How long the kernel may cache names.
+    pub entry_timeout: Duration,
+    /// How long the kernel may cache "no such name" (0: not at all).
+    pub negative_timeout: Duration,
+    /// Threads serving requests.
+    pub threads: usize,
+    /// The source shown in /proc/mounts (the image path).
+    pub fsname: String,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            read_only: false,
+            allow_other: false,
+            attr_timeout: Duration::from_secs(1),
+            entry_timeout: Duration::from_secs(1),
+            negative_timeout: Duration::ZERO,
+            threads: 4,
+            fsname: "zlogfs".into(),
+        }
+    }
+}
+
+/// Largest write the kernel may send in one request.
+const MAX_WRITE: u32 = 1 << 20;
+/// Directory entries loaded from the index at a time.
+const DIR_BATCH: usize = 1024;
+
+/// A directory entry as listed: name, inode, kind.
+type Listed = (Vec<u8>, Ino, Kind);
+
+/// An open directory: the entries listed so far, "." and ".." first.
+struct DirHandle {
+    entries: Vec<Listed>,
+    /// All entries are loaded.
+    done: bool,
+}
+
+/// The [`fuser::Filesystem`] over an [`Fs`].
+pub struct ZlogFuse {
+    fs: Arc<Fs>,
+    opts: MountOptions,
+    dirs: Mutex<HashMap<u64, DirHandle>>,
+    next_fh: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn errno(e: Error) -> Errno {
+    if !matches!(e, Error::Posix { .. }) {
+        eprintln!("zlogfs: {e}");
+    }
+    Errno::from_i32(e.errno())
+}
+
+fn file_type(k: Kind) -> FileType {
+    match k {
+        Kind::File => FileType::RegularFile,
+        Kind::Dir => FileType::Directory,
+        Kind::Symlink => FileType::Symlink,
+        Kind::Fifo => FileType::NamedPipe,
+        Kind::Socket => FileType::Socket,
+        Kind::Char => FileType::CharDevice,
+        Kind::Block => FileType::BlockDevice,
+    }
+}
+
+fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: a.atime.to_system(),
+        mtime: a.mtime.to_system(),
+        ctime: a.ctime.to_system(),
+        crtime: a.btime.to_system(),
+        kind: file_type(a.kind),
+        perm: (a.mode & 0o7777) as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        // The kernel's 32-bit device encoding (major 12 bits, minor 20):
+        // the low half of glibc's 64-bit dev_t for such numbers.
+        rdev: a.rdev as u32,
+        blksize: a.blksize,
+        flags: 0,
+    }
+}
+
+fn time_or_now(t: Option<TimeOrNow>) -> Option<Option<Time>> {
+    t.map(|t| match t {
+        TimeOrNow::SpecificTime(s) => Some(Time::from_system(s)),
+        TimeOrNow::Now => None,
+    })
+}
+
+impl ZlogFuse {
+    /// An adapter serving `fs`.
+    pub fn new(fs: Arc<Fs>, opts: MountOptions) -> ZlogFuse {
+        ZlogFuse { fs, opts, dirs: Mutex::new(HashMap::new()), next_fh: AtomicU64::new(1) }
+    }
+
+    fn entry(&self, r: Result<Attr, Error>, reply: ReplyEntry) {
+        match r {
+            Ok(a) => reply.entry(&self.opts.entry_timeout, &file_attr(&a), Generation(0)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn attr(&self, r: Result<Attr, Error>, reply: ReplyAttr) {
+        match r {
+            Ok(a) => reply.attr(&self.opts.attr_timeout, &file_attr(&a)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    /// Owner, group and mode of a new entry of `parent` made by `req`.
+    fn owner(&self, req: &Request, parent: Ino, mode: u32) -> Result<(u32, u32, u32), Error> {
+        let p = self.fs.getattr(parent)?;
+        if p.mode & libc::S_ISGID != 0 {
+            let dir = mode & libc::S_IFMT == libc::S_IFDIR;
+            Ok((req.uid(), p.gid, if dir { mode | libc::S_ISGID } else { mode }))
+        } else {
+            Ok((req.uid(), req.gid(), mode))
+        }
+    }
+
+    fn make(&self, req: &Request, parent: Ino, name: &OsStr, mode: u32, rdev: u64) -> Result<Attr, Error> {
+        let (uid, gid, mode) = self.owner(req, parent, mode)?;
+        self.fs.mknod(parent, name.as_bytes(), mode, uid, gid, rdev)
+    }
+
+    /// Make sure entry `off` of directory handle `fh` is loaded (or all are).
+    fn load_dir(&self, ino: Ino, fh: FileHandle, off: usize) -> Result<(), Error> {
+        let mut dirs = lock(&self.dirs);
+        let h = dirs.get_mut(&fh.0).ok_or_else(|| Error::posix(libc::EBADF, "directory handle not open"))?;
+        while !h.done && h.entries.len() <= off {
+            let after = if h.entries.len() > 2 { h.entries.last().map(|e| e.0.clone()) } else { None };
+            let batch = self.fs.readdir(ino, after.as_deref(), DIR_BATCH)?;
+            h.done = batch.len() < DIR_BATCH;
+            h.entries.extend(batch.into_iter().map(|e| (e.name, e.ino, e.kind)));
+        }
+        Ok(())
+    }
+
+    fn dir_entries(&self, ino: Ino, fh: FileHandle, off: u64) -> Result<Vec<(Listed, u64)>, Error> {
+        let off =
+            usize::try_from(off).map_err(|_| Error::posix(libc::EINVAL, "directory offset too large"))?;
+        self.load_dir(ino, fh, off + DIR_BATCH / 4)?;
+        let dirs = lock(&self.dirs);
+        let h = dirs.get(&fh.0).ok_or_else(|| Error::posix(libc::EBADF, "directory handle not open"))?;
+        Ok(h.entries
+            .iter()
+            .enumerate()
+            .skip(off)
+            .take(DIR_BATCH / 4)
+            .map(|(i, e)| (e.clone(), i as u64 + 1))
+            .collect())
+    }
+}
+
+impl Filesystem for ZlogFuse {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        // Each capability is best effort: an older kernel lacks some.
+        let _ = config.set_max_write(MAX_WRITE);
+        let _ = config.set_max_readahead(MAX_WRITE);
+        for cap in [
+            InitFlags::FUSE_DO_READDIRPLUS,
+            InitFlags::FUSE_READDIRPLUS_AUTO,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_CACHE_SYMLINKS,
+            InitFlags::FUSE_ASYNC_DIO,
+        ] {
+            let _ = config.add_capabilities(cap);
+        }
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        if let Err(e) = self.fs.sync() {
+            eprintln!("zlogfs: sync at unmount: {e}");
+        }
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.fs.lookup(parent.0, name.as_bytes()) {
+            Err(e) if e.errno() == libc::ENOENT && !self.opts.negative_timeout.is_zero() => {
+                // A node id of 0 is a negative entry the kernel may cache.
+                let mut a = file_attr(&Attr {
+                    ino: 0,
+                    kind: Kind::File,
+                    mode: 0,
+                    nlink: 0,
+                    uid: 0,
+                    gid: 0,
+                    rdev: 0,
+                    size: 0,
+                    blocks: 0,
+                    atime: Time::default(),
+                    mtime: Time::default(),
+                    ctime: Time::default(),
+                    btime: Time::default(),
+                    blksize: 4096,
+                });
+                a.ino = INodeNo(0);
+                reply.entry(&self.opts.negative_timeout, &a, Generation(0));
+            }
+            r => self.entry(r, reply),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.attr(self.fs.getattr(ino.0), reply);
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let a = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: time_or_now(atime),
+            mtime: time_or_now(mtime),
+            ctime: None,
+            btime: None,
+        };
+        self.attr(self.fs.setattr(ino.0, &a), reply);
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(ino.0) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        self.entry(self.make(req, parent.0, name, mode, u64::from(rdev)), reply);
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+        self.entry(self.make(req, parent.0, name, libc::S_IFDIR | (mode & 0o7777), 0), reply);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.fs.unlink(parent.0, name.as_bytes()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.fs.rmdir(parent.0, name.as_bytes()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let r = self.owner(req, parent.0, libc::S_IFLNK).and_then(|(uid, gid, _)| {
+            self.fs.symlink(parent.0, link_name.as_bytes(), target.as_os_str().as_bytes(), uid, gid)
+        });
+        self.entry(r, reply);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        match self.fs.rename(parent.0, name.as_bytes(), newparent.0, newname.as_bytes(), flags.bits()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        self.entry(self.fs.link(ino.0, newparent.0, newname.as_bytes()), reply);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // Every change passes through this mount, so the kernel's page
+        // cache stays valid across opens.
+        match self.fs.open_file(ino.0) {
+            Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.fs.read(ino.0, offset, size as usize) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.fs.write(ino.0, offset, data) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.fs.release_file(ino.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        match self.fs.fsync(ino.0, datasync) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let parent = match self.fs.lookup(ino.0, b"..") {
+            Ok(p) => p.ino,
+            Err(e) => return reply.error(errno(e)),
+        };
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let entries = vec![(b".".to_vec(), ino.0, Kind::Dir), (b"..".to_vec(), parent, Kind::Dir)];
+        lock(&self.dirs).insert(fh, DirHandle { entries, done: false });
+        reply.opened(FileHandle(fh), FopenFlags::empty());
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        match self.dir_entries(ino.0, fh, offset) {
+            Ok(v) => {
+                for ((name, child, kind), next) in v {
+                    if reply.add(INodeNo(child), next, file_type(kind), OsStr::from_bytes(&name)) {
+                        break;
+                    }
+                }
+                reply.ok();
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        match self.dir_entries(ino.0, fh, offset) {
+            Ok(v) => {
+                for ((name, child, _), next) in v {
+                    // An entry removed since it was listed is left out.
+                    let Ok(a) = self.fs.getattr(child) else { continue };
+                    let ttl = &self.opts.entry_timeout;
+                    if reply.add(
+                        INodeNo(child),
+                        next,
+                        OsStr::from_bytes(&name),
+                        ttl,
+                        &file_attr(&a),
+                        Generation(0),
+                    ) {
+                        break;
+                    }
+                }
+                reply.ok();
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        lock(&self.dirs).remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        match self.fs.fsync(ino.0, datasync) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.fs.statfs() {
+            Ok(s) => reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        match self.fs.setxattr(ino.0, name.as_bytes(), value, flags as u32) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.fs.getxattr(ino.0, name.as_bytes()) {
+            Ok(v) => xattr_reply(&v, size, reply),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.fs.listxattr(ino.0) {
+            Ok(names) => {
+                let mut v = Vec::new();
+                for n in names {
+                    v.extend_from_slice(&n);
+                    v.push(0);
+                }
+                xattr_reply(&v, size, reply);
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.fs.removexattr(ino.0, name.as_bytes()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // The kernel checks permissions (default_permissions); this only
+        // says whether the inode exists.
+        match self.fs.getattr(ino.0) {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let r = self
+            .make(req, parent.0, name, libc::S_IFREG | (mode & 0o7777), 0)
+            .and_then(|a| self.fs.open_file(a.ino));
+        match r {
+            Ok(a) => reply.created(
+                &self.opts.entry_timeout,
+                &file_attr(&a),
+                Generation(0),
+                FileHandle(0),
+                FopenFlags::FOPEN_KEEP_CACHE,
+            ),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        match self.fs.fallocate(ino.0, mode as u32, offset, length) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let data = match whence {
+            libc::SEEK_DATA => true,
+            libc::SEEK_HOLE => false,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let Ok(off) = u64::try_from(offset) else { return reply.error(Errno::ENXIO) };
+        match self.fs.lseek(ino.0, off, data) {
+            Ok(o) => reply.offset(o as i64),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        ino_in: INodeNo,
+        _fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        _fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        // The reply counts bytes in 32 bits: copy at most 1 GiB per call
+        // (callers loop on short copies).
+        let len = len.min(1 << 30);
+        match self.fs.copy_file_range(ino_in.0, offset_in, ino_out.0, offset_out, len) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+}
+
+fn xattr_reply(v: &[u8], size: u32, reply: ReplyXattr) {
+    if size == 0 {
+        reply.size(v.len() as u32);
+    } else if v.len() > size as usize {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(v);
+    }
+}
+
+/// Ends a mount from another thread (a signal handler's).
+pub enum Unmounter {
+    /// Mounted by this process with mount(2): umount2 with MNT_DETACH.
+    Direct(std::ffi::CString),
+    /// Mounted through fusermount3.
+    Fusermount(fuser::SessionUnmounter),
+}
+
+impl Unmounter {
+    /// Unmount; the session's loop then ends.
+    pub fn unmount(&mut self) -> io::Result<()> {
+        match self {
+            Unmounter::Direct(dir) => {
+                // A plain unmount; when files are still open, a lazy one
+                // (the session ends when the last of them is closed).
+                for flags in [0, libc::MNT_DETACH] {
+                    // SAFETY: `dir` is a valid NUL-terminated path that
+                    // outlives the call; umount2 reads nothing else of ours.
+                    if unsafe { libc::umount2(dir.as_ptr(), flags) } == 0 {
+                        return Ok(());
+                    }
+                    let e = io::Error::last_os_error();
+                    if e.raw_os_error() != Some(libc::EBUSY) {
+                        return Err(e);
+                    }
+                }
+                Err(io::Error::from_raw_os_error(libc::EBUSY))
+            }
+            Unmounter::Fusermount(u) => u.unmount(),
+        }
+    }
+}
+
+fn cstring(what: &str, b: &[u8]) -> io::Result<std::ffi::CString> {
+    std::ffi::CString::new(b)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("{what} contains NUL")))
+}
+
+/// Mount `fs` on `dir`: the kernel mount is in place when this returns;
+/// [`Session::run`] serves it until it is unmounted (by `fusermount3 -u`,
+/// `umount`, or the [`Unmounter`]).
+///
+/// As root the mount is made here with mount(2), as type `fuse.zlogfs` with
+/// the image as its source, so that /proc/mounts names both and
+/// `mount -o remount,ro` works; other users mount through fusermount3.
+pub fn mount(fs: Arc<Fs>, dir: &Path, opts: &MountOptions) -> io::Result<(Session<ZlogFuse>, Unmounter)> {
+    let mut cfg = Config::default();
+    cfg.acl = if opts.allow_other { SessionACL::All } else { SessionACL::Owner };
+    cfg.n_threads = Some(opts.threads.max(1));
+    cfg.clone_fd = true;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        cfg.mount_options = vec![
+            MountOption::FSName(opts.fsname.clone()),
+            MountOption::Subtype("zlogfs".into()),
+            MountOption::DefaultPermissions,
+            if opts.read_only { MountOption::RO } else { MountOption::RW },
+        ];
+        let mut s = Session::new(ZlogFuse::new(fs, opts.clone()), dir, &cfg)?;
+        let u = Unmounter::Fusermount(s.unmount_callable());
+        return Ok((s, u));
+    }
+    let dev = std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse")?;
+    let mut data = format!(
+        "fd={},rootmode=40000,user_id=0,group_id=0,default_permissions",
+        std::os::fd::AsRawFd::as_raw_fd(&dev)
+    );
+    if opts.allow_other {
+        data.push_str(",allow_other");
+    }
+    let source = cstring("image path", opts.fsname.as_bytes())?;
+    let target = cstring("mount point", dir.as_os_str().as_bytes())?;
+    let data = cstring("options", data.as_bytes())?;
+    // No MS_NOSUID or MS_NODEV: root mounts behave as a disk file system.
+    // atime is the file system's own policy (-o noatime, relatime).
+    let mut flags: libc::c_ulong = 0;
+    if opts.read_only {
+        flags |= libc::MS_RDONLY;
+    }
+    // SAFETY: every pointer is a valid NUL-terminated string that outlives
+    // the call; the kernel copies them and keeps none.
+    let rc = unsafe {
+        libc::mount(source.as_ptr(), target.as_ptr(), c"fuse.zlogfs".as_ptr(), flags, data.as_ptr().cast())
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let session = Session::from_fd(ZlogFuse::new(fs, opts.clone()), dev.into(), cfg.acl, cfg);
+    match session {
+        Ok(s) => Ok((s, Unmounter::Direct(target))),
+        Err(e) => {
+            // SAFETY: as for umount2 above.
+            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+            Err(e)
+        }
+    }
+}

@@ -1,0 +1,342 @@
+//! End-to-end tests of the real kernel mount: the `zlogfs` binary mounts
+//! an image through FUSE, and the tests use it with ordinary system calls.
+//! They need root, /dev/fuse and fusermount3 (`apt-get install fuse3`):
+//! without them they say so and pass, except under CI=true, where they
+//! fail. The POSIX suites (pjdfstest, fsx, fio) run against the same mount
+//! from `tests/posix/`.
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const ZLOGFS: &str = env!("CARGO_BIN_EXE_zlogfs");
+
+/// Root with /dev/fuse and fusermount3, or None with the reason.
+fn usable() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let fuse = Path::new("/dev/fuse").exists();
+    let fm = Command::new("fusermount3").arg("-V").output().is_ok();
+    if root && fuse && fm {
+        return true;
+    }
+    let why = format!("root {root}, /dev/fuse {fuse}, fusermount3 {fm}");
+    assert!(std::env::var("CI").as_deref() != Ok("true"), "mount tests cannot run under CI: {why}");
+    eprintln!("skipping the mount tests: {why}");
+    false
+}
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let p = std::env::temp_dir().join(format!("zlogfs-mount-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&p);
+        fs::create_dir_all(p.join("mnt")).expect("mkdir");
+        Dir(p)
+    }
+    fn img(&self) -> PathBuf {
+        self.0.join("img")
+    }
+    fn mnt(&self) -> PathBuf {
+        self.0.join("mnt")
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        if is_mounted(&self.mnt()) {
+            let _ = Command::new("fusermount3").arg("-uz").arg(self.mnt()).status();
+        }
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn zlogfs(args: &[&str]) -> std::process::Output {
+    Command::new(ZLOGFS).args(args).output().expect("run zlogfs")
+}
+
+fn ok(args: &[&str]) -> String {
+    let o = zlogfs(args);
+    assert!(o.status.success(), "zlogfs {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn is_mounted(dir: &Path) -> bool {
+    let dir = fs::canonicalize(dir).unwrap_or(dir.to_path_buf());
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    mounts.lines().any(|l| l.split(' ').nth(1) == Some(dir.to_str().unwrap_or("")))
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(30), "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Mount in the foreground as a child process; returns when mounted.
+fn mount_fg(d: &Dir, opts: &str) -> Child {
+    let mut c = Command::new(ZLOGFS);
+    c.arg("mount").arg("-f").arg(d.img()).arg(d.mnt());
+    if !opts.is_empty() {
+        c.arg("-o").arg(opts);
+    }
+    let child = c.stdin(Stdio::null()).spawn().expect("spawn mount");
+    wait_for("the mount", || is_mounted(&d.mnt()));
+    child
+}
+
+fn unmount(d: &Dir) {
+    let s = Command::new("fusermount3").arg("-u").arg(d.mnt()).status().expect("fusermount3");
+    assert!(s.success(), "fusermount3 -u failed");
+}
+
+fn fsck_clean(d: &Dir) {
+    let out = ok(&["fsck", d.img().to_str().expect("utf8")]);
+    assert!(out.contains("clean") || out.is_empty(), "fsck: {out}");
+}
+
+fn mkfs(d: &Dir, size: &str) {
+    ok(&["mkfs", d.img().to_str().expect("utf8"), "--size", size]);
+}
+
+/// Text-like, compressible, different per seed and position.
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    let mut v = Vec::with_capacity(n + 64);
+    let mut i = 0u64;
+    while v.len() < n {
+        v.extend_from_slice(
+            format!("line {i} of pattern {seed}: {}\n", i.wrapping_mul(2654435761) % 1000).as_bytes(),
+        );
+        i += 1;
+    }
+    v.truncate(n);
+    v
+}
+
+#[test]
+fn posix_operations_through_the_kernel_and_a_clean_image_after_unmount() {
+    if !usable() {
+        return;
+    }
+    let d = Dir::new("ops");
+    mkfs(&d, "256M");
+    let img = d.img();
+    // The daemon form: returns once mounted.
+    ok(&["mount", img.to_str().expect("utf8"), d.mnt().to_str().expect("utf8")]);
+    assert!(is_mounted(&d.mnt()));
+    let m = d.mnt();
+
+    // Files of several sizes, around the 64 KiB chunk size, and a hole.
+    let sizes = [0usize, 1, 511, 513, 65535, 65536, 65537, 3 << 20];
+    for (k, &n) in sizes.iter().enumerate() {
+        fs::write(m.join(format!("f{n}")), pattern(n, k as u8)).expect("write");
+    }
+    let f =
+        fs::OpenOptions::new().create(true).truncate(true).write(true).open(m.join("sparse")).expect("open");
+    f.write_all_at(b"end", 10 << 30).expect("pwrite far");
+    f.sync_all().expect("fsync");
+    drop(f);
+    let md = fs::metadata(m.join("sparse")).expect("stat");
+    assert_eq!(md.len(), (10 << 30) + 3);
+    assert!(md.blocks() * 512 < 1 << 20, "a 10 GiB hole is not stored: {} blocks", md.blocks());
+
+    // Namespace operations.
+    fs::create_dir_all(m.join("a/b/c")).expect("mkdir -p");
+    fs::rename(m.join("f1"), m.join("a/b/c/moved")).expect("rename");
+    std::os::unix::fs::symlink("a/b/c/moved", m.join("sym")).expect("symlink");
+    fs::hard_link(m.join("f513"), m.join("a/link")).expect("link");
+    assert_eq!(fs::metadata(m.join("f513")).expect("stat").nlink(), 2);
+    assert_eq!(fs::read_link(m.join("sym")).expect("readlink"), Path::new("a/b/c/moved"));
+    assert_eq!(fs::read(m.join("sym")).expect("read via symlink"), pattern(1, 1));
+    assert_eq!(
+        fs::remove_dir(m.join("a")).expect_err("rmdir non-empty").raw_os_error(),
+        Some(libc::ENOTEMPTY)
+    );
+    fs::set_permissions(m.join("f511"), fs::Permissions::from_mode(0o4750)).expect("chmod");
+    assert_eq!(fs::metadata(m.join("f511")).expect("stat").mode() & 0o7777, 0o4750);
+    let names: Vec<String> = fs::read_dir(&m)
+        .expect("readdir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.contains(&"sparse".to_string()) && names.contains(&"sym".to_string()), "{names:?}");
+
+    // A directory larger than one readdir reply and one index batch.
+    fs::create_dir(m.join("many")).expect("mkdir");
+    for i in 0..3000 {
+        fs::write(m.join(format!("many/entry-with-a-long-name-{i:05}")), []).expect("create");
+    }
+    assert_eq!(fs::read_dir(m.join("many")).expect("readdir").count(), 3000);
+
+    // xattrs, the codec policy and the physical size.
+    xattr::set(m.join("f65536"), "user.test", b"value").expect("setxattr");
+    assert_eq!(xattr::get(m.join("f65536"), "user.test").expect("getxattr"), Some(b"value".to_vec()));
+    xattr::set(m.join("a"), "user.zlogfs.codec", b"lz4").expect("codec policy");
+    fs::File::open(m.join("f65536")).expect("open").sync_all().expect("fsync");
+    let phys = xattr::get(m.join("f65536"), "user.zlogfs.physical").expect("physical").expect("present");
+    let phys: u64 = String::from_utf8(phys).expect("utf8").parse().expect("number");
+    assert!(phys > 0 && phys < 65536, "65536 patterned bytes stored in {phys}");
+
+    // truncate, append, seek data and hole.
+    let mut f = fs::OpenOptions::new().read(true).write(true).open(m.join("f65537")).expect("open");
+    f.set_len(100).expect("truncate");
+    f.seek(SeekFrom::End(0)).expect("seek");
+    f.write_all(b"tail").expect("append");
+    let mut buf = Vec::new();
+    f.seek(SeekFrom::Start(0)).expect("seek");
+    f.read_to_end(&mut buf).expect("read");
+    let mut want = pattern(65537, 6)[..100].to_vec();
+    want.extend_from_slice(b"tail");
+    assert_eq!(buf, want);
+    drop(f);
+
+    // statfs: capacity as if nothing compressed.
+    // SAFETY: statvfs is plain old data; all zeros is a valid value.
+    let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
+    let cpath = std::ffi::CString::new(m.to_str().expect("utf8")).expect("cstring");
+    // SAFETY: cpath is a valid NUL-terminated path, sv a valid out pointer.
+    assert_eq!(unsafe { libc::statvfs(cpath.as_ptr(), &mut sv) }, 0);
+    assert!(sv.f_blocks * sv.f_frsize > 200 << 20 && sv.f_bfree > 0, "statfs {} blocks", sv.f_blocks);
+
+    // A second mount of the same image is refused, naming the reason.
+    let other = d.0.join("other");
+    fs::create_dir(&other).expect("mkdir");
+    let o = zlogfs(&["mount", img.to_str().expect("utf8"), other.to_str().expect("utf8")]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("in use"), "second mount: {err}");
+
+    unmount(&d);
+    wait_for("the daemon to close the image", || {
+        zlogfs(&["fsck", img.to_str().expect("utf8")]).status.code() != Some(2)
+    });
+    fsck_clean(&d);
+
+    // Everything is there after a remount.
+    let mut child = mount_fg(&d, "ro");
+    for (k, &n) in sizes.iter().enumerate().filter(|(_, &n)| n != 1 && n != 65537) {
+        assert_eq!(fs::read(m.join(format!("f{n}"))).expect("read back"), pattern(n, k as u8), "f{n}");
+    }
+    assert_eq!(fs::read(m.join("a/b/c/moved")).expect("read"), pattern(1, 1));
+    assert_eq!(fs::read(m.join("f65537")).expect("read"), want);
+    let mut tail = [0u8; 3];
+    fs::File::open(m.join("sparse")).expect("open").read_exact_at(&mut tail, 10 << 30).expect("read far");
+    assert_eq!(&tail, b"end");
+    assert_eq!(fs::read_dir(m.join("many")).expect("readdir").count(), 3000);
+    let e = fs::write(m.join("new"), b"x").expect_err("read-only mount");
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS));
+    // SIGTERM unmounts and closes cleanly.
+    // SAFETY: kill with a valid pid and signal has no memory effects.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let st = child.wait().expect("wait");
+    assert!(st.success(), "the daemon exited with {st} on SIGTERM");
+    assert!(!is_mounted(&d.mnt()));
+    fsck_clean(&d);
+}
+
+/// kill -9 in the middle of writing: the image mounts again, fsck is clean
+/// and every byte fsynced before the kill is there.
+#[test]
+fn kill_9_keeps_everything_fsynced() {
+    if !usable() {
+        return;
+    }
+    let d = Dir::new("kill");
+    mkfs(&d, "512M");
+    let m = d.mnt();
+    let mut synced: Vec<(PathBuf, Vec<u8>)> = Vec::new();
+    for round in 0..3u8 {
+        let mut child = mount_fg(&d, "");
+        for i in 0..20 {
+            let p = m.join(format!("r{round}-{i}"));
+            let data = pattern(1000 + i * 20_000, round ^ i as u8);
+            let mut f = fs::File::create(&p).expect("create");
+            f.write_all(&data).expect("write");
+            f.sync_all().expect("fsync");
+            synced.push((p, data));
+        }
+        // Unsynced work in flight when the daemon dies.
+        let writer = {
+            let m = m.clone();
+            std::thread::spawn(move || {
+                for i in 0.. {
+                    let Ok(mut f) = fs::File::create(m.join(format!("unsynced-{i}"))) else { break };
+                    if f.write_all(&pattern(300_000, i as u8)).is_err() {
+                        break;
+                    }
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(300));
+        child.kill().expect("kill -9");
+        child.wait().expect("wait");
+        let _ = writer.join();
+        unmount(&d);
+        fsck_clean(&d);
+        let mut child = mount_fg(&d, "");
+        for (p, data) in &synced {
+            assert_eq!(&fs::read(p).expect("read back"), data, "{} after kill -9", p.display());
+        }
+        unmount(&d);
+        child.wait().expect("wait");
+        fsck_clean(&d);
+    }
+}
+
+/// mount(8) and /etc/fstab reach zlogfs through the mount.fuse.zlogfs
+/// helper, a link to the binary.
+#[test]
+fn mount_helper_serves_mount_8() {
+    if !usable() {
+        return;
+    }
+    let d = Dir::new("helper");
+    mkfs(&d, "64M");
+    let helper = Path::new("/sbin/mount.fuse.zlogfs");
+    let made = !helper.exists();
+    if made {
+        std::os::unix::fs::symlink(ZLOGFS, helper).expect("link the helper into /sbin");
+    }
+    let st = Command::new("mount")
+        .args(["-t", "fuse.zlogfs", "-o", "noatime"])
+        .arg(d.img())
+        .arg(d.mnt())
+        .status()
+        .expect("mount(8)");
+    if made {
+        let _ = fs::remove_file(helper);
+    }
+    assert!(st.success(), "mount -t fuse.zlogfs failed");
+    fs::write(d.mnt().join("x"), b"through mount(8)").expect("write");
+    let st = Command::new("umount").arg(d.mnt()).status().expect("umount");
+    assert!(st.success());
+    wait_for("the daemon to close the image", || {
+        zlogfs(&["fsck", d.img().to_str().expect("utf8")]).status.code() != Some(2)
+    });
+    fsck_clean(&d);
+    assert_eq!(ok(&["cat", d.img().to_str().expect("utf8"), "/x"]), "through mount(8)");
+}
+
+#[test]
+fn missing_mount_point_and_image_get_clear_errors() {
+    let d = Dir::new("errors");
+    let o = zlogfs(&["mount", d.img().to_str().expect("utf8"), "/nonexistent/zlogfs-mnt"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("mount point"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = zlogfs(&["mount", "-f", d.img().to_str().expect("utf8"), d.mnt().to_str().expect("utf8")]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("cannot open") || err.contains("/dev/fuse"), "{err}");
+    let o =
+        zlogfs(&["mount", "-o", "bogus", d.img().to_str().expect("utf8"), d.mnt().to_str().expect("utf8")]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown mount option"));
+}
