@@ -3,7 +3,7 @@
 # (model, crash at every I/O operation, I/O-error loop, corruption), the
 # file system model with power cuts, import/export round trips of real trees
 # (/usr/include and linux-source), the CLI end to end, and a short run of
-# every fuzz target.
+# every fuzz target, and pjdfstest, fsx and fio on a real FUSE mount.
 # Randomised tests print their seed; replay one with ZLOGFS_SEED=<seed>.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -41,6 +41,15 @@ echo "== cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --all-targets 2>&1 | tee "$log"
+# pjdfstest, fsx and fio against a real mount (root, FUSE and the tools
+# that .ci/run installs; skipped with a note elsewhere).
+posix_log=$(mktemp)
+trap 'rm -f "$log" "$posix_log"' EXIT
+echo "== posix suites on a real mount (tests/posix/run.sh)"
+set +e
+bash tests/posix/run.sh 2>&1 | tee "$posix_log"
+posix_rc=${PIPESTATUS[0]}
+set -e
 if [ "${ZLOGFS_SKIP_FUZZ:-0}" != 1 ]; then
     echo "== fuzz (${FUZZ_SECONDS:-20} s per target)"
     bash .ci/fuzz.sh
@@ -48,4 +57,9 @@ fi
 # One closing line for the whole run (the fuzz output comes after cargo's).
 passed=$(grep -E '^test result:' "$log" | grep -oE '[0-9]+ passed' | awk '{s += $1} END {print s + 0}')
 failed=$(grep -E '^test result:' "$log" | grep -oE '[0-9]+ failed' | awk '{s += $1} END {print s + 0}')
+pp=$(grep -oE '^posix suites: [0-9]+ passed' "$posix_log" | grep -oE '[0-9]+' || echo 0)
+pf=$(grep -oE '^posix suites: [0-9]+ passed, [0-9]+ failed' "$posix_log" | grep -oE '[0-9]+ failed' | grep -oE '[0-9]+' || echo 0)
+passed=$((passed + pp))
+failed=$((failed + pf))
 echo "tests: $passed passed, $failed failed"
+[ "$posix_rc" = 0 ] || { echo "the posix suites failed" >&2; exit 1; }

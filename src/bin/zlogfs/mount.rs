@@ -113,6 +113,16 @@ fn preflight(dir: &Path) -> Result<(), String> {
     if !root && !have_fusermount {
         return Err("fusermount3 is not installed: apt-get install fuse3 (or mount as root)".into());
     }
+    if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse") {
+        return Err(format!(
+            "cannot open /dev/fuse: {e}{}",
+            if root {
+                ""
+            } else {
+                " (a standard install makes it mode 0666; ask root to chmod 0666 /dev/fuse, or mount as root)"
+            }
+        ));
+    }
     Ok(())
 }
 

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Mounted file system benchmark (issue 4): zlogfs through FUSE beside btrfs
+# (loop device, compress=zstd:1) and ext4 (loop device), in one run, on
+# the unpacked linux-source tree and a 1 GiB fio file
+# (buffer_compress_percentage=50).
+#
+#   bash bench/fuse.sh [TREE]
+#
+# For each system: cp -a of the tree in, then sync (and an fsync, which
+# commits everything on zlogfs); find and find -exec stat, read everything
+# back (tar | cat), each after a remount and dropping caches, so that no
+# cache of the kernel or of zlogfs is warm; fio sequential write of 1 GiB
+# with end_fsync, then sequential read after a remount; space used (btrfs:
+# data + metadata used; ext4: blocks used; zlogfs: live bytes of the log).
+# Prints a Markdown table, each figure also as a ratio to btrfs zstd:1, and
+# writes it to bench/results/fuse-DATE.md. Needs root; installs
+# btrfs-progs, fio, fuse3 and linux-source when missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive
+need=()
+command -v mkfs.btrfs >/dev/null || need+=(btrfs-progs)
+command -v fio >/dev/null || need+=(fio)
+command -v fusermount3 >/dev/null || need+=(fuse3)
+ls /usr/src/linux-source-*.tar.xz >/dev/null 2>&1 || need+=(linux-source)
+if [ ${#need[@]} -gt 0 ]; then apt-get update -qq && apt-get install -y -qq "${need[@]}"; fi
+cargo build --release -q
+bin=$PWD/target/release/zlogfs
+tree=${1:-}
+if [ -z "$tree" ]; then
+    cache=/var/tmp/zlogfs-bench/tree
+    tarball=$(ls /usr/src/linux-source-*.tar.xz | head -n 1)
+    tree="$cache/$(basename "$tarball" .tar.xz)"
+    [ -d "$tree" ] || { mkdir -p "$cache"; tar -C "$cache" -xJf "$tarball"; }
+fi
+name=$(basename "$tree")
+work=$(mktemp -d /var/tmp/zlogfs-fusebench.XXXXXX)
+mnt="$work/mnt"
+mkdir -p "$mnt"
+trap 'mountpoint -q "$mnt" && umount "$mnt"; rm -rf "$work"' EXIT
+
+now() { date +%s.%N; }
+drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+
+mount_sys() { # system
+    case $1 in
+    zlogfs) "$bin" mount "$work/z.img" "$mnt" ;;
+    btrfs) mount -o loop,compress=zstd:1 "$work/b.img" "$mnt" ;;
+    ext4) mount -o loop "$work/e.img" "$mnt" ;;
+    esac
+}
+umount_sys() { # system
+    umount "$mnt"
+    if [ "$1" = zlogfs ]; then # the daemon closes the image after the unmount
+        for _ in $(seq 300); do "$bin" stats "$work/z.img" >/dev/null 2>&1 && break; sleep 0.1; done
+    fi
+}
+make_sys() { # system
+    rm -f "$work"/*.img
+    case $1 in
+    zlogfs) "$bin" mkfs "$work/z.img" --size 16G 2>/dev/null ;;
+    btrfs) truncate -s 16G "$work/b.img" && mkfs.btrfs -q "$work/b.img" ;;
+    ext4) truncate -s 16G "$work/e.img" && mkfs.ext4 -q "$work/e.img" ;;
+    esac
+}
+used() { # system: bytes stored, data and metadata
+    case $1 in
+    zlogfs) "$bin" stats "$work/z.img" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["live_bytes"])' ;;
+    btrfs)
+        mount_sys btrfs
+        btrfs filesystem df -b "$mnt" | awk -F'used=' '/^(Data|Metadata|System)/ {split($2, a, " "); s += a[1]} END {print s}'
+        umount_sys btrfs
+        ;;
+    ext4)
+        mount_sys ext4
+        df -B1 --output=used "$mnt" | tail -n 1
+        umount_sys ext4
+        ;;
+    esac
+}
+timed() { # system what command...: remount cold, run, print seconds
+    local sys=$1
+    shift
+    umount_sys "$sys"
+    drop
+    mount_sys "$sys"
+    local s e
+    s=$(now)
+    "$@" >/dev/null
+    e=$(now)
+    awk -v s="$s" -v e="$e" 'BEGIN {printf "%.2f", e - s}'
+}
+
+declare -A R
+logical=$(find "$tree" -type f -printf '%s\n' | awk '{s+=$1} END {print s}')
+files=$(find "$tree" | wc -l)
+fio_common=(--name=seq --filename="$mnt/fio.dat" --size=1G --bs=1M --ioengine=psync
+    --buffer_compress_percentage=50 --refill_buffers --output-format=json)
+for sys in zlogfs btrfs ext4; do
+    echo "== $sys" >&2
+    make_sys $sys
+    mount_sys $sys
+    drop
+    s=$(now)
+    cp -a "$tree" "$mnt/"
+    sync
+    sync "$mnt/$name" # fsync: zlogfs commits and syncs everything
+    e=$(now)
+    R[$sys,cp]=$(awk -v s="$s" -v e="$e" 'BEGIN {printf "%.2f", e - s}')
+    R[$sys,find]=$(timed $sys find "$mnt/$name")
+    R[$sys,stat]=$(timed $sys find "$mnt/$name" -exec stat --format=%s {} +)
+    R[$sys,read]=$(timed $sys sh -c "tar -C '$mnt' -cf - '$name' | cat")
+    umount_sys $sys
+    R[$sys,space]=$(used $sys)
+    mount_sys $sys
+    R[$sys,write]=$(fio "${fio_common[@]}" --rw=write --end_fsync=1 |
+        python3 -c 'import json,sys; print("%.1f" % (json.load(sys.stdin)["jobs"][0]["write"]["bw_bytes"] / 1048576))')
+    umount_sys $sys
+    drop
+    mount_sys $sys
+    R[$sys,readseq]=$(fio "${fio_common[@]}" --rw=read |
+        python3 -c 'import json,sys; print("%.1f" % (json.load(sys.stdin)["jobs"][0]["read"]["bw_bytes"] / 1048576))')
+    umount_sys $sys
+done
+
+out="bench/results/fuse-$(date +%Y-%m-%d).md"
+mkdir -p bench/results
+{
+    echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r); $(date -u +%Y-%m-%dT%H:%MZ); commit $(git rev-parse --short HEAD)"
+    echo "Tree: $name, $files entries, $logical bytes of file data. Command: bash bench/fuse.sh"
+    echo
+    echo "| measure | zlogfs | btrfs zstd:1 | ext4 | zlogfs / btrfs |"
+    echo "|---|---:|---:|---:|---:|"
+    row() { # key label unit better
+        local z=${R[zlogfs,$1]} b=${R[btrfs,$1]} x=${R[ext4,$1]}
+        awk -v l="$2" -v u="$3" -v z="$z" -v b="$b" -v x="$x" \
+            'BEGIN {printf "| %s (%s) | %s | %s | %s | %.2f |\n", l, u, z, b, x, (b > 0 ? z / b : 0)}'
+    }
+    row cp "cp -a in + sync" s
+    row find "find, cold" s
+    row stat "find -exec stat, cold" s
+    row read "read all back (tar), cold" s
+    row space "space used" bytes
+    row write "fio seq write 1 GiB, end_fsync" MiB/s
+    row readseq "fio seq read 1 GiB, cold" MiB/s
+} | tee "$out"
+echo "written to $out" >&2

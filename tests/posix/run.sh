@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# The POSIX suites written by others, against a real zlogfs mount:
+#
+#   pjdfstest  twice: default cache timeouts, and attr/entry/negative 0;
+#              a second file system (/var/tmp) for the EXDEV cases
+#   fsx        4 seeds x 50,000 operations, every operation enabled, in
+#              directories whose codec policy is zstd:3, lz4, none, zstd:19
+#   fio        verify=crc32c on incompressible, zero-filled and 50%
+#              compressible data: write, unmount, fsck, mount, --verify_only
+#
+# Needs root, /dev/fuse, fusermount3 and the tools (.ci/run installs them:
+# fuse3, fio, attr, and `cargo install pjdfstest fsx`). Without them it says
+# what is missing and exits 0, except under CI=true, where it fails.
+#
+#   tests/posix/run.sh                 # everything
+#   POSIX_SUITES="fsx fio" tests/posix/run.sh
+#   FSX_OPS=5000 tests/posix/run.sh    # shorter fsx runs
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+here=tests/posix
+suites="${POSIX_SUITES:-pjdfstest fsx fio}"
+fsx_ops="${FSX_OPS:-50000}"
+
+missing=()
+[ "$(id -u)" = 0 ] || missing+=("root")
+[ -e /dev/fuse ] || missing+=("/dev/fuse")
+for t in fusermount3 pjdfstest fsx fio setfattr; do
+    command -v "$t" >/dev/null || missing+=("$t")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ "${CI:-}" = true ]; then
+        echo "posix suites: missing ${missing[*]}" >&2
+        exit 1
+    fi
+    echo "note: posix suites skipped, missing: ${missing[*]} (see .ci/run)"
+    exit 0
+fi
+
+cargo build --release --quiet
+zlogfs="$PWD/target/release/zlogfs"
+work=$(mktemp -d /var/tmp/zlogfs-posix.XXXXXX)
+img="$work/img"
+mnt="$work/mnt"
+sec="$work/second" # on the host file system: cross-device for EXDEV
+mkdir -p "$mnt" "$sec"
+chmod 755 "$work" # pjdfstest switches to other users, who must reach the mount
+# mount(8) reaches zlogfs through this helper for `mount -o remount,ro`
+# (pjdfstest's EROFS cases).
+helper=/sbin/mount.fuse.zlogfs
+made_helper=0
+if [ ! -e "$helper" ]; then
+    ln -s "$zlogfs" "$helper"
+    made_helper=1
+fi
+cleanup() {
+    mountpoint -q "$mnt" && umount "$mnt" || true
+    [ "$made_helper" = 1 ] && rm -f "$helper"
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+passed=0
+failed=0
+ok() { passed=$((passed + 1)); echo "  ok: $*"; }
+bad() { failed=$((failed + 1)); echo "  FAILED: $*"; }
+
+fresh() { # SIZE [mount options]
+    rm -f "$img"
+    "$zlogfs" mkfs "$img" --size "$1" 2>/dev/null
+    "$zlogfs" mount ${2:+-o "$2"} "$img" "$mnt"
+}
+unmount_and_check() { # what
+    umount "$mnt"
+    # The daemon closes the image right after the unmount.
+    for _ in $(seq 100); do
+        "$zlogfs" fsck "$img" >"$work/fsck" 2>&1 && break
+        grep -q 'in use' "$work/fsck" || break
+        sleep 0.1
+    done
+    if "$zlogfs" fsck "$img" >"$work/fsck" 2>&1; then ok "fsck clean after $1"; else
+        bad "fsck after $1"
+        cat "$work/fsck"
+    fi
+}
+
+if [[ " $suites " == *" pjdfstest "* ]]; then
+    # The EROFS cases remount the file system read-only, which fails with
+    # EBUSY on any file system (tmpfs too) while earlier cases of the same
+    # run still hold files open for writing: they run on their own, with
+    # remounts allowed, after the rest.
+    sed 's/^allow_remount = .*/allow_remount = true/' "$here/pjdfstest.toml" >"$work/pjdfstest-remount.toml"
+    for cache in "allow_other" "allow_other,attr_timeout=0,entry_timeout=0,negative_timeout=0"; do
+        echo "== pjdfstest, -o $cache"
+        fresh 2G "$cache"
+        chmod 777 "$mnt"
+        for pass in all erofs; do
+            if [ $pass = all ]; then conf="$PWD/$here/pjdfstest.toml"; pat=(); else conf="$work/pjdfstest-remount.toml"; pat=(erofs); fi
+            if (cd "$mnt" && pjdfstest -c "$conf" -p "$mnt" -s "$sec" "${pat[@]}") >"$work/pjd.log" 2>&1; then
+                ok "pjdfstest ($pass, $cache): $(grep -o 'Summary:.*' "$work/pjd.log")"
+            else
+                bad "pjdfstest ($pass, $cache): $(grep -o 'Summary:.*' "$work/pjd.log" || echo 'did not finish')"
+                grep -v -E '^\s+([0-9]+:|at )' "$work/pjd.log" | grep -A4 -E 'FAILED' | head -60
+            fi
+            # Skips other than the EROFS cases (which the erofs pass runs).
+            grep -E 'skipped$' -A1 "$work/pjd.log" | grep -v -- '^--' | paste - - | grep -v allow_remount \
+                | sed 's/^/    skipped: /' || true
+        done
+        unmount_and_check "pjdfstest ($cache)"
+    done
+fi
+
+if [[ " $suites " == *" fsx "* ]]; then
+    echo "== fsx: 4 seeds x $fsx_ops operations"
+    # No cleaner yet: overwritten data is reclaimed only from segments that
+    # die whole, so the image is large (a sparse file).
+    fresh 24G ""
+    seed=1
+    for codec in zstd:3 lz4 none zstd:19; do
+        d="$mnt/${codec/:/-}"
+        mkdir "$d"
+        setfattr -n user.zlogfs.codec -v "$codec" "$d"
+        if fsx -q -f "$PWD/$here/fsx.toml" -N "$fsx_ops" -S "$seed" -P "$work" "$d/fsx" >"$work/fsx.log" 2>&1 \
+            && grep -q 'A-OK' "$work/fsx.log"; then
+            ok "fsx seed $seed, codec $codec: $(tail -n 1 "$work/fsx.log")"
+        else
+            bad "fsx seed $seed, codec $codec"
+            tail -n 40 "$work/fsx.log"
+        fi
+        seed=$((seed + 1))
+    done
+    unmount_and_check "fsx"
+fi
+
+if [[ " $suites " == *" fio "* ]]; then
+    echo "== fio verify=crc32c across a remount"
+    fresh 4G ""
+    kinds=(random "" zero "--zero_buffers" half "--buffer_compress_percentage=50 --refill_buffers")
+    job() { # name extra-args... : 96 MiB of random-order writes of 4 KiB to 1 MiB
+        local name=$1
+        shift
+        fio --name="$name" --directory="$mnt" --filename="$name" --size=96M --rw=randwrite \
+            --bsrange=4k-1m --ioengine=psync --verify=crc32c --verify_fatal=1 --end_fsync=1 \
+            --randseed=7 "$@"
+    }
+    for ((i = 0; i < ${#kinds[@]}; i += 2)); do
+        # shellcheck disable=SC2086
+        if job "${kinds[i]}" ${kinds[i + 1]} >"$work/fio.log" 2>&1; then ok "fio write+verify (${kinds[i]} data)"; else
+            bad "fio write+verify (${kinds[i]} data)"
+            tail -n 30 "$work/fio.log"
+        fi
+    done
+    unmount_and_check "fio writes"
+    "$zlogfs" mount "$img" "$mnt"
+    for ((i = 0; i < ${#kinds[@]}; i += 2)); do
+        # shellcheck disable=SC2086
+        if job "${kinds[i]}" ${kinds[i + 1]} --verify_only >"$work/fio.log" 2>&1; then
+            ok "fio --verify_only after remount (${kinds[i]} data)"
+        else
+            bad "fio --verify_only after remount (${kinds[i]} data)"
+            tail -n 30 "$work/fio.log"
+        fi
+    done
+    unmount_and_check "fio verify"
+    "$zlogfs" stats "$img" 2>/dev/null | grep -E 'file data|writes' | sed 's/^/    /' || true
+fi
+
+echo "posix suites: $passed passed, $failed failed"
+[ "$failed" = 0 ]
