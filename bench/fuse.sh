@@ -59,7 +59,7 @@ make_sys() { # system
     rm -f "$work"/*.img
     case $1 in
     zlogfs) "$bin" mkfs "$work/z.img" --size 16G 2>/dev/null ;;
-    btrfs) truncate -s 16G "$work/b.img" && mkfs.btrfs -q "$work/b.img" ;;
+    btrfs) truncate -s 16G "$work/b.img" && mkfs.btrfs -q "$work/b.img" >/dev/null ;;
     ext4) truncate -s 16G "$work/e.img" && mkfs.ext4 -q "$work/e.img" ;;
     esac
 }

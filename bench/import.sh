@@ -47,7 +47,7 @@ for t in "${trees[@]}"; do
     # btrfs compress=zstd:1: stored = data + metadata used after sync.
     sync; echo 3 > /proc/sys/vm/drop_caches
     truncate -s 64G "$work/b.img"
-    mkfs.btrfs -q "$work/b.img"
+    mkfs.btrfs -q "$work/b.img" >/dev/null
     mkdir -p "$work/mnt"
     mount -o loop,compress=zstd:1 "$work/b.img" "$work/mnt"
     s=$(date +%s.%N)

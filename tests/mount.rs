@@ -340,3 +340,78 @@ fn missing_mount_point_and_image_get_clear_errors() {
         zlogfs(&["mount", "-o", "bogus", d.img().to_str().expect("utf8"), d.mnt().to_str().expect("utf8")]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("unknown mount option"));
 }
+
+fn run_ok(cmd: &mut Command) -> String {
+    let o = cmd.output().expect("run");
+    assert!(o.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// POSIX ACLs: the kernel enforces them, a directory's default ACL is
+/// inherited (and replaces the umask), chmod keeps the ACL in step.
+#[test]
+fn posix_acls_are_enforced_and_inherited() {
+    if !usable() {
+        return;
+    }
+    if Command::new("setfacl").arg("--version").output().is_err() {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "setfacl missing (apt-get install acl)");
+        eprintln!("skipping: setfacl missing (apt-get install acl)");
+        return;
+    }
+    let d = Dir::new("acl");
+    mkfs(&d, "64M");
+    let mut child = mount_fg(&d, "allow_other");
+    let m = d.mnt();
+    fs::set_permissions(&m, fs::Permissions::from_mode(0o755)).expect("chmod root");
+    // As nobody (65534), through the kernel's permission checks.
+    let as_nobody = |script: &str| {
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", script])
+            .status()
+            .expect("setpriv")
+            .success()
+    };
+    let f = m.join("secret");
+    fs::write(&f, b"x").expect("write");
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o600)).expect("chmod");
+    let fp = f.to_str().expect("utf8");
+    assert!(!as_nobody(&format!("cat {fp}")), "mode 0600 keeps nobody out");
+    run_ok(Command::new("setfacl").args(["-m", "u:65534:r", fp]));
+    assert!(as_nobody(&format!("cat {fp} >/dev/null")), "the ACL lets nobody read");
+    assert!(!as_nobody(&format!("echo y >> {fp}")), "but not write");
+    let acl = run_ok(Command::new("getfacl").args(["-cn", fp]));
+    assert!(acl.contains("user:65534:r--"), "{acl}");
+    // chmod changes the mask, which limits the named entry.
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o600)).expect("chmod");
+    assert!(!as_nobody(&format!("cat {fp}")), "chmod g-r masks the named entry");
+    // Default ACL: inherited by new files and directories, umask ignored.
+    let dir = m.join("shared");
+    fs::create_dir(&dir).expect("mkdir");
+    let dp = dir.to_str().expect("utf8");
+    run_ok(Command::new("setfacl").args(["-d", "-m", "u:65534:rwx", dp]));
+    run_ok(Command::new("setfacl").args(["-m", "u:65534:rwx", dp]));
+    run_ok(
+        Command::new("sh").args(["-c", &format!("umask 077 && echo new > {dp}/inherits && mkdir {dp}/sub")]),
+    );
+    let acl = run_ok(Command::new("getfacl").args(["-cn", &format!("{dp}/inherits")]));
+    // Named entries keep their bits; the mask takes the mode's group bits.
+    assert!(acl.contains("user:65534:rwx") && acl.contains("mask::rw-"), "the file inherits the ACL: {acl}");
+    assert_eq!(
+        fs::metadata(format!("{dp}/inherits")).expect("stat").mode() & 0o777,
+        0o664,
+        "umask 077 ignored"
+    );
+    let acl = run_ok(Command::new("getfacl").args(["-cn", &format!("{dp}/sub")]));
+    assert!(acl.contains("default:user:65534:rwx"), "the subdirectory inherits the default ACL: {acl}");
+    assert!(as_nobody(&format!("echo more >> {dp}/inherits")), "nobody may write the inherited file");
+    // A minimal ACL is a mode: cp -a style restores store nothing extra.
+    let plain = m.join("plain");
+    fs::write(&plain, b"p").expect("write");
+    run_ok(Command::new("setfacl").args(["-m", "u::rw,g::r,o::-", plain.to_str().expect("utf8")]));
+    assert_eq!(fs::metadata(&plain).expect("stat").mode() & 0o777, 0o640);
+    assert_eq!(xattr::get(&plain, "system.posix_acl_access").expect("getxattr"), None);
+    unmount(&d);
+    child.wait().expect("wait");
+    fsck_clean(&d);
+}

@@ -178,9 +178,17 @@ impl ZlogFuse {
         }
     }
 
-    fn make(&self, req: &Request, parent: Ino, name: &OsStr, mode: u32, rdev: u64) -> Result<Attr, Error> {
+    fn make(
+        &self,
+        req: &Request,
+        parent: Ino,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u64,
+    ) -> Result<Attr, Error> {
         let (uid, gid, mode) = self.owner(req, parent, mode)?;
-        self.fs.mknod(parent, name.as_bytes(), mode, uid, gid, rdev)
+        self.fs.mknod_umask(parent, name.as_bytes(), mode, umask, (uid, gid), rdev)
     }
 
     /// Make sure entry `off` of directory handle `fh` is loaded (or all are).
@@ -223,6 +231,11 @@ impl Filesystem for ZlogFuse {
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_CACHE_SYMLINKS,
             InitFlags::FUSE_ASYNC_DIO,
+            // The kernel enforces POSIX ACLs (stored as xattrs) and leaves
+            // the umask to us, so that a directory's default ACL can
+            // replace it (the fs layer does both).
+            InitFlags::FUSE_POSIX_ACL,
+            InitFlags::FUSE_DONT_MASK,
         ] {
             let _ = config.add_capabilities(cap);
         }
@@ -310,15 +323,15 @@ impl Filesystem for ZlogFuse {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        self.entry(self.make(req, parent.0, name, mode, u64::from(rdev)), reply);
+        self.entry(self.make(req, parent.0, name, mode, umask, u64::from(rdev)), reply);
     }
 
-    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
-        self.entry(self.make(req, parent.0, name, libc::S_IFDIR | (mode & 0o7777), 0), reply);
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        self.entry(self.make(req, parent.0, name, libc::S_IFDIR | (mode & 0o7777), umask, 0), reply);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -581,12 +594,12 @@ impl Filesystem for ZlogFuse {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         _flags: i32,
         reply: ReplyCreate,
     ) {
         let r = self
-            .make(req, parent.0, name, libc::S_IFREG | (mode & 0o7777), 0)
+            .make(req, parent.0, name, libc::S_IFREG | (mode & 0o7777), umask, 0)
             .and_then(|a| self.fs.open_file(a.ino));
         match r {
             Ok(a) => reply.created(

@@ -13,6 +13,7 @@
 //!   become holes, and the other chunks are compressed one block each; all
 //!   blocks of a group are compressed in parallel.
 
+pub mod acl;
 pub mod keys;
 pub mod pending;
 

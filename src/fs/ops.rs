@@ -28,7 +28,18 @@ impl State {
             .ok_or_else(|| noent(format!("{:?} in directory {parent}", name_str(name))))
     }
 
-    fn make(&mut self, parent: Ino, name: &[u8], mode: u32, uid: u32, gid: u32, rdev: u64) -> Result<Inode> {
+    /// Create an entry. `umask` applies unless the directory has a default
+    /// ACL, which the new entry inherits instead (POSIX.1e).
+    fn make(
+        &mut self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        ids: (u32, u32),
+        rdev: u64,
+    ) -> Result<Inode> {
+        let (uid, gid) = ids;
         check_name(name)?;
         let kind = Kind::from_mode(mode)
             .ok_or_else(|| posix(libc::EINVAL, format!("mode {mode:o} names no file type")))?;
@@ -39,8 +50,25 @@ impl State {
         if kind == Kind::Dir && p.nlink >= u32::MAX - 1 {
             return Err(posix(libc::EMLINK, format!("directory {parent} has too many subdirectories")));
         }
+        let default_acl =
+            if kind == Kind::Symlink { None } else { self.get(&xattr_key(parent, acl::DEFAULT))? };
+        let (mode, access_acl) = match default_acl.as_deref().and_then(acl::parse) {
+            Some(d) => {
+                let (a, perm, not_equiv) = acl::create(d, mode);
+                ((mode & !0o777) | perm, not_equiv.then(|| acl::encode(&a)))
+            }
+            None => (mode & !(umask & 0o777), None),
+        };
         let t = now();
         let ino = self.alloc_ino();
+        if let Some(a) = access_acl {
+            self.put(xattr_key(ino, acl::ACCESS), a);
+        }
+        if kind == Kind::Dir {
+            if let Some(d) = default_acl {
+                self.put(xattr_key(ino, acl::DEFAULT), d);
+            }
+        }
         let i = Inode {
             ino,
             mode,
@@ -280,40 +308,6 @@ fn check_xattr_name(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// The xattr of a POSIX access ACL.
-const XATTR_ACL_ACCESS: &[u8] = b"system.posix_acl_access";
-
-/// The permission bits of a POSIX ACL in the kernel's xattr form (u32
-/// version 2, then 8-byte entries: u16 tag, u16 perm, u32 id) when it has
-/// only the owner, group and other entries, i.e. says no more than a mode.
-fn acl_equiv_mode(v: &[u8]) -> Option<u32> {
-    const USER_OBJ: u16 = 0x01;
-    const GROUP_OBJ: u16 = 0x04;
-    const OTHER: u16 = 0x20;
-    let (head, body) = v.split_at_checked(4)?;
-    if u32::from_le_bytes(head.try_into().ok()?) != 2 || body.len() % 8 != 0 {
-        return None;
-    }
-    let mut mode = 0;
-    let mut seen = 0u16;
-    for e in body.chunks_exact(8) {
-        let tag = u16::from_le_bytes([e[0], e[1]]);
-        let perm = u32::from(u16::from_le_bytes([e[2], e[3]]) & 7);
-        let shift = match tag {
-            USER_OBJ => 6,
-            GROUP_OBJ => 3,
-            OTHER => 0,
-            _ => return None,
-        };
-        if seen & tag != 0 {
-            return None;
-        }
-        seen |= tag;
-        mode |= perm << shift;
-    }
-    (seen == USER_OBJ | GROUP_OBJ | OTHER).then_some(mode)
-}
-
 impl Fs {
     /// Attributes of an inode.
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
@@ -339,12 +333,26 @@ impl Fs {
 
     /// Create a node of any type; `mode` holds the type bits.
     pub fn mknod(&self, parent: Ino, name: &[u8], mode: u32, uid: u32, gid: u32, rdev: u64) -> Result<Attr> {
+        self.mknod_umask(parent, name, mode, 0, (uid, gid), rdev)
+    }
+
+    /// [`Fs::mknod`] with the caller's umask, which applies unless the
+    /// directory has a default ACL (then the entry inherits that instead).
+    pub fn mknod_umask(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        (uid, gid): (u32, u32),
+        rdev: u64,
+    ) -> Result<Attr> {
         let mut st = self.st();
         st.pre_op()?;
         if Kind::from_mode(mode) == Some(Kind::Symlink) {
             return Err(posix(libc::EINVAL, "use symlink to create symbolic links"));
         }
-        let i = st.make(parent, name, mode, uid, gid, rdev)?;
+        let i = st.make(parent, name, mode, umask, (uid, gid), rdev)?;
         Ok(st.attr(&i))
     }
 
@@ -368,7 +376,7 @@ impl Fs {
         }
         let mut st = self.st();
         st.pre_op()?;
-        let mut i = st.make(parent, name, 0o120777, uid, gid, 0)?;
+        let mut i = st.make(parent, name, 0o120777, 0, (uid, gid), 0)?;
         st.write_data(&mut i, 0, target)?;
         st.save(&i);
         Ok(st.attr(&i))
@@ -551,6 +559,11 @@ impl Fs {
         }
         if let Some(m) = a.mode {
             i.mode = (i.mode & S_IFMT) | (m & 0o7777);
+            let k = xattr_key(ino, acl::ACCESS);
+            if let Some(mut entries) = st.get(&k)?.as_deref().and_then(acl::parse) {
+                acl::chmod(&mut entries, m);
+                st.put(k, acl::encode(&entries));
+            }
         }
         if let Some(u) = a.uid {
             i.uid = u;
@@ -678,8 +691,12 @@ impl Fs {
         if name == XATTR_PHYSICAL {
             return Err(posix(libc::EPERM, "user.zlogfs.physical is read-only"));
         }
-        if name == XATTR_ACL_ACCESS {
-            if let Some(perm) = acl_equiv_mode(value) {
+        if name == acl::ACCESS {
+            // The mode follows the ACL (the kernel leaves that to us).
+            if let Some(entries) = acl::parse(value) {
+                i.mode = (i.mode & !0o777) | acl::mode_bits(&entries);
+            }
+            if let Some(perm) = acl::equiv_mode(value) {
                 // An access ACL that says no more than the mode is the mode
                 // (as on ext4): `cp -a` and `tar --acls` set one on every
                 // file, and storing it would cost index bytes per file.
@@ -788,35 +805,5 @@ impl Fs {
             ffree,
             namelen: 255,
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::acl_equiv_mode;
-
-    fn acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
-        let mut v = 2u32.to_le_bytes().to_vec();
-        for &(t, p, id) in entries {
-            v.extend_from_slice(&t.to_le_bytes());
-            v.extend_from_slice(&p.to_le_bytes());
-            v.extend_from_slice(&id.to_le_bytes());
-        }
-        v
-    }
-
-    #[test]
-    fn minimal_acls_are_modes() {
-        let m = u32::MAX;
-        assert_eq!(acl_equiv_mode(&acl(&[(1, 6, m), (4, 4, m), (0x20, 0, m)])), Some(0o640));
-        // A named user (tag 2) and a mask (0x10) make a real ACL.
-        assert_eq!(
-            acl_equiv_mode(&acl(&[(1, 7, m), (2, 7, 1000), (4, 5, m), (0x10, 7, m), (0x20, 5, m)])),
-            None
-        );
-        assert_eq!(acl_equiv_mode(&acl(&[(1, 7, m), (4, 5, m)])), None);
-        assert_eq!(acl_equiv_mode(&acl(&[(1, 7, m), (1, 7, m), (4, 5, m), (0x20, 5, m)])), None);
-        assert_eq!(acl_equiv_mode(b"\x01\0\0\0"), None);
-        assert_eq!(acl_equiv_mode(b""), None);
     }
 }
