@@ -12,8 +12,9 @@
 # cache of the kernel or of zlogfs is warm; fio sequential write of 1 GiB
 # with end_fsync, then sequential read after a remount; space used (btrfs:
 # data + metadata used; ext4: blocks used; zlogfs: live bytes of the log).
-# Prints a Markdown table, each figure also as a ratio to btrfs zstd:1, and
-# writes it to bench/results/fuse-DATE.md. Needs root; installs
+# ROUNDS rounds (default 3); prints a Markdown table of medians with their
+# spread, each also as a ratio to btrfs zstd:1, and writes it to
+# bench/results/fuse-DATE.md. Needs root; installs
 # btrfs-progs, fio, fuse3 and linux-source when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -96,8 +97,10 @@ logical=$(find "$tree" -type f -printf '%s\n' | awk '{s+=$1} END {print s}')
 files=$(find "$tree" | wc -l)
 fio_common=(--name=seq --filename="$mnt/fio.dat" --size=1G --bs=1M --ioengine=psync
     --buffer_compress_percentage=50 --refill_buffers --output-format=json)
+rounds=${ROUNDS:-3}
+for round in $(seq "$rounds"); do
 for sys in zlogfs btrfs ext4; do
-    echo "== $sys" >&2
+    echo "== round $round: $sys" >&2
     make_sys $sys
     mount_sys $sys
     drop
@@ -106,35 +109,44 @@ for sys in zlogfs btrfs ext4; do
     sync
     sync "$mnt/$name" # fsync: zlogfs commits and syncs everything
     e=$(now)
-    R[$sys,cp]=$(awk -v s="$s" -v e="$e" 'BEGIN {printf "%.2f", e - s}')
-    R[$sys,find]=$(timed $sys find "$mnt/$name")
-    R[$sys,stat]=$(timed $sys find "$mnt/$name" -exec stat --format=%s {} +)
-    R[$sys,read]=$(timed $sys sh -c "tar -C '$mnt' -cf - '$name' | cat")
+    R[$sys,cp]+=" "$(awk -v s="$s" -v e="$e" 'BEGIN {printf "%.2f", e - s}')
+    R[$sys,find]+=" "$(timed $sys find "$mnt/$name")
+    R[$sys,stat]+=" "$(timed $sys find "$mnt/$name" -exec stat --format=%s {} +)
+    R[$sys,read]+=" "$(timed $sys sh -c "tar -C '$mnt' -cf - '$name' | cat")
     umount_sys $sys
-    R[$sys,space]=$(used $sys)
+    R[$sys,space]+=" "$(used $sys)
     mount_sys $sys
-    R[$sys,write]=$(fio "${fio_common[@]}" --rw=write --end_fsync=1 |
+    R[$sys,write]+=" "$(fio "${fio_common[@]}" --rw=write --end_fsync=1 |
         python3 -c 'import json,sys; print("%.1f" % (json.load(sys.stdin)["jobs"][0]["write"]["bw_bytes"] / 1048576))')
     umount_sys $sys
     drop
     mount_sys $sys
-    R[$sys,readseq]=$(fio "${fio_common[@]}" --rw=read |
+    R[$sys,readseq]+=" "$(fio "${fio_common[@]}" --rw=read |
         python3 -c 'import json,sys; print("%.1f" % (json.load(sys.stdin)["jobs"][0]["read"]["bw_bytes"] / 1048576))')
     umount_sys $sys
 done
+done
 
+# The median of the rounds; the spread (min-max) beside it.
+med() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR]=$1} END {m = (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2; printf "%s %s %s", m, v[1], v[NR]}'; }
 out="bench/results/fuse-$(date +%Y-%m-%d).md"
 mkdir -p bench/results
 {
     echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r); $(date -u +%Y-%m-%dT%H:%MZ); commit $(git rev-parse --short HEAD)"
-    echo "Tree: $name, $files entries, $logical bytes of file data. Command: bash bench/fuse.sh"
+    echo "Tree: $name, $files entries, $logical bytes of file data. Command: bash bench/fuse.sh ($rounds rounds: median, and min-max)"
     echo
-    echo "| measure | zlogfs | btrfs zstd:1 | ext4 | zlogfs / btrfs |"
+    echo "| measure | zlogfs | btrfs zstd:1 | ext4 | zlogfs / btrfs (medians) |"
     echo "|---|---:|---:|---:|---:|"
-    row() { # key label unit better
-        local z=${R[zlogfs,$1]} b=${R[btrfs,$1]} x=${R[ext4,$1]}
-        awk -v l="$2" -v u="$3" -v z="$z" -v b="$b" -v x="$x" \
-            'BEGIN {printf "| %s (%s) | %s | %s | %s | %.2f |\n", l, u, z, b, x, (b > 0 ? z / b : 0)}'
+    row() { # key label unit: median (min-max) of each system, ratio of medians
+        local z b x
+        z=$(med <<<"${R[zlogfs,$1]}")
+        b=$(med <<<"${R[btrfs,$1]}")
+        x=$(med <<<"${R[ext4,$1]}")
+        awk -v l="$2" -v u="$3" -v z="$z" -v b="$b" -v x="$x" 'BEGIN {
+            split(z, Z, " "); split(b, B, " "); split(x, X, " ")
+            f = "%.10g (%.10g-%.10g)"
+            printf "| %s (%s) | " f " | " f " | " f " | %.2f |\n", l, u, Z[1], Z[2], Z[3], B[1], B[2], B[3], X[1], X[2], X[3], (B[1] > 0 ? Z[1] / B[1] : 0)
+        }'
     }
     row cp "cp -a in + sync" s
     row find "find, cold" s

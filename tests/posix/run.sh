@@ -141,7 +141,7 @@ if [[ " $suites " == *" fio "* ]]; then
         shift
         fio --name="$name" --directory="$mnt" --filename="$name" --size=96M --rw=randwrite \
             --bsrange=4k-1m --ioengine=psync --verify=crc32c --verify_fatal=1 --end_fsync=1 \
-            --randseed=7 "$@"
+            --randseed=7 --verify_state_save=0 "$@"
     }
     for ((i = 0; i < ${#kinds[@]}; i += 2)); do
         # shellcheck disable=SC2086
