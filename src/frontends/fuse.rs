@@ -106,6 +106,14 @@ fn errno(e: Error) -> Errno {
     Errno::from_i32(e.errno())
 }
 
+/// Reply to a request that returns nothing.
+fn empty(r: Result<(), Error>, reply: ReplyEmpty) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
 fn file_type(k: Kind) -> FileType {
     match k {
         Kind::File => FileType::RegularFile,
@@ -335,17 +343,11 @@ impl Filesystem for ZlogFuse {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.fs.unlink(parent.0, name.as_bytes()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty(self.fs.unlink(parent.0, name.as_bytes()), reply);
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.fs.rmdir(parent.0, name.as_bytes()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty(self.fs.rmdir(parent.0, name.as_bytes()), reply);
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
@@ -365,10 +367,10 @@ impl Filesystem for ZlogFuse {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        match self.fs.rename(parent.0, name.as_bytes(), newparent.0, newname.as_bytes(), flags.bits()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty(
+            self.fs.rename(parent.0, name.as_bytes(), newparent.0, newname.as_bytes(), flags.bits()),
+            reply,
+        );
     }
 
     fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
@@ -440,17 +442,11 @@ impl Filesystem for ZlogFuse {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        match self.fs.release_file(ino.0) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty(self.fs.release_file(ino.0), reply);
     }
 
     fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
-        match self.fs.fsync(ino.0, datasync) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty(self.fs.fsync(ino.0, datasync), reply);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -522,10 +518,7 @@ impl Filesystem for ZlogFuse {
     }
 
     fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
-        match self.fs.fsync(ino.0, datasync) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty(self.fs.fsync(ino.0, datasync), reply);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -545,10 +538,7 @@ impl Filesystem for ZlogFuse {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        match self.fs.setxattr(ino.0, name.as_bytes(), value, flags as u32) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty(self.fs.setxattr(ino.0, name.as_bytes(), value, flags as u32), reply);
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -573,19 +563,13 @@ impl Filesystem for ZlogFuse {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.fs.removexattr(ino.0, name.as_bytes()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty(self.fs.removexattr(ino.0, name.as_bytes()), reply);
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
         // The kernel checks permissions (default_permissions); this only
         // says whether the inode exists.
-        match self.fs.getattr(ino.0) {
-            Ok(_) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty(self.fs.getattr(ino.0).map(|_| ()), reply);
     }
 
     fn create(
@@ -623,10 +607,7 @@ impl Filesystem for ZlogFuse {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        match self.fs.fallocate(ino.0, mode as u32, offset, length) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty(self.fs.fallocate(ino.0, mode as u32, offset, length), reply);
     }
 
     fn lseek(
