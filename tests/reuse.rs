@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use common::*;
 use rand::Rng;
+use zlogfs::codec::{CodecId, CodecSpec};
 use zlogfs::store::{CrashMode, FaultStore, Geometry};
 use zlogfs::WriteBatch;
 
@@ -96,4 +97,24 @@ fn full_log_gives_no_space_and_loses_nothing() {
     for (k, v) in &synced {
         assert_eq!(got.get(k), Some(v), "seed {seed}");
     }
+}
+
+#[test]
+fn blocks_that_do_not_fit_are_not_placed_at_all() {
+    // A group of data blocks larger than the free log: NoSpace before any
+    // of them is placed, so no live, unreferenced block is left behind;
+    // a group that fits still goes in afterwards.
+    let g = Geometry { segment_size: 128 * 1024, segment_count: 12 };
+    let st = Arc::new(FaultStore::new(g));
+    zlogfs::mkfs(st.clone()).unwrap();
+    let e = open(&st, &small_opts()).unwrap();
+    let mut r = rng(seed("blocks_that_do_not_fit_are_not_placed_at_all"));
+    let raw: Vec<Vec<u8>> = (0..80).map(|_| (0..30_000).map(|_| r.gen()).collect()).collect();
+    let refs: Vec<&[u8]> = raw.iter().map(|v| &v[..]).collect();
+    let live0 = e.stats().live_bytes;
+    let err = e.write_blocks(7, CodecSpec::new(CodecId::None, 0), &refs).expect_err("2.4 MB into 1.5 MB");
+    assert!(matches!(err, zlogfs::Error::NoSpace(_)), "{err}");
+    assert_eq!(e.stats().live_bytes, live0, "a failed group left live bytes behind");
+    let addrs = e.write_blocks(7, CodecSpec::new(CodecId::None, 0), &refs[..4]).expect("four blocks fit");
+    assert_eq!(e.read_block(addrs[3]).unwrap(), raw[3]);
 }

@@ -242,6 +242,29 @@ impl LogWriter {
         Ok(())
     }
 
+    /// NoSpace unless `n` blocks of `bytes` in all fit in the rest of the
+    /// current segment and the segments this writer may still take (all
+    /// the free ones for system writes, all but the reserve otherwise).
+    /// Conservative: each segment is counted less room for the batch
+    /// headers, summaries and alignment of the batches it will hold.
+    fn check_room(&self, n: usize, bytes: usize, system: bool) -> Result<()> {
+        let seg = self.geometry.segment_size as usize;
+        let usable = seg.saturating_sub(seg / 16 + 2 * BATCH_ALIGN as usize);
+        let here = self.seg_room().saturating_sub(self.pending.projected(0, 0) + 2 * BATCH_ALIGN as usize);
+        let free = self.free_segments() as usize + usize::from(self.pos.next_seg != NO_SEGMENT);
+        let spare = if system { free } else { free.saturating_sub(self.reserve_segments as usize) };
+        let need = bytes + n * (8 + SUMMARY_ENTRY_SIZE);
+        if need > here + spare * usable {
+            return Err(Error::NoSpace(format!(
+                "{need} bytes of blocks do not fit in the log ({} segments of {seg} bytes, {} free, {} reserved)",
+                self.geometry.segment_count,
+                self.free_segments(),
+                self.reserve_segments
+            )));
+        }
+        Ok(())
+    }
+
     fn seg_room(&self) -> usize {
         (self.geometry.segment_size - self.pos.offset) as usize
     }
@@ -289,8 +312,15 @@ impl LogWriter {
 
     /// Place encoded blocks in the pending batch; returns their addresses.
     /// `system` writes (index runs, checkpoints) may use the reserve.
+    ///
+    /// The blocks are placed all or none: when the log cannot take them
+    /// all, NoSpace comes before any is placed. (Placed blocks are live
+    /// until their owner frees them; a caller that got an error for half
+    /// of them would never reference, and so never free, the other half.)
     pub fn add_blocks(&mut self, blocks: Vec<NewBlock>, system: bool) -> Result<Vec<BlockAddr>> {
         self.check_ok()?;
+        let bytes: usize = blocks.iter().map(|b| b.stored_len()).sum();
+        self.check_room(blocks.len(), bytes, system)?;
         let max = max_block_raw(self.geometry);
         let mut addrs = Vec::with_capacity(blocks.len());
         for b in blocks {
