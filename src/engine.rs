@@ -1272,6 +1272,16 @@ impl Engine {
         Ok(())
     }
 
+    /// Bytes that user data may still take in the log, uncompressed
+    /// accounting: free segments (with those a flush frees) less the
+    /// reserve, times the segment size.
+    pub fn free_bytes(&self) -> u64 {
+        let core = lock(&self.sh.core);
+        let free =
+            (core.log.free_segments() + core.log.pinned_segments()).saturating_sub(core.log.reserve_segments);
+        u64::from(free) * u64::from(self.sh.sb.geometry.segment_size)
+    }
+
     /// Bytes written to the device since open (cheaper than `stats`).
     pub fn device_bytes_written(&self) -> u64 {
         lock(&self.sh.core).log.device_bytes

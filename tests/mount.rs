@@ -415,3 +415,53 @@ fn posix_acls_are_enforced_and_inherited() {
     child.wait().expect("wait");
     fsck_clean(&d);
 }
+
+/// A full file system: the writer gets ENOSPC (never EIO), deleting works
+/// and gives the space back, compressible data still fits, fsck is clean.
+#[test]
+fn full_device_gives_enospc_and_recovers_after_delete() {
+    if !usable() {
+        return;
+    }
+    let d = Dir::new("full");
+    mkfs(&d, "64M");
+    let mut child = mount_fg(&d, "");
+    let m = d.mnt();
+    let mut rng = 0x9e3779b97f4a7c15u64;
+    let mut noise = |n: usize| -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng as u8
+            })
+            .collect()
+    };
+    let mut f = fs::File::create(m.join("big")).expect("create");
+    let mut written = 0usize;
+    let err = loop {
+        match f.write_all(&noise(1 << 20)) {
+            Ok(()) => written += 1 << 20,
+            Err(e) => break e,
+        }
+        assert!(written < 200 << 20, "200 MiB of noise accepted by a 64 MiB image");
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    assert!(written >= 32 << 20, "ENOSPC after only {written} bytes");
+    drop(f);
+    fs::remove_file(m.join("big")).expect("delete on a full file system");
+    let data = noise(20 << 20);
+    let mut f = fs::File::create(m.join("after")).expect("create");
+    f.write_all(&data).expect("20 MiB after the delete");
+    f.sync_all().expect("fsync");
+    drop(f);
+    fs::write(m.join("text"), "compressible line\n".repeat(8 << 20)).expect("144 MiB of text in 64 MiB");
+    unmount(&d);
+    child.wait().expect("wait");
+    fsck_clean(&d);
+    let mut child = mount_fg(&d, "ro");
+    assert!(fs::read(m.join("after")).expect("read") == data, "fsynced data after the full episode");
+    unmount(&d);
+    child.wait().expect("wait");
+}

@@ -291,6 +291,10 @@ struct State {
     counters_saved: Counters,
     /// Engine device bytes when `counters.device_bytes` was last updated.
     dev_seen: u64,
+    /// Free log bytes as of the last commit: buffered data past this is
+    /// committed before a write is accepted, so that a full log gives the
+    /// writer ENOSPC instead of failing a later commit.
+    space_hint: u64,
 }
 
 struct Inner {
@@ -417,6 +421,7 @@ impl Fs {
             counters,
             counters_saved: counters,
             dev_seen: eng.device_bytes_written(),
+            space_hint: eng.free_bytes(),
         };
         let inner = Arc::new(Inner { st: Mutex::new(st), stop: Mutex::new(false), wake: Condvar::new() });
         {
@@ -711,6 +716,31 @@ impl State {
         self.pend = Pending::default();
         self.counters_saved = self.counters;
         self.stats.commits += 1;
+        self.space_hint = self.eng.free_bytes();
+        Ok(())
+    }
+
+    /// Before buffering `len` more bytes: when the buffered data could
+    /// outgrow the free log (counted uncompressed), commit first to learn
+    /// what it really takes; ENOSPC when the log is full.
+    fn pre_write(&mut self, len: usize) -> Result<()> {
+        if (self.dirty_bytes + len) as u64 <= self.space_hint {
+            return Ok(());
+        }
+        self.commit()?;
+        self.space_hint = self.eng.free_bytes();
+        if len as u64 > self.space_hint {
+            // Blocks freed by deletes count as free once their journal
+            // record is durable: sync, and look again.
+            self.eng.sync()?;
+            self.space_hint = self.eng.free_bytes();
+        }
+        if len as u64 > self.space_hint {
+            return Err(Error::NoSpace(format!(
+                "{} bytes free in the log for a write of {len} bytes",
+                self.space_hint
+            )));
+        }
         Ok(())
     }
 

@@ -529,6 +529,7 @@ impl Fs {
                 format!("write at {off} of {} bytes passes the largest file size", data.len()),
             ));
         }
+        st.pre_write(data.len())?;
         st.write_data(&mut i, off, data)?;
         let t = now();
         i.mtime = t;
