@@ -19,8 +19,12 @@ use crate::error::{Error, Result};
 use crate::index::run::{encode_data_block, encode_index_block, BlockCache, Bloom, IndexEntry, Run, RunMeta};
 use crate::index::{retain_versions, Entry, Memtable, MergeIter, MAX_KEY, MAX_VALUE};
 use crate::log::format::*;
+mod clean;
+
+pub use crate::log::Room;
 use crate::log::{self, max_block_raw, LogWriter, NewBlock, SegUsage};
 use crate::store::{MetaSlot, Store};
+pub use clean::{Reclaimed, SegBlock, Victim};
 
 /// Tunables of an open engine (none of them is part of the format).
 #[derive(Debug, Clone)]
@@ -71,6 +75,9 @@ pub enum Op {
 pub struct WriteBatch {
     /// The mutations.
     pub ops: Vec<Op>,
+    /// How much of the log's reserve the batch's journal record may use
+    /// (not part of the record).
+    pub room: Room,
 }
 
 impl WriteBatch {
@@ -265,8 +272,8 @@ pub fn mkfs(store: Arc<dyn Store>) -> Result<Superblock> {
         usage: log.usage.clone(),
     };
     let blk = NewBlock::encode(BlockKind::Checkpoint, 0, Options::default().index_codec, &body.encode());
-    let addr = log.add_blocks(vec![blk], true)?[0];
-    log.write_pending(true)?;
+    let addr = log.add_blocks(vec![blk], Room::System)?[0];
+    log.write_pending(Room::System)?;
     let slot = CheckpointSlot { number: 0, uuid, body: addr, replay: start, after_body: log.pos() };
     let wr = |s: MetaSlot, b: &[u8; 4096]| {
         store.write_meta(s, b).map_err(|e| Error::io(format!("writing {s:?}"), e))
@@ -420,6 +427,8 @@ pub struct EngineStats {
     /// flush moves the replay start past them (the engine does that when
     /// free segments run low): free space in all but name.
     pub pinned_segments: u32,
+    /// Segments kept for deletes, the cleaner and the engine's own writes.
+    pub reserve_segments: u32,
     /// Live bytes of blocks.
     pub live_bytes: u64,
     /// Bytes written to the device since open.
@@ -696,7 +705,7 @@ impl Engine {
             let first = core.next_seq;
             let mut rec = Vec::new();
             batch.encode(first, &mut rec);
-            let r = core.log.add_journal(&rec, first);
+            let r = core.log.add_journal(&rec, first, batch.room);
             self.latch(&core, r)?;
             let batch_seq = core.log.pos().batch_seq;
             let ver = self.version();
@@ -753,7 +762,7 @@ impl Engine {
             return Ok(());
         }
         if !core.log.pending_empty() {
-            let r = core.log.write_pending(false);
+            let r = core.log.write_pending(Room::User);
             self.latch(core, r)?;
         }
         let f = Arc::new(Frozen { mem: ver.active.clone(), end: core.log.pos(), max_seq: core.next_seq - 1 });
@@ -778,7 +787,7 @@ impl Engine {
                 return Ok(());
             }
             if !core.log.pending_empty() {
-                let r = core.log.write_pending(false);
+                let r = core.log.write_pending(Room::User);
                 self.latch(&core, r)?;
             }
             core.log.pos().batch_seq - 1
@@ -817,7 +826,7 @@ impl Engine {
         if core.log.pending_empty() {
             return Ok(());
         }
-        let r = core.log.write_pending(false);
+        let r = core.log.write_pending(Room::User);
         self.latch(&core, r)
     }
 
@@ -924,6 +933,12 @@ impl Engine {
 
     /// [`Engine::write_blocks`] with an owner and a codec for each block.
     pub fn write_blocks_each(&self, blocks: &[(u64, CodecSpec, &[u8])]) -> Result<Vec<BlockAddr>> {
+        self.write_blocks_in(Room::User, blocks)
+    }
+
+    /// [`Engine::write_blocks_each`], allowed to use `room` of the reserve
+    /// (the cleaner's copies).
+    pub fn write_blocks_in(&self, room: Room, blocks: &[(u64, CodecSpec, &[u8])]) -> Result<Vec<BlockAddr>> {
         self.check_ok()?;
         let max = max_block_raw(self.sh.sb.geometry);
         if let Some((_, _, r)) = blocks.iter().find(|(_, _, r)| r.len() > max) {
@@ -935,7 +950,7 @@ impl Engine {
             .collect();
         self.relieve(blocks.iter().map(|b| b.bytes().len()).sum())?;
         let mut core = lock(&self.sh.core);
-        let r = core.log.add_blocks(blocks, false);
+        let r = core.log.add_blocks(blocks, room);
         self.latch(&core, r)
     }
 
@@ -1066,7 +1081,7 @@ impl Engine {
             .collect();
         let addrs = {
             let mut core = lock(&self.sh.core);
-            let r = core.log.add_blocks(enc, true);
+            let r = core.log.add_blocks(enc, Room::System);
             self.latch(&core, r)?
         };
         for (blk, a) in b.blocks.drain(..).zip(addrs) {
@@ -1092,8 +1107,8 @@ impl Engine {
             let mut core = lock(&self.sh.core);
             // Readers go to the device for run blocks: the run's blocks must
             // be written out before the run is installed.
-            let r = core.log.add_blocks(vec![ib, fb], true).and_then(|a| {
-                core.log.write_pending(true)?;
+            let r = core.log.add_blocks(vec![ib, fb], Room::System).and_then(|a| {
+                core.log.write_pending(Room::System)?;
                 Ok(a)
             });
             self.latch(&core, r)?
@@ -1139,6 +1154,14 @@ impl Engine {
                 .map(|i| (i, i + w))
                 .unwrap_or((0, n))
         };
+        self.merge_window(&ver, lo, hi)?;
+        Ok(true)
+    }
+
+    /// Merge runs `lo..hi` of `ver` (adjacent, newest first) into new runs
+    /// in their place, and checkpoint. The caller holds the ckpt lock.
+    fn merge_window(&self, ver: &Version, lo: usize, hi: usize) -> Result<()> {
+        let n = ver.runs.len();
         let window: Vec<Arc<Run>> = ver.runs[lo..hi].to_vec();
         let horizon = {
             let snaps = lock(&self.sh.snapshots);
@@ -1176,8 +1199,7 @@ impl Engine {
             self.sh.horizon.fetch_max(horizon, AtOrd::AcqRel);
             self.set_version(Version { active: ver.active.clone(), frozen: ver.frozen.clone(), runs });
         }
-        self.checkpoint_locked(None)?;
-        Ok(true)
+        self.checkpoint_locked(None)
     }
 
     /// Write a checkpoint: the run list and usage go into a body block, then
@@ -1245,8 +1267,8 @@ impl Engine {
             usage,
         };
         let blk = NewBlock::encode(BlockKind::Checkpoint, number, self.sh.opts.index_codec, &body.encode());
-        let addr = core.log.add_blocks(vec![blk], true)?[0];
-        core.log.write_pending(true)?;
+        let addr = core.log.add_blocks(vec![blk], Room::System)?[0];
+        core.log.write_pending(Room::System)?;
         let after_body = core.log.pos();
         core.log.sync_store()?;
         let slot = CheckpointSlot { number, uuid: self.sh.sb.uuid, body: addr, replay, after_body };
@@ -1279,7 +1301,10 @@ impl Engine {
         let core = lock(&self.sh.core);
         let free =
             (core.log.free_segments() + core.log.pinned_segments()).saturating_sub(core.log.reserve_segments);
-        u64::from(free) * u64::from(self.sh.sb.geometry.segment_size)
+        // Counted as the writer's room check counts a segment (less room
+        // for the batch headers, summaries and alignment it will hold).
+        let seg = u64::from(self.sh.sb.geometry.segment_size);
+        u64::from(free) * (seg - seg / 16 - 2 * u64::from(BATCH_ALIGN))
     }
 
     /// Bytes written to the device since open (cheaper than `stats`).
@@ -1295,6 +1320,7 @@ impl Engine {
             segments: self.sh.sb.geometry.segment_count,
             free_segments: core.log.free_segments(),
             pinned_segments: core.log.pinned_segments(),
+            reserve_segments: core.log.reserve_segments,
             live_bytes: core.log.usage.iter().map(|u| u64::from(u.live)).sum(),
             device_bytes_written: core.log.device_bytes,
             runs: ver.runs.len(),

@@ -97,7 +97,7 @@ impl State {
     }
 
     /// The buffer of a chunk, loading its stored content first.
-    fn dirty_mut(&mut self, ino: Ino, idx: u64) -> Result<&mut Vec<u8>> {
+    pub(super) fn dirty_mut(&mut self, ino: Ino, idx: u64) -> Result<&mut Vec<u8>> {
         let has = self.dirty.get(&ino).is_some_and(|m| m.contains_key(&idx));
         if !has {
             let data = match self.stored_extent(ino, idx)? {
@@ -434,11 +434,11 @@ impl State {
 
     /// Compress and store the buffered chunks of the group, and point the
     /// files at them. On failure the buffers are kept.
-    pub(super) fn store_dirty(&mut self) -> Result<()> {
+    pub(super) fn store_dirty(&mut self, room: Room) -> Result<()> {
         let dirty = std::mem::take(&mut self.dirty);
         self.dirty_bytes = 0;
         self.dirty_chunks = 0;
-        match self.store_chunks(dirty) {
+        match self.store_chunks(dirty, room) {
             Ok(()) => Ok(()),
             Err((e, Some(back))) => {
                 self.dirty_chunks = back.values().map(|m| m.len()).sum();
@@ -454,6 +454,7 @@ impl State {
     fn store_chunks(
         &mut self,
         dirty: HashMap<Ino, BTreeMap<u64, Vec<u8>>>,
+        room: Room,
     ) -> std::result::Result<(), (Error, Option<HashMap<Ino, BTreeMap<u64, Vec<u8>>>>)> {
         let cs = self.cs();
         let mut inos: Vec<Ino> = dirty.keys().copied().collect();
@@ -510,7 +511,7 @@ impl State {
         let addrs = if reqs.is_empty() {
             Vec::new()
         } else {
-            match self.eng.write_blocks_each(&reqs) {
+            match self.eng.write_blocks_in(room, &reqs) {
                 Ok(a) => a,
                 Err(e) => {
                     drop(reqs);

@@ -18,6 +18,7 @@ pub mod keys;
 pub mod pending;
 
 mod check;
+mod clean;
 mod data;
 mod ops;
 
@@ -27,13 +28,14 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::codec::{CodecId, CodecSpec};
-use crate::engine::{self, Engine, Options, WriteBatch};
+use crate::engine::{self, Engine, Options, Room, WriteBatch};
 use crate::error::{Error, Result};
 use crate::log::format::BlockAddr;
 use crate::log::max_block_raw;
 use crate::store::Store;
 
 pub use check::{CheckReport, CodecUse, TreeUsage, Usage};
+pub use clean::{CleanOptions, CleanReport};
 use keys::*;
 pub use keys::{Counters, Ino, Inode, Kind, Time, ROOT};
 use pending::Pending;
@@ -211,6 +213,10 @@ pub const XATTR_REPLACE: u32 = 2;
 pub const XATTR_CODEC: &[u8] = b"user.zlogfs.codec";
 /// The read-only xattr giving a file's stored (compressed) bytes.
 pub const XATTR_PHYSICAL: &[u8] = b"user.zlogfs.physical";
+/// Setting this xattr on the root directory runs a cleaning pass (value:
+/// the most segments to clean, or `all`); reading it gives the last
+/// pass's report as JSON. It is never stored.
+pub const XATTR_CLEAN: &[u8] = b"user.zlogfs.clean";
 
 /// Counters of the file system layer.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -295,6 +301,13 @@ struct State {
     /// committed before a write is accepted, so that a full log gives the
     /// writer ENOSPC instead of failing a later commit.
     space_hint: u64,
+    /// The group adds inodes, names or xattrs: it may not use the part of
+    /// the log's reserve that deletes and the cleaner may use.
+    grew: bool,
+    /// A cleaning round is running (its commits do not clean).
+    cleaning: bool,
+    /// The report of the last pass run through [`XATTR_CLEAN`].
+    last_clean: Option<CleanReport>,
 }
 
 struct Inner {
@@ -422,6 +435,9 @@ impl Fs {
             counters_saved: counters,
             dev_seen: eng.device_bytes_written(),
             space_hint: eng.free_bytes(),
+            grew: false,
+            cleaning: false,
+            last_clean: None,
         };
         let inner = Arc::new(Inner { st: Mutex::new(st), stop: Mutex::new(false), wake: Condvar::new() });
         {
@@ -521,6 +537,22 @@ fn commit_loop(w: Weak<Inner>, eng: Arc<Engine>, iv: Duration) {
         };
         if busy {
             let _ = eng.sync();
+        }
+        // Clean in the background when free segments run low, a round at a
+        // time so that requests are served in between. An error latches
+        // the engine or is met again by the writer that needs the space.
+        let g = eng.superblock().geometry;
+        let low = (g.segment_count / 10).max(6);
+        let es = eng.stats();
+        if es.free_segments + es.pinned_segments < low {
+            let opts = CleanOptions { max_live: 0.8, target_free: Some(low + 2), ..CleanOptions::default() };
+            let (mut rep, mut tried) = (CleanReport::default(), std::collections::HashSet::new());
+            while !*lock(&inner.stop) {
+                match lock(&inner.st).clean_round(&opts, &mut rep, &mut tried) {
+                    Ok(true) => {}
+                    _ => break,
+                }
+            }
         }
     }
 }
@@ -685,8 +717,23 @@ impl State {
     /// Write the group: compress and store buffered chunks, then apply all
     /// pending mutations as one atomic engine batch.
     fn commit(&mut self) -> Result<()> {
+        // A group that only removes or renames may use part of the reserve,
+        // so that a full file system can still delete.
+        let room = if self.grew || !self.dirty.is_empty() { Room::User } else { Room::Relieve };
+        self.commit_as(room)
+    }
+
+    /// Commit, allowed to use `room` of the log's reserve.
+    fn commit_as(&mut self, room: Room) -> Result<()> {
         if !self.dirty.is_empty() {
-            self.store_dirty()?;
+            match self.store_dirty(room) {
+                Err(Error::NoSpace(_)) if !self.cleaning => {
+                    // Clean, then try once more.
+                    self.clean_for(self.dirty_bytes as u64)?;
+                    self.store_dirty(room)?;
+                }
+                r => r?,
+            }
         }
         if self.cfg_dirty {
             let v = self.cfg.encode();
@@ -703,6 +750,7 @@ impl State {
             self.put(counters_key(), self.counters.encode());
         }
         let mut b = WriteBatch::new();
+        b.room = room;
         for (k, v) in &self.pend.map {
             match v {
                 Some(v) => b.put(k.clone(), v.clone()),
@@ -714,6 +762,7 @@ impl State {
         }
         self.eng.write(&b)?;
         self.pend = Pending::default();
+        self.grew = false;
         self.counters_saved = self.counters;
         self.stats.commits += 1;
         self.space_hint = self.eng.free_bytes();
@@ -735,6 +784,10 @@ impl State {
             self.eng.sync()?;
             self.space_hint = self.eng.free_bytes();
         }
+        if len as u64 > self.space_hint && !self.cleaning {
+            // Clean segments with dead space until the write fits.
+            self.clean_for(len as u64)?;
+        }
         if len as u64 > self.space_hint {
             return Err(Error::NoSpace(format!(
                 "{} bytes free in the log for a write of {len} bytes",
@@ -745,6 +798,7 @@ impl State {
     }
 
     fn alloc_ino(&mut self) -> Ino {
+        self.grew = true;
         let i = self.cfg.next_ino;
         self.cfg.next_ino += 1;
         self.cfg_dirty = true;

@@ -396,6 +396,7 @@ impl Fs {
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
         let mut st = self.st();
         st.pre_op()?;
+        st.grew = true;
         check_name(newname)?;
         let mut i = st.inode(ino)?;
         if i.kind() == Kind::Dir {
@@ -673,6 +674,12 @@ impl Fs {
         if name == XATTR_PHYSICAL {
             return Ok(st.physical(ino)?.to_string().into_bytes());
         }
+        if name == XATTR_CLEAN && ino == ROOT {
+            return match &st.last_clean {
+                Some(r) => Ok(r.to_json().to_string().into_bytes()),
+                None => Err(posix(libc::ENODATA, "no cleaning pass has run since the mount")),
+            };
+        }
         if name == XATTR_CODEC {
             return match i.policy {
                 Some(p) => Ok(p.to_string().into_bytes()),
@@ -686,8 +693,12 @@ impl Fs {
 
     /// Set an xattr ([`XATTR_CREATE`], [`XATTR_REPLACE`]).
     pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
+        if name == XATTR_CLEAN {
+            return self.clean_by_xattr(ino, value);
+        }
         let mut st = self.st();
         st.pre_op()?;
+        st.grew = true;
         let mut i = st.inode(ino)?;
         if name == XATTR_PHYSICAL {
             return Err(posix(libc::EPERM, "user.zlogfs.physical is read-only"));
@@ -793,8 +804,12 @@ impl Fs {
         let es = self.eng.stats();
         let seg = u64::from(self.eng.superblock().geometry.segment_size);
         let bsize = 4096u64;
-        let total = u64::from(es.segments) * seg / bsize;
-        let free = u64::from((es.free_segments + es.pinned_segments).saturating_sub(2)) * seg / bsize;
+        // Capacity and free space as if nothing compressed: the segments
+        // outside the reserve, less the bytes of live blocks. Free space so
+        // includes what cleaning can reclaim.
+        let usable = u64::from(es.segments.saturating_sub(es.reserve_segments)) * seg;
+        let total = usable / bsize;
+        let free = usable.saturating_sub(es.live_bytes) / bsize;
         let used_inodes = st.cfg.next_ino - 1;
         let ffree = (1u64 << 32).saturating_sub(used_inodes);
         Ok(StatFs {

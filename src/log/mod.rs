@@ -138,6 +138,35 @@ pub struct LogWriter {
     epoch: u32,
 }
 
+/// How much of the reserve of free segments a write may use.
+///
+/// User data stops when only the reserve is left. Commits that free more
+/// than they add (unlink, rmdir, truncate, rename) and the cleaner's
+/// copies may use half of it, so that a full file system can still delete
+/// and clean. Index runs and checkpoints, which make freed space usable,
+/// may use all but the last segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Room {
+    /// Ordinary writes: stop at the reserve.
+    #[default]
+    User,
+    /// Deletes and the cleaner: may use half the reserve.
+    Relieve,
+    /// The engine's own index and checkpoint writes.
+    System,
+}
+
+impl Room {
+    /// Free segments a write of this class needs before it may take one.
+    pub fn need(self, reserve: u32) -> u32 {
+        match self {
+            Room::User => reserve + 1,
+            Room::Relieve => reserve / 2 + 1,
+            Room::System => 1,
+        }
+    }
+}
+
 /// Largest batch the writer assembles before writing it out.
 const MAX_BATCH: usize = 1 << 20;
 
@@ -222,12 +251,12 @@ impl LogWriter {
         self.reserve_segments + 2 + self.geometry.segment_count / 16
     }
 
-    fn choose_next(&mut self, system: bool) -> Result<()> {
+    fn choose_next(&mut self, room: Room) -> Result<()> {
         if self.pos.next_seg != NO_SEGMENT {
             return Ok(());
         }
         let free: Vec<u32> = (0..self.geometry.segment_count).filter(|&s| self.is_free(s)).take(64).collect();
-        let need = if system { 1 } else { self.reserve_segments as usize + 1 };
+        let need = room.need(self.reserve_segments) as usize;
         if free.len() < need {
             return Err(Error::NoSpace(format!(
                 "no free segment left in the log ({} segments of {} bytes, {} free, {} reserved)",
@@ -242,27 +271,34 @@ impl LogWriter {
         Ok(())
     }
 
-    /// NoSpace unless `n` blocks of `bytes` in all fit in the rest of the
-    /// current segment and the segments this writer may still take (all
-    /// the free ones for system writes, all but the reserve otherwise).
-    /// Conservative: each segment is counted less room for the batch
-    /// headers, summaries and alignment of the batches it will hold.
-    fn check_room(&self, n: usize, bytes: usize, system: bool) -> Result<()> {
-        let seg = self.geometry.segment_size as usize;
-        let usable = seg.saturating_sub(seg / 16 + 2 * BATCH_ALIGN as usize);
-        let here = self.seg_room().saturating_sub(self.pending.projected(0, 0) + 2 * BATCH_ALIGN as usize);
-        let free = self.free_segments() as usize + usize::from(self.pos.next_seg != NO_SEGMENT);
-        let spare = if system { free } else { free.saturating_sub(self.reserve_segments as usize) };
+    /// NoSpace unless `n` blocks of `bytes` in all fit in the room a
+    /// write of class `room` may use ([`LogWriter::room_for`]).
+    fn check_room(&self, n: usize, bytes: usize, room: Room) -> Result<()> {
         let need = bytes + n * (8 + SUMMARY_ENTRY_SIZE);
-        if need > here + spare * usable {
+        if need > self.room_for(room) {
             return Err(Error::NoSpace(format!(
-                "{need} bytes of blocks do not fit in the log ({} segments of {seg} bytes, {} free, {} reserved)",
+                "{need} bytes of blocks do not fit in the log ({} segments of {} bytes, {} free, {} reserved)",
                 self.geometry.segment_count,
+                self.geometry.segment_size,
                 self.free_segments(),
                 self.reserve_segments
             )));
         }
         Ok(())
+    }
+
+    /// Bytes of blocks (with their summary entries and alignment) that a
+    /// write of class `room` may still place: the rest of the current
+    /// segment and the free segments it may take. Conservative: each
+    /// segment is counted less room for the batch headers, summaries and
+    /// alignment of the batches it will hold.
+    pub fn room_for(&self, room: Room) -> usize {
+        let seg = self.geometry.segment_size as usize;
+        let usable = seg.saturating_sub(seg / 16 + 2 * BATCH_ALIGN as usize);
+        let here = self.seg_room().saturating_sub(self.pending.projected(0, 0) + 2 * BATCH_ALIGN as usize);
+        let free = self.free_segments() as usize + usize::from(self.pos.next_seg != NO_SEGMENT);
+        let spare = free.saturating_sub(room.need(self.reserve_segments) as usize - 1);
+        here + spare * usable
     }
 
     fn seg_room(&self) -> usize {
@@ -271,17 +307,17 @@ impl LogWriter {
 
     /// Make room for `blocks` more blocks of `bytes` in the pending batch,
     /// writing it out or moving to the next segment as needed.
-    fn make_room(&mut self, blocks: usize, bytes: usize, system: bool) -> Result<()> {
+    fn make_room(&mut self, blocks: usize, bytes: usize, room: Room) -> Result<()> {
         if self.pending.projected(blocks, bytes) <= self.seg_room()
             && self.pending.projected(blocks, bytes) <= MAX_BATCH.max(bytes + 4096)
         {
             return Ok(());
         }
         if !self.pending.is_empty() {
-            self.write_pending(system)?;
+            self.write_pending(room)?;
         }
         if self.pending.projected(blocks, bytes) > self.seg_room() {
-            self.advance(system)?;
+            self.advance(room)?;
         }
         if self.pending.projected(blocks, bytes) > self.seg_room() {
             return Err(Error::Invalid(format!(
@@ -293,15 +329,15 @@ impl LogWriter {
     }
 
     /// Move the tail to the next segment (naming it in a batch first).
-    fn advance(&mut self, system: bool) -> Result<()> {
-        self.choose_next(system)?;
+    fn advance(&mut self, room: Room) -> Result<()> {
+        self.choose_next(room)?;
         if !self.next_named {
             // An empty batch whose header names the next segment, so that
             // recovery can follow the log there.
             if self.seg_room() < BATCH_HEADER_SIZE + BATCH_ALIGN as usize {
                 return Err(Error::NoSpace("log segment ended without a successor".into()));
             }
-            self.write_pending(system)?;
+            self.write_pending(room)?;
         }
         self.pos.seg = self.pos.next_seg;
         self.pos.offset = 0;
@@ -311,16 +347,16 @@ impl LogWriter {
     }
 
     /// Place encoded blocks in the pending batch; returns their addresses.
-    /// `system` writes (index runs, checkpoints) may use the reserve.
+    /// `room` says how much of the reserve the blocks may use.
     ///
     /// The blocks are placed all or none: when the log cannot take them
     /// all, NoSpace comes before any is placed. (Placed blocks are live
     /// until their owner frees them; a caller that got an error for half
     /// of them would never reference, and so never free, the other half.)
-    pub fn add_blocks(&mut self, blocks: Vec<NewBlock>, system: bool) -> Result<Vec<BlockAddr>> {
+    pub fn add_blocks(&mut self, blocks: Vec<NewBlock>, room: Room) -> Result<Vec<BlockAddr>> {
         self.check_ok()?;
         let bytes: usize = blocks.iter().map(|b| b.stored_len()).sum();
-        self.check_room(blocks.len(), bytes, system)?;
+        self.check_room(blocks.len(), bytes, room)?;
         let max = max_block_raw(self.geometry);
         let mut addrs = Vec::with_capacity(blocks.len());
         for b in blocks {
@@ -331,7 +367,7 @@ impl LogWriter {
                 )));
             }
             let len = b.stored_len();
-            self.make_room(1, len + 8, system)?;
+            self.make_room(1, len + 8, room)?;
             addrs.push(self.place(b));
         }
         Ok(addrs)
@@ -356,7 +392,7 @@ impl LogWriter {
     }
 
     /// Append one journal record (already encoded) to the pending batch.
-    pub fn add_journal(&mut self, record: &[u8], first_seq: u64) -> Result<()> {
+    pub fn add_journal(&mut self, record: &[u8], first_seq: u64, room: Room) -> Result<()> {
         self.check_ok()?;
         let max = max_block_raw(self.geometry);
         if self.pending.journal.len() + record.len() > max {
@@ -366,13 +402,13 @@ impl LogWriter {
                     record.len()
                 )));
             }
-            self.write_pending(false)?;
+            self.write_pending(room)?;
         }
         // Room for the record in the journal block, stored raw at worst.
         // The block's header, alignment padding and summary entry are
         // always reserved: make_room may write the batch out, leaving this
         // record the first of a new journal block.
-        self.make_room(0, record.len() + BLOCK_HEADER_SIZE + 8 + SUMMARY_ENTRY_SIZE, false)?;
+        self.make_room(0, record.len() + BLOCK_HEADER_SIZE + 8 + SUMMARY_ENTRY_SIZE, room)?;
         if self.pending.journal.is_empty() {
             self.pending.journal_owner = first_seq;
         }
@@ -401,7 +437,7 @@ impl LogWriter {
 
     /// Write the pending batch to the store (not synced). Writes an empty
     /// batch when nothing is pending (used to name the next segment).
-    pub fn write_pending(&mut self, system: bool) -> Result<()> {
+    pub fn write_pending(&mut self, room: Room) -> Result<()> {
         self.check_ok()?;
         if !self.pending.journal.is_empty() {
             let j = std::mem::take(&mut self.pending.journal);
@@ -412,7 +448,7 @@ impl LogWriter {
         // Name the successor segment in every batch once there is one.
         if self.pos.next_seg == NO_SEGMENT {
             // Best effort: a full device is reported when the segment ends.
-            let _ = self.choose_next(system);
+            let _ = self.choose_next(room);
         }
         let mut p = std::mem::replace(&mut self.pending, Pending::new());
         let summary_off = p.buf.len();
@@ -467,7 +503,7 @@ impl LogWriter {
     /// Write out what is pending and make everything durable.
     pub fn sync(&mut self) -> Result<()> {
         if !self.pending.is_empty() {
-            self.write_pending(false)?;
+            self.write_pending(Room::User)?;
         }
         self.sync_store()
     }
@@ -687,10 +723,10 @@ mod tests {
             let rec = vec![0x5a; size];
             let mut n = 0;
             while w.pos().seg < 3 {
-                w.add_journal(&rec, n).unwrap();
+                w.add_journal(&rec, n, Room::User).unwrap();
                 n += 1;
                 if n % 9 == 0 {
-                    w.write_pending(false).unwrap();
+                    w.write_pending(Room::User).unwrap();
                 }
             }
         }
@@ -700,9 +736,9 @@ mod tests {
     fn scan_follows_the_chain_across_segments() {
         let mut w = writer();
         for i in 0..1000u64 {
-            w.add_journal(&[i as u8; 300], i).unwrap();
+            w.add_journal(&[i as u8; 300], i, Room::User).unwrap();
             if i % 5 == 0 {
-                w.write_pending(false).unwrap();
+                w.write_pending(Room::User).unwrap();
             }
         }
         w.sync().unwrap();

@@ -1,0 +1,263 @@
+//! The engine's half of the cleaner: choosing segments, listing what they
+//! hold, and reclaiming them once the layer above has moved its data out.
+//!
+//! A segment holds blocks of five kinds. Data blocks belong to the layer
+//! above, which alone knows whether they are referenced; it copies the
+//! live ones to the log head and frees the old ones in a commit (see
+//! `Fs::clean`). The engine's own blocks die by themselves once the
+//! engine moves past them:
+//!
+//! - run blocks, when their run is rewritten: [`Engine::reclaim`] merges the
+//!   runs that have blocks in the victims;
+//! - journal blocks, when a checkpoint moves the replay start past them: the
+//!   memtable is flushed and two checkpoints are written;
+//! - checkpoint bodies, two checkpoints later: the same two checkpoints.
+//!
+//! After that, a victim whose every block is dead is free. Its usage count
+//! should already be zero; when it is not, the difference is space that a
+//! failed operation or a torn commit left counted (FORMAT.md section 7,
+//! "Known leaks"), and it is dropped, once it is certain that nothing will
+//! free those blocks again.
+
+use std::collections::HashSet;
+
+use super::*;
+use crate::bytes::crc;
+
+/// A block found in a segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegBlock {
+    /// Where it is.
+    pub addr: BlockAddr,
+    /// Its kind.
+    pub kind: BlockKind,
+    /// Its summary owner (the inode for file data, 0 for shared blocks).
+    pub owner: u64,
+    /// Decompressed length.
+    pub raw_len: u32,
+    /// The batch that holds it.
+    pub batch: u64,
+}
+
+/// A segment worth cleaning.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Victim {
+    /// The segment.
+    pub seg: u32,
+    /// Live bytes in it, as counted.
+    pub live: u32,
+    /// Cost-benefit score: higher is better.
+    pub score: f64,
+}
+
+/// What [`Engine::reclaim`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reclaimed {
+    /// Victims now free.
+    pub freed: u32,
+    /// Bytes counted live in freed victims that no block accounted for.
+    pub leaked: u64,
+    /// Victims still holding live blocks, with what holds them.
+    pub busy: Vec<(u32, String)>,
+}
+
+impl Engine {
+    /// Segments worth cleaning, best first, at most `max`, by the cost and
+    /// benefit of Rosenblum and Ousterhout: `(1 - u) * age / (1 + u)`, with
+    /// `u` the live fraction and `age` the batches written since the
+    /// segment's last one. Segments more than `max_live` full are left
+    /// alone (cleaning them would cost more than it frees). Segments with
+    /// nothing live that are kept only for recovery come first: they cost
+    /// nothing to free.
+    pub fn pick_victims(&self, max: usize, max_live: f64) -> Vec<Victim> {
+        let core = lock(&self.sh.core);
+        let g = self.sh.sb.geometry;
+        let pos = core.log.pos();
+        let now = pos.batch_seq;
+        let mut v: Vec<Victim> = (0..g.segment_count)
+            .filter(|&s| s != pos.seg && s != pos.next_seg && !core.log.is_free(s))
+            .filter_map(|s| {
+                let u = core.log.usage[s as usize];
+                let frac = f64::from(u.live) / f64::from(g.segment_size);
+                if frac > max_live {
+                    return None;
+                }
+                let age = now.saturating_sub(u.last_batch).max(1) as f64;
+                let score = if u.live == 0 { f64::INFINITY } else { (1.0 - frac) * age / (1.0 + frac) };
+                Some(Victim { seg: s, live: u.live, score })
+            })
+            .collect();
+        v.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.seg.cmp(&b.seg)));
+        v.truncate(max);
+        v
+    }
+
+    /// Bytes of blocks a write of class `room` may still place in the log.
+    pub fn room_bytes(&self, room: Room) -> u64 {
+        lock(&self.sh.core).log.room_for(room) as u64
+    }
+
+    /// Bytes in segments in use that no live block takes: what cleaning
+    /// could give back (before the cost of moving what is live).
+    pub fn dead_bytes(&self) -> u64 {
+        let core = lock(&self.sh.core);
+        let g = self.sh.sb.geometry;
+        let pos = core.log.pos();
+        (0..g.segment_count)
+            .filter(|&s| s != pos.seg && !core.log.is_free(s))
+            .map(|s| u64::from(g.segment_size.saturating_sub(core.log.usage[s as usize].live)))
+            .sum()
+    }
+
+    /// The blocks of segment `seg`'s current contents: the chain of batches
+    /// from its start up to the last one written there (stale bytes of an
+    /// earlier use of the segment do not chain on and are not listed).
+    /// Verifies every batch's crc; an error means the segment cannot be
+    /// cleaned safely.
+    pub fn segment_blocks(&self, seg: u32) -> Result<Vec<SegBlock>> {
+        let g = self.sh.sb.geometry;
+        let last = {
+            let core = lock(&self.sh.core);
+            let pos = core.log.pos();
+            if seg >= g.segment_count || seg == pos.seg || seg == pos.next_seg || core.log.is_free(seg) {
+                return Err(Error::Invalid(format!(
+                    "segment {seg} is not a segment in use behind the log head"
+                )));
+            }
+            core.log.usage[seg as usize].last_batch
+        };
+        let mut buf = vec![0u8; g.segment_size as usize];
+        self.sh.store.read(seg, 0, &mut buf).map_err(|e| Error::io(format!("reading segment {seg}"), e))?;
+        let what = |off: usize| format!("segment {seg} at offset {off}");
+        let mut out = Vec::new();
+        let mut off = 0usize;
+        let mut prev: Option<(u64, u32)> = None;
+        loop {
+            let h = BatchHeader::decode(&buf[off.min(buf.len())..])?;
+            let ok = h.as_ref().is_some_and(|h| {
+                h.log_id == self.sh.sb.log_id()
+                    && (h.total_len as usize) >= BATCH_HEADER_SIZE
+                    && off + h.total_len as usize <= buf.len()
+                    && h.seq <= last
+                    && prev.is_none_or(|(s, c)| h.seq == s + 1 && h.prev_crc == c)
+                    && crc(&buf[off + 8..off + h.total_len as usize]) == h.batch_crc
+            });
+            let Some(h) = h.filter(|_| ok) else {
+                return Err(Error::corrupt(
+                    what(off),
+                    format!(
+                        "the batch chain of the segment ends before batch {last}, its last one \
+                         (after batch {})",
+                        prev.map_or(0, |p| p.0)
+                    ),
+                ));
+            };
+            let bytes = &buf[off..off + h.total_len as usize];
+            for e in SummaryEntry::decode_all(bytes, &h, &what(off))? {
+                let kind = BlockKind::from_u8(e.kind)
+                    .ok_or_else(|| Error::corrupt(what(off), format!("unknown block kind {}", e.kind)))?;
+                out.push(SegBlock {
+                    addr: BlockAddr { seg, offset: off as u32 + e.offset, len: e.len },
+                    kind,
+                    owner: e.owner,
+                    raw_len: e.raw_len,
+                    batch: h.seq,
+                });
+            }
+            if h.seq == last {
+                return Ok(out);
+            }
+            prev = Some((h.seq, h.batch_crc));
+            off = align_up((off + h.total_len as usize) as u32) as usize;
+            if off + BATCH_HEADER_SIZE > buf.len() {
+                return Err(Error::corrupt(what(off), format!("segment ends before batch {last}")));
+            }
+        }
+    }
+
+    /// Free `segs` once the layer above has moved every live data block out
+    /// of them (the caller's promise: no data block in `segs` is referenced
+    /// any more, and its frees were committed). Rewrites the index runs
+    /// with blocks there, flushes the memtable and writes two checkpoints,
+    /// so that the engine's own blocks there die; then drops the counts of
+    /// any leaked blocks left in victims that hold nothing live.
+    pub fn reclaim(&self, segs: &[u32]) -> Result<Reclaimed> {
+        self.check_ok()?;
+        let set: HashSet<u32> = segs.iter().copied().collect();
+        {
+            let _g = lock(&self.sh.ckpt_lock);
+            let ver = self.version();
+            let touched: Vec<usize> = ver
+                .runs
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.blocks().iter().any(|a| set.contains(&a.seg)))
+                .map(|(i, _)| i)
+                .collect();
+            if let (Some(&lo), Some(&hi)) = (touched.first(), touched.last()) {
+                self.merge_window(&ver, lo, hi + 1)?;
+            }
+        }
+        // Flush (a checkpoint moves the replay start to the tail), then one
+        // more checkpoint so that the older slot moves past too, and the
+        // bodies written before both are freed.
+        self.flush()?;
+        self.checkpoint()?;
+        let mut out = Reclaimed::default();
+        // Victims whose count is not zero: look at what is left in them.
+        let mut left = Vec::new();
+        for &s in segs {
+            let live = lock(&self.sh.core).log.usage[s as usize].live;
+            if live == 0 {
+                out.freed += 1;
+            } else {
+                left.push(s);
+            }
+        }
+        for s in left {
+            let blocks = match self.segment_blocks(s) {
+                Ok(b) => b,
+                Err(e) => {
+                    out.busy.push((s, e.to_string()));
+                    continue;
+                }
+            };
+            let _g = lock(&self.sh.ckpt_lock);
+            let ver = self.version();
+            let mut core = lock(&self.sh.core);
+            let held = blocks.iter().find_map(|b| {
+                let why = match b.kind {
+                    BlockKind::Data => core
+                        .pending_frees
+                        .iter()
+                        .any(|&(_, a)| a == b.addr)
+                        .then_some("a free not yet durable"),
+                    BlockKind::Journal => core
+                        .log
+                        .journal_blocks
+                        .iter()
+                        .any(|&(batch, seg, _)| batch == b.batch && seg == s)
+                        .then_some("a journal block recovery still needs"),
+                    BlockKind::RunData | BlockKind::RunIndex | BlockKind::RunFilter => {
+                        (ver.runs.iter().any(|r| r.meta.id == b.owner)
+                            || core.ckpt.deferred.iter().any(|&(_, a)| a == b.addr))
+                        .then_some("an index run in use")
+                    }
+                    BlockKind::Checkpoint => (b.addr == core.ckpt.body || b.addr == core.ckpt.prev_body)
+                        .then_some("a checkpoint body in use"),
+                };
+                why.map(|w| format!("{w} ({} block at {})", b.kind.name(), b.addr))
+            });
+            match held {
+                Some(why) => out.busy.push((s, why)),
+                None => {
+                    let u = &mut core.log.usage[s as usize];
+                    out.leaked += u64::from(u.live);
+                    u.live = 0;
+                    out.freed += 1;
+                }
+            }
+        }
+        Ok(out)
+    }
+}

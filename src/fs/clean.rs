@@ -1,0 +1,266 @@
+//! The cleaner, file system half: move the live file data out of the
+//! segments the engine picks, repacking it on the way, then let the engine
+//! reclaim the segments (`src/engine/clean.rs`).
+//!
+//! Moving a chunk is loading it into the group's buffers as if it had been
+//! written again (without touching its times): the commit then stores it
+//! the way every chunk is stored. So the chunks of partly dead shared
+//! blocks are packed together with other small chunks into full new
+//! blocks, a chunk is recompressed with its file's current codec policy,
+//! and the old block is freed by the commit that installs the new one.
+//! The move is one commit group: a crash leaves either the old places or
+//! the new ones, and the tree is the same either way.
+
+use std::collections::{BTreeMap, HashSet};
+
+use super::*;
+use crate::engine::{Room, SegBlock};
+use crate::log::format::BlockKind;
+
+/// What [`Fs::clean`] may do.
+#[derive(Debug, Clone)]
+pub struct CleanOptions {
+    /// Clean at most this many segments.
+    pub max_segments: usize,
+    /// Leave segments alone that are more than this fraction live.
+    pub max_live: f64,
+    /// Stop once this many segments are free (None: clean `max_segments`).
+    pub target_free: Option<u32>,
+}
+
+impl Default for CleanOptions {
+    fn default() -> Self {
+        CleanOptions { max_segments: usize::MAX, max_live: 0.9, target_free: None }
+    }
+}
+
+/// What a cleaning pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CleanReport {
+    /// Segments examined.
+    pub examined: u32,
+    /// Segments made free.
+    pub freed: u32,
+    /// Chunks moved.
+    pub chunks: u64,
+    /// Stored bytes of the live blocks moved.
+    pub moved_bytes: u64,
+    /// Counted bytes that nothing referenced (leaks dropped).
+    pub leaked_bytes: u64,
+    /// Segments left as they were, and why.
+    pub skipped: Vec<(u32, String)>,
+}
+
+impl CleanReport {
+    /// The report for scripts.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "examined": self.examined, "freed": self.freed, "chunks": self.chunks,
+            "moved_bytes": self.moved_bytes, "leaked_bytes": self.leaked_bytes,
+            "skipped": self.skipped.iter().map(|(s, why)| serde_json::json!({"segment": s, "why": why})).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// Victims cleaned per round: their data is moved in one group, then the
+/// engine reclaims them together (one flush and two checkpoints).
+const ROUND: usize = 4;
+
+impl Fs {
+    /// Clean: move live data out of the segments with the most dead space
+    /// and free them. Holds the file system for one round of a few segments
+    /// at a time.
+    pub fn clean(&self, opts: &CleanOptions, progress: &dyn Fn(&CleanReport)) -> Result<CleanReport> {
+        let mut rep = CleanReport::default();
+        let mut tried = HashSet::new();
+        loop {
+            let r = self.st().clean_round(opts, &mut rep, &mut tried)?;
+            progress(&rep);
+            if !r {
+                return Ok(rep);
+            }
+        }
+    }
+}
+
+impl Fs {
+    /// Setting [`XATTR_CLEAN`] on the root: clean, keep the report.
+    pub(super) fn clean_by_xattr(&self, ino: Ino, value: &[u8]) -> Result<()> {
+        if ino != ROOT {
+            return Err(Error::posix(libc::EINVAL, "user.zlogfs.clean is set on the root directory only"));
+        }
+        let v = String::from_utf8_lossy(value);
+        let v = v.trim();
+        let max_segments = match v {
+            "" | "all" => usize::MAX,
+            n => n.parse().map_err(|_| {
+                Error::posix(
+                    libc::EINVAL,
+                    format!("user.zlogfs.clean: {n:?} is not a number of segments or \"all\""),
+                )
+            })?,
+        };
+        let rep = self.clean(&CleanOptions { max_segments, ..CleanOptions::default() }, &|_| {})?;
+        self.st().last_clean = Some(rep);
+        Ok(())
+    }
+}
+
+impl State {
+    /// One round: up to [`ROUND`] victims. False when there is nothing
+    /// (more) to do.
+    ///
+    /// Data the writers buffered is set aside meanwhile and put back after:
+    /// the cleaner's commits carry only what it moves (and the group's
+    /// metadata), and so fit in the part of the reserve it may use.
+    pub(super) fn clean_round(
+        &mut self,
+        opts: &CleanOptions,
+        rep: &mut CleanReport,
+        tried: &mut HashSet<u32>,
+    ) -> Result<bool> {
+        let stash = std::mem::take(&mut self.dirty);
+        self.dirty_bytes = 0;
+        self.dirty_chunks = 0;
+        self.cleaning = true;
+        let r = self.clean_round_inner(opts, rep, tried);
+        self.cleaning = false;
+        // The writers' buffers are newer than anything the cleaner loaded
+        // and did not get to store (after an error).
+        for (ino, chunks) in stash {
+            self.dirty.entry(ino).or_default().extend(chunks);
+        }
+        self.dirty_chunks = self.dirty.values().map(|m| m.len()).sum();
+        self.dirty_bytes = self.dirty_chunks * self.cfg.chunk_size as usize;
+        r
+    }
+
+    /// Clean until `need` bytes are free in the log, or nothing more can
+    /// be cleaned.
+    pub(super) fn clean_for(&mut self, need: u64) -> Result<()> {
+        let opts = CleanOptions { max_live: 0.95, ..CleanOptions::default() };
+        let (mut rep, mut tried) = (CleanReport::default(), HashSet::new());
+        while need > self.space_hint && self.clean_round(&opts, &mut rep, &mut tried)? {}
+        Ok(())
+    }
+
+    fn clean_round_inner(
+        &mut self,
+        opts: &CleanOptions,
+        rep: &mut CleanReport,
+        tried: &mut HashSet<u32>,
+    ) -> Result<bool> {
+        let left = opts.max_segments.saturating_sub(rep.examined as usize);
+        let enough = opts.target_free.is_some_and(|t| self.eng.stats().free_segments >= t);
+        if left == 0 || enough {
+            return Ok(false);
+        }
+        // As many victims as the room the cleaner may use can take (their
+        // live data may grow a little when repacked), at least one.
+        let budget = self.eng.room_bytes(Room::Relieve) * 7 / 8;
+        let mut victims = Vec::new();
+        let mut take = 0u64;
+        for v in self.eng.pick_victims(left.min(ROUND) + tried.len(), opts.max_live) {
+            if tried.contains(&v.seg) || victims.len() == left.min(ROUND) {
+                continue;
+            }
+            if !victims.is_empty() && take + u64::from(v.live) > budget {
+                break;
+            }
+            take += u64::from(v.live);
+            victims.push(v.seg);
+        }
+        if victims.is_empty() {
+            return Ok(false);
+        }
+        tried.extend(&victims);
+        let mut ok = Vec::new();
+        for &seg in &victims {
+            rep.examined += 1;
+            let blocks = match self.eng.segment_blocks(seg) {
+                Ok(b) => b,
+                Err(e) => {
+                    rep.skipped.push((seg, e.to_string()));
+                    continue;
+                }
+            };
+            match self.move_out(&blocks, rep) {
+                Ok(()) => ok.push(seg),
+                Err(e @ Error::ChecksumMismatch { .. }) | Err(e @ Error::Corrupt { .. }) => {
+                    // Leave the segment (and whatever is readable in it) as
+                    // it is: fsck reports the damage.
+                    rep.skipped.push((seg, e.to_string()));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.commit_as(Room::Relieve)?;
+        if ok.is_empty() {
+            return Ok(true);
+        }
+        let r = self.eng.reclaim(&ok)?;
+        rep.freed += r.freed;
+        rep.leaked_bytes += r.leaked;
+        rep.skipped.extend(r.busy);
+        self.space_hint = self.eng.free_bytes();
+        Ok(true)
+    }
+
+    /// Load every live chunk stored in `blocks` into the group's buffers,
+    /// committing along the way when the buffers fill.
+    fn move_out(&mut self, blocks: &[SegBlock], rep: &mut CleanReport) -> Result<()> {
+        let mut own: BTreeMap<Ino, HashSet<BlockAddr>> = BTreeMap::new();
+        for b in blocks.iter().filter(|b| b.kind == BlockKind::Data) {
+            if b.owner == 0 {
+                // Shared: the reference list names the chunks.
+                let Some(v) = self.get(&shared_key(b.addr))? else { continue };
+                let refs = decode_refs(&v)?;
+                rep.moved_bytes += u64::from(b.addr.len);
+                for (ino, idx) in refs {
+                    match self.stored_extent(ino, idx)? {
+                        Some(Extent::Shared { addr, .. }) if addr == b.addr => {
+                            self.relocate(ino, idx, rep)?
+                        }
+                        _ => {
+                            return Err(Error::corrupt(
+                                format!("block {}", b.addr),
+                                format!(
+                                    "its reference list names chunk {idx} of inode {ino}, which is not in it"
+                                ),
+                            ))
+                        }
+                    }
+                }
+            } else {
+                own.entry(b.owner).or_default().insert(b.addr);
+            }
+        }
+        for (ino, addrs) in own {
+            let (lo, hi) = extents_from(ino, 0);
+            let mut found = Vec::new();
+            for (k, v) in self.scan(&lo, &hi, usize::MAX)? {
+                if let Extent::Own(a, _) = Extent::decode(&v, &format!("chunk of inode {ino}"))? {
+                    if addrs.contains(&a) {
+                        let (_, idx) = parse_extent_key(&k)
+                            .ok_or_else(|| Error::corrupt("chunk key", format!("{k:02x?}")))?;
+                        found.push((idx, a));
+                    }
+                }
+            }
+            for (idx, a) in found {
+                rep.moved_bytes += u64::from(a.len);
+                self.relocate(ino, idx, rep)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn relocate(&mut self, ino: Ino, idx: u64, rep: &mut CleanReport) -> Result<()> {
+        self.dirty_mut(ino, idx)?;
+        rep.chunks += 1;
+        if self.dirty_bytes >= (64 << 20).min(self.dirty_limit) || self.group_full() {
+            self.commit_as(Room::Relieve)?;
+        }
+        Ok(())
+    }
+}

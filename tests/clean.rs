@@ -1,0 +1,309 @@
+//! The cleaner: sustained overwrites far beyond the capacity, cycles of
+//! filling a small image to ENOSPC and emptying it, and power cuts at every
+//! sync point of a cleaning pass and at random points inside it.
+//!
+//! Randomised: each test prints its seed; replay with ZLOGFS_SEED=N.
+
+mod common;
+
+use std::sync::Arc;
+
+use rand::rngs::StdRng;
+use rand::{Rng, RngCore, SeedableRng};
+use zlogfs::engine::Options;
+use zlogfs::fs::{self, CleanOptions, Fs, FsOptions, Ino, MkfsOptions, ROOT};
+use zlogfs::store::{CrashMode, FaultConfig, FaultStore, Geometry, MemStore, OpKind, Store};
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+
+fn fs_opts() -> FsOptions {
+    FsOptions {
+        engine: Options { background: false, cache_bytes: 4 << 20, ..Options::default() },
+        commit_interval: None,
+        dirty_bytes: 8 << 20,
+        cache_bytes: 4 << 20,
+        ..FsOptions::default()
+    }
+}
+
+/// 64 MiB in 1 MiB segments.
+const SMALL: Geometry = Geometry { segment_size: 1 << 20, segment_count: 64 };
+
+fn create(f: &Fs, name: &[u8]) -> Ino {
+    f.create(ROOT, name, 0o644, 0, 0).expect("create").ino
+}
+
+fn random(r: &mut StdRng, n: usize) -> Vec<u8> {
+    let mut v = vec![0; n];
+    r.fill_bytes(&mut v);
+    v
+}
+
+#[track_caller]
+fn fsck(f: &Fs, what: &str) {
+    let rep = f.check(&|_, _| {}).unwrap_or_else(|e| panic!("{what}: fsck: {e}"));
+    assert!(rep.problems.is_empty(), "{what}: fsck found problems: {:#?}", rep.problems);
+}
+
+fn live_bytes(f: &Fs) -> u64 {
+    f.engine().stats().live_bytes
+}
+
+/// Random overwrites, 64 KiB and 4 KiB, of a file that keeps an image 70%
+/// full, four times the image's capacity in all: the cleaner (run by the
+/// writers when space runs short) keeps up, nothing gets ENOSPC, and the
+/// data reads back as the model says, before and after a reopen.
+#[test]
+fn sustained_overwrites_at_70_percent() {
+    let seed = common::seed("sustained_overwrites_at_70_percent");
+    let mut r = StdRng::seed_from_u64(seed);
+    let s: Arc<dyn Store> = Arc::new(MemStore::new(SMALL));
+    fs::mkfs(s.clone(), &MkfsOptions::default()).expect("mkfs");
+    let mut f = Fs::open(s.clone(), fs_opts()).expect("open");
+    let size = SMALL.capacity() as usize * 7 / 10 / MIB * MIB;
+    let mut model = random(&mut r, size);
+    let ino = create(&f, b"file");
+    for off in (0..size).step_by(MIB) {
+        f.write(ino, off as u64, &model[off..off + MIB]).unwrap_or_else(|e| panic!("seed {seed}: fill: {e}"));
+    }
+    f.sync().expect("sync");
+    let mut written = 0usize;
+    let mut n = 0u64;
+    let dev0 = f.engine().device_bytes_written();
+    while written < 4 * SMALL.capacity() as usize {
+        let len = if r.gen_bool(0.5) { 4 * KIB } else { 64 * KIB };
+        let off = r.gen_range(0..size / len) * len;
+        let data = random(&mut r, len);
+        f.write(ino, off as u64, &data)
+            .unwrap_or_else(|e| panic!("seed {seed}: overwrite {n} at {off} after {written} bytes: {e}"));
+        model[off..off + len].copy_from_slice(&data);
+        written += len;
+        n += 1;
+        if n % 100 == 0 {
+            f.sync().unwrap_or_else(|e| panic!("seed {seed}: sync after {n} overwrites: {e}"));
+        }
+    }
+    f.sync().expect("sync");
+    let dev = f.engine().device_bytes_written() - dev0;
+    eprintln!(
+        "seed {seed}: {n} overwrites, {written} bytes, device wrote {dev} ({:.2}x)",
+        dev as f64 / written as f64
+    );
+    for off in (0..size).step_by(MIB) {
+        assert!(
+            f.read(ino, off as u64, MIB).expect("read") == model[off..off + MIB],
+            "seed {seed}: MiB at {off} differs"
+        );
+    }
+    fsck(&f, "after the overwrites");
+    f.close().expect("close");
+    f = Fs::open(s.clone(), fs_opts()).expect("reopen");
+    for off in (0..size).step_by(MIB) {
+        assert!(
+            f.read(ino, off as u64, MIB).expect("read") == model[off..off + MIB],
+            "seed {seed}: MiB at {off} differs after reopen"
+        );
+    }
+    fsck(&f, "after reopen");
+}
+
+/// Every file of the root directory and its contents.
+fn tree(f: &Fs) -> std::collections::BTreeMap<Vec<u8>, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        let ents = f.readdir(ROOT, after.as_deref(), 256).expect("readdir");
+        let Some(last) = ents.last() else { return out };
+        after = Some(last.name.clone());
+        for e in ents {
+            let a = f.lookup(ROOT, &e.name).expect("lookup");
+            out.insert(e.name, f.read(e.ino, 0, a.size as usize).expect("read"));
+        }
+    }
+}
+
+/// Bytes that compress about 3.5:1 (two bits of entropy a byte).
+fn compressible(r: &mut StdRng, n: usize) -> Vec<u8> {
+    let mut v = random(r, n);
+    for b in &mut v {
+        *b = b'a' + (*b & 3);
+    }
+    v
+}
+
+/// Write files of `file` bytes made by `gen` until ENOSPC, each one synced;
+/// the file that hit ENOSPC is deleted (which must succeed). Returns the
+/// number of files written whole.
+fn fill(
+    f: &Fs,
+    r: &mut StdRng,
+    prefix: &str,
+    file: usize,
+    gen: fn(&mut StdRng, usize) -> Vec<u8>,
+    model: &mut std::collections::BTreeMap<Vec<u8>, Vec<u8>>,
+    what: &str,
+) -> usize {
+    for n in 0..100_000 {
+        let name = format!("{prefix}{n:05}").into_bytes();
+        let ino = create(f, &name);
+        let data = gen(r, file);
+        let mut res = Ok(());
+        for piece in (0..file).step_by(256 * KIB) {
+            let end = (piece + 256 * KIB).min(file);
+            res = f.write(ino, piece as u64, &data[piece..end]).map(|_| ());
+            if res.is_err() {
+                break;
+            }
+        }
+        match res.and_then(|_| f.fsync(ino, false)) {
+            Ok(()) => {
+                model.insert(name, data);
+            }
+            Err(e) => {
+                assert_eq!(e.errno(), libc::ENOSPC, "{what}: file {n}: {e}");
+                f.unlink(ROOT, &name).unwrap_or_else(|e| panic!("{what}: unlink after ENOSPC: {e}"));
+                f.sync().unwrap_or_else(|e| panic!("{what}: sync after the unlink: {e}"));
+                return n;
+            }
+        }
+    }
+    panic!("{what}: never ran out of space");
+}
+
+/// Fill a 64 MiB image with incompressible data until ENOSPC, then with
+/// compressible data until ENOSPC; check everything synced; delete it all;
+/// clean; 20 times. Deletes always succeed, the space comes back every
+/// time (used space returns to what the empty tree takes), nothing is
+/// lost, fsck is clean and the image reopens.
+#[test]
+fn enospc_cycles_on_a_small_image() {
+    let seed = common::seed("enospc_cycles_on_a_small_image");
+    let mut r = StdRng::seed_from_u64(seed);
+    let s: Arc<dyn Store> = Arc::new(MemStore::new(SMALL));
+    fs::mkfs(s.clone(), &MkfsOptions::default()).expect("mkfs");
+    let mut f = Fs::open(s.clone(), fs_opts()).expect("open");
+    let live0 = live_bytes(&f);
+    let mut first: Option<(usize, usize)> = None;
+    for cycle in 0..20 {
+        let what = format!("seed {seed} cycle {cycle}");
+        let mut model = std::collections::BTreeMap::new();
+        let hard = fill(&f, &mut r, "rand", MIB, random, &mut model, &what);
+        let soft = fill(&f, &mut r, "text", 512 * KIB, compressible, &mut model, &what);
+        eprintln!("{what}: {hard} MiB of random data, then {soft} files of 512 KiB of compressible data");
+        // At least 3/4 of the image takes incompressible data, and the
+        // space stays the same from cycle to cycle (nothing leaks).
+        assert!(hard * MIB >= SMALL.capacity() as usize * 3 / 4, "{what}: only {hard} MiB fit");
+        let (h0, s0) = *first.get_or_insert((hard, soft));
+        assert!(hard + 2 >= h0, "{what}: {hard} MiB fit, {h0} in the first cycle");
+        assert!(2 * hard + soft + 8 >= 2 * h0 + s0, "{what}: {hard} + {soft} fit, {h0} + {s0} at first");
+        assert!(tree(&f) == model, "{what}: the synced files differ");
+        fsck(&f, &what);
+        for name in model.keys() {
+            f.unlink(ROOT, name).unwrap_or_else(|e| panic!("{what}: unlink: {e}"));
+        }
+        f.sync().expect("sync");
+        let rep = f.clean(&CleanOptions::default(), &|_| {}).unwrap_or_else(|e| panic!("{what}: clean: {e}"));
+        let live = live_bytes(&f);
+        assert!(
+            live <= live0 + 256 * KIB as u64,
+            "{what}: {live} bytes live with no files ({live0} at first); {rep:?}"
+        );
+        fsck(&f, &what);
+        f.close().unwrap_or_else(|e| panic!("{what}: close: {e}"));
+        f = Fs::open(s.clone(), fs_opts()).unwrap_or_else(|e| panic!("{what}: reopen: {e}"));
+        assert!(tree(&f).is_empty(), "{what}: files left after deleting them all");
+    }
+}
+
+/// An image with dead space of every kind: overwritten chunks, deleted big
+/// files, and shared blocks of small files of which some were deleted.
+fn dirty_image() -> (Arc<FaultStore>, std::collections::BTreeMap<Vec<u8>, Vec<u8>>) {
+    let st = Arc::new(FaultStore::new(Geometry { segment_size: 512 * 1024, segment_count: 64 }));
+    let s: Arc<dyn Store> = st.clone();
+    fs::mkfs(s.clone(), &MkfsOptions::default()).expect("mkfs");
+    let f = Fs::open(s, fs_opts()).expect("open");
+    let mut r = StdRng::seed_from_u64(7);
+    for i in 0..300u32 {
+        let name = format!("small{i:03}").into_bytes();
+        let ino = create(&f, &name);
+        let n = r.gen_range(600..9000);
+        f.write(ino, 0, &compressible(&mut r, n)).expect("write");
+    }
+    for i in 0..6u32 {
+        let ino = create(&f, format!("big{i}").as_bytes());
+        f.write(ino, 0, &random(&mut r, 2 * MIB)).expect("write");
+    }
+    f.sync().expect("sync");
+    for i in (0..300u32).step_by(3) {
+        f.unlink(ROOT, format!("small{i:03}").as_bytes()).expect("unlink");
+    }
+    f.unlink(ROOT, b"big1").expect("unlink");
+    f.unlink(ROOT, b"big4").expect("unlink");
+    let ino = f.lookup(ROOT, b"big2").expect("lookup").ino;
+    for k in 0..20 {
+        f.write(ino, k * 96 * KIB as u64, &random(&mut r, 20 * KIB)).expect("overwrite");
+    }
+    f.sync().expect("sync");
+    let model = tree(&f);
+    f.close().expect("close");
+    (st, model)
+}
+
+/// Power cuts at every sync point of a cleaning pass, and after a random
+/// number of device operations inside it: the image reopens, the tree is
+/// exactly what it was (cleaning changes nothing a reader sees), fsck is
+/// clean, and a second pass then works.
+#[test]
+fn crash_while_cleaning() {
+    let seed = common::seed("crash_while_cleaning");
+    let mut r = StdRng::seed_from_u64(seed);
+    let (base, model) = dirty_image();
+    let open = |st: &Arc<FaultStore>| {
+        let s: Arc<dyn Store> = st.clone();
+        Fs::open(s, fs_opts())
+    };
+    // A pass without faults: how many syncs and operations it takes.
+    let st = Arc::new(base.fork());
+    let f = open(&st).expect("open");
+    st.set_faults(FaultConfig::default());
+    let syncs0 = st.sync_count();
+    let rep = f.clean(&CleanOptions::default(), &|_| {}).expect("clean");
+    let (syncs, ops) = (st.sync_count() - syncs0, st.op_count());
+    eprintln!("a pass: {rep:?}, {syncs} syncs, {ops} device operations");
+    assert!(rep.freed >= 4 && rep.chunks > 0, "the pass must move data and free segments: {rep:?}");
+    assert!(tree(&f) == model, "the tree changed in a pass");
+    fsck(&f, "after a clean pass");
+    drop(f);
+    let modes = [CrashMode::DropUnsynced, CrashMode::TearLast, CrashMode::Reorder];
+    let mut points: Vec<(&str, FaultConfig)> = (1..=syncs)
+        .map(|k| {
+            let c = FaultConfig {
+                fail_at: Some(k),
+                fail_kinds: Some(OpKind::Sync),
+                persistent: true,
+                ..FaultConfig::default()
+            };
+            ("sync", c)
+        })
+        .collect();
+    for _ in 0..24 {
+        points.push(("op", FaultConfig { dead_after: Some(r.gen_range(0..ops)), ..FaultConfig::default() }));
+    }
+    for (n, (kind, cfg)) in points.into_iter().enumerate() {
+        let what = format!("seed {seed}: cut {n} ({kind} {cfg:?})");
+        let st = Arc::new(base.fork());
+        let f = open(&st).unwrap_or_else(|e| panic!("{what}: open: {e}"));
+        st.set_faults(cfg);
+        let res = f.clean(&CleanOptions::default(), &|_| {});
+        drop(f);
+        st.power_cut(modes[n % 3], seed ^ n as u64);
+        let f = open(&st).unwrap_or_else(|e| panic!("{what}: reopen after the cut (clean: {res:?}): {e}"));
+        assert!(tree(&f) == model, "{what}: the tree changed");
+        fsck(&f, &what);
+        let rep =
+            f.clean(&CleanOptions::default(), &|_| {}).unwrap_or_else(|e| panic!("{what}: clean again: {e}"));
+        assert!(tree(&f) == model, "{what}: the tree changed in the second pass ({rep:?})");
+        fsck(&f, &what);
+    }
+}
