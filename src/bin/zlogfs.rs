@@ -126,6 +126,24 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Clean: move the live data out of the segments with the most dead
+    /// space, repacking small files together, and free those segments.
+    /// TARGET is an image, or the mount point of a mounted one (the pass
+    /// then runs in the mount's daemon).
+    Clean {
+        /// The image, or a zlogfs mount point.
+        target: PathBuf,
+        /// Clean at most this many segments (default: all worth cleaning).
+        #[arg(long)]
+        segments: Option<usize>,
+        /// Leave segments alone that are more than this fraction live
+        /// (an image only; a mount uses 0.9).
+        #[arg(long, default_value = "0.9")]
+        max_live: f64,
+        /// Machine-readable report.
+        #[arg(long)]
+        json: bool,
+    },
     /// Check every checksum and cross-reference of an image. Exit status 0
     /// when clean, 1 with a report when not.
     Fsck {
@@ -142,9 +160,11 @@ struct FormatArgs {
     /// Size of a new image file, e.g. 1G, 512M (ignored for devices).
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     size: u64,
-    /// Segment size, e.g. 4M (128K to 1G, a multiple of 512).
-    #[arg(long, default_value = "4M", value_parser = parse_size)]
-    segment_size: u64,
+    /// Segment size, e.g. 4M (128K to 1G, a multiple of 512). Default:
+    /// 1M for images under 1 GiB (so that the reserve of two segments
+    /// stays small), 4M otherwise.
+    #[arg(long, value_parser = parse_size)]
+    segment_size: Option<u64>,
     /// Bytes of file data per chunk (power of two, 4K to 1M).
     #[arg(long, default_value = "64K", value_parser = parse_size)]
     chunk_size: u64,
@@ -207,6 +227,7 @@ fn main() -> ExitCode {
         Cmd::Du { image, path, json } => du(&image, &path, json),
         Cmd::Stats { image, json } => stats(&image, json),
         Cmd::Fsck { image, json } => fsck(&image, json),
+        Cmd::Clean { target, segments, max_live, json } => clean(&target, segments, max_live, json),
     };
     finish(r)
 }
@@ -235,8 +256,11 @@ fn mkfs(image: &Path, f: &FormatArgs, force: bool) -> Result<(), String> {
     } else {
         f.size
     };
-    let segment_size = u32::try_from(f.segment_size).map_err(|_| "segment size too large".to_string())?;
-    let segment_size = if segment_size == 0 { DEFAULT_SEGMENT_SIZE } else { segment_size };
+    let segment_size = match f.segment_size {
+        Some(s) => u32::try_from(s).map_err(|_| "segment size too large".to_string())?,
+        None if size < 1 << 30 => 1 << 20,
+        None => DEFAULT_SEGMENT_SIZE,
+    };
     let segment_count = size.saturating_sub(META_AREA_SIZE) / u64::from(segment_size);
     let geometry = Geometry { segment_size, segment_count: u32::try_from(segment_count).unwrap_or(u32::MAX) };
     validate_geometry(geometry).map_err(|e| format!("cannot make an image of {size} bytes: {e}"))?;
@@ -545,6 +569,13 @@ fn stats(image: &Path, json: bool) -> Res {
     let amp =
         (u.counters.user_bytes > 0).then(|| u.counters.device_bytes as f64 / u.counters.user_bytes as f64);
     let meta_per_file = s.run_bytes as f64 / files.max(1) as f64;
+    // Space: physical bytes in use and free (free counts what cleaning
+    // can reclaim, as statfs does), dead bytes awaiting the cleaner, and
+    // how much more logical data fits at the ratio seen so far.
+    let usable = u64::from(s.segments.saturating_sub(s.reserve_segments)) * u64::from(g.segment_size);
+    let free_phys = usable.saturating_sub(s.live_bytes);
+    let dead = e.dead_bytes();
+    let fits_more = (free_phys as f64 * ratio.max(1.0)) as u64;
     if json {
         let codecs: serde_json::Map<String, serde_json::Value> = u
             .codecs
@@ -567,6 +598,9 @@ fn stats(image: &Path, json: bool) -> Res {
             "checkpoint": s.checkpoint, "pinned_segments": s.pinned_segments,
             "user_bytes_written": u.counters.user_bytes, "device_bytes_written": u.counters.device_bytes,
             "device_bytes_per_user_byte": amp,
+            "reserve_segments": s.reserve_segments, "usable_bytes": usable, "physical_used_bytes": s.live_bytes,
+            "physical_free_bytes": free_phys, "dead_bytes": dead, "logical_used_bytes": u.tree.logical,
+            "estimated_logical_bytes_that_fit": fits_more,
         });
         println!("{v:#}");
     } else {
@@ -578,6 +612,11 @@ fn stats(image: &Path, json: bool) -> Res {
             s.free_segments,
             s.pinned_segments,
             s.live_bytes
+        );
+        println!(
+            "space:            {} usable ({} reserved segments); {} used, {} free of which {} dead \
+             (reclaimed by the cleaner); about {} more logical bytes fit at ratio {ratio:.2}",
+            usable, s.reserve_segments, s.live_bytes, free_phys, dead, fits_more
         );
         println!(
             "tree:             {} files, {} directories, {} others",
@@ -602,6 +641,62 @@ fn stats(image: &Path, json: bool) -> Res {
             amp.map_or("no user bytes yet".to_string(), |a| format!("{a:.2} device bytes per user byte"))
         );
         println!("checkpoint:       {}", s.checkpoint);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn clean(target: &Path, segments: Option<usize>, max_live: f64, json: bool) -> Res {
+    if !(0.0..=1.0).contains(&max_live) {
+        return Err(format!("--max-live {max_live} is not a fraction between 0 and 1"));
+    }
+    let rep = if target.is_dir() {
+        // A mount point: the daemon cleans when the root's clean xattr is
+        // set, and gives its report back through the same xattr.
+        let v = segments.map_or("all".to_string(), |n| n.to_string());
+        xattr::set(target, "user.zlogfs.clean", v.as_bytes()).map_err(|e| {
+            format!(
+                "{}: cannot start cleaning ({e}); is it a zlogfs mount, and are you root?",
+                target.display()
+            )
+        })?;
+        let out = xattr::get(target, "user.zlogfs.clean")
+            .map_err(|e| format!("{}: reading the report: {e}", target.display()))?
+            .unwrap_or_default();
+        serde_json::from_slice::<serde_json::Value>(&out)
+            .map_err(|e| format!("{}: the report is not JSON: {e}", target.display()))?
+    } else {
+        let fs = open_fs(target, zfs::Atime::Noatime)?;
+        let pb = tools::progress(0, "cleaning", json);
+        let opts =
+            zfs::CleanOptions { max_segments: segments.unwrap_or(usize::MAX), max_live, target_free: None };
+        let rep = fs
+            .clean(&opts, &|r| {
+                pb.set_message(format!(
+                    "cleaning: {} segments freed, {} bytes moved",
+                    r.freed, r.moved_bytes
+                ));
+                pb.tick();
+            })
+            .map_err(|e| format!("{}: cleaning stopped: {e}", target.display()))?;
+        pb.finish_and_clear();
+        close(fs, target)?;
+        rep.to_json()
+    };
+    if json {
+        println!("{rep:#}");
+    } else {
+        println!(
+            "{}: {} segments examined, {} freed; {} chunks ({} stored bytes) moved; {} leaked bytes reclaimed",
+            target.display(),
+            rep["examined"],
+            rep["freed"],
+            rep["chunks"],
+            rep["moved_bytes"],
+            rep["leaked_bytes"]
+        );
+        for s in rep["skipped"].as_array().into_iter().flatten() {
+            println!("skipped segment {}: {}", s["segment"], s["why"].as_str().unwrap_or(""));
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
