@@ -7,6 +7,8 @@
 #              directories whose codec policy is zstd:3, lz4, none, zstd:19
 #   fio        verify=crc32c on incompressible, zero-filled and 50%
 #              compressible data: write, unmount, fsck, mount, --verify_only
+#   clean      fio randwrite with verify, 4 loops of 88 MiB on a 128 MiB
+#              image (70% full), `zlogfs clean` on the mount, verify again
 #
 # Needs root, /dev/fuse, fusermount3 and the tools (.ci/run installs them:
 # fuse3, fio, attr, and `cargo install pjdfstest fsx`). Without them it says
@@ -18,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 here=tests/posix
-suites="${POSIX_SUITES:-pjdfstest fsx fio}"
+suites="${POSIX_SUITES:-pjdfstest fsx fio clean}"
 fsx_ops="${FSX_OPS:-50000}"
 
 missing=()
@@ -163,6 +165,36 @@ if [[ " $suites " == *" fio "* ]]; then
     done
     unmount_and_check "fio verify"
     "$zlogfs" stats "$img" 2>/dev/null | grep -E 'file data|writes' | sed 's/^/    /' || true
+fi
+
+if [[ " $suites " == *" clean "* ]]; then
+    echo "== fio overwrites, 2.75x the capacity, of an image kept 70% full (the cleaner keeps up)"
+    fresh 128M ""
+    # 88 MiB of incompressible data in 128 MiB, rewritten in random order
+    # in 64 KiB and 4 KiB blocks, each loop verified (crc32c) after it.
+    ow() {
+        fio --name=ow --directory="$mnt" --filename=ow --size=88M --rw=randwrite --bsrange=4k-64k \
+            --ioengine=psync --verify=crc32c --verify_fatal=1 --end_fsync=1 --randseed=11 \
+            --verify_state_save=0 "$@"
+    }
+    if ow --loops=4 >"$work/fio.log" 2>&1; then ok "fio randwrite+verify, 4 loops of 88 MiB on 128 MiB"; else
+        bad "fio randwrite+verify at 70% full"
+        tail -n 30 "$work/fio.log"
+    fi
+    if "$zlogfs" clean "$mnt" --json >"$work/clean.json" 2>&1 && grep -q '"freed"' "$work/clean.json"; then
+        ok "zlogfs clean on the mount: $(tr -d ' \n' <"$work/clean.json" | cut -c1-120)"
+    else
+        bad "zlogfs clean on the mount"
+        cat "$work/clean.json"
+    fi
+    unmount_and_check "the overwrites"
+    "$zlogfs" mount "$img" "$mnt"
+    if ow --verify_only >"$work/fio.log" 2>&1; then ok "fio --verify_only after remount"; else
+        bad "fio --verify_only after the overwrites and a remount"
+        tail -n 30 "$work/fio.log"
+    fi
+    unmount_and_check "verify after the overwrites"
+    "$zlogfs" stats "$img" 2>/dev/null | grep -E 'space|writes' | sed 's/^/    /' || true
 fi
 
 echo "posix suites: $passed passed, $failed failed"
