@@ -137,10 +137,19 @@ impl State {
 
     /// Clean until `need` bytes are free in the log, or nothing more can
     /// be cleaned.
+    ///
+    /// When a pass could not make the room, the next one waits until
+    /// something was committed since (a delete or an overwrite may have
+    /// made dead space): a full file system answers ENOSPC at once instead
+    /// of copying the same data around for every write it refuses.
     pub(super) fn clean_for(&mut self, need: u64) -> Result<()> {
+        if self.futile_at == Some(self.stats.commits) {
+            return Ok(());
+        }
         let opts = CleanOptions { max_live: 0.95, ..CleanOptions::default() };
         let (mut rep, mut tried) = (CleanReport::default(), HashSet::new());
         while need > self.space_hint && self.clean_round(&opts, &mut rep, &mut tried)? {}
+        self.futile_at = (need > self.space_hint).then_some(self.stats.commits);
         Ok(())
     }
 

@@ -308,6 +308,9 @@ struct State {
     cleaning: bool,
     /// The report of the last pass run through [`XATTR_CLEAN`].
     last_clean: Option<CleanReport>,
+    /// Commits so far when cleaning last failed to make the room a writer
+    /// needed (see `clean_for`).
+    futile_at: Option<u64>,
 }
 
 struct Inner {
@@ -438,6 +441,7 @@ impl Fs {
             grew: false,
             cleaning: false,
             last_clean: None,
+            futile_at: None,
         };
         let inner = Arc::new(Inner { st: Mutex::new(st), stop: Mutex::new(false), wake: Condvar::new() });
         {
