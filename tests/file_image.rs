@@ -77,6 +77,16 @@ fn cli_mkfs_and_stats() {
     assert_eq!(v["format_version"], 1);
     // 64 MiB less the metadata area, in 1 MiB segments (the default below 1 GiB).
     assert_eq!(v["segments"], 63);
+    // clean: on an image it reports as JSON; a directory that is not a
+    // zlogfs mount point is refused (and gets no xattr).
+    let out = Command::new(bin).args(["clean", img.to_str().unwrap(), "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["freed"].is_u64() && v["skipped"].is_array(), "{v}");
+    let out = Command::new(bin).args(["clean", d.to_str().unwrap()]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a zlogfs mount point"));
+    assert!(xattr::get(&d, "user.zlogfs.clean").unwrap_or(None).is_none());
     // Not an image.
     let junk = d.join("junk");
     std::fs::write(&junk, vec![0u8; 1 << 20]).unwrap();

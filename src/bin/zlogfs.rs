@@ -652,6 +652,12 @@ fn clean(target: &Path, segments: Option<usize>, max_live: f64, json: bool) -> R
     let rep = if target.is_dir() {
         // A mount point: the daemon cleans when the root's clean xattr is
         // set, and gives its report back through the same xattr.
+        if !is_zlogfs_mount(target) {
+            return Err(format!(
+                "{} is a directory but not a zlogfs mount point (give the image, or where it is mounted)",
+                target.display()
+            ));
+        }
         let v = segments.map_or("all".to_string(), |n| n.to_string());
         xattr::set(target, "user.zlogfs.clean", v.as_bytes()).map_err(|e| {
             format!(
@@ -699,6 +705,40 @@ fn clean(target: &Path, segments: Option<usize>, max_live: f64, json: bool) -> R
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// True when `dir` is the mount point of a zlogfs mount (type fuse.zlogfs
+/// in /proc/self/mountinfo).
+fn is_zlogfs_mount(dir: &Path) -> bool {
+    let Ok(dir) = dir.canonicalize() else { return false };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
+    // mountinfo escapes space, tab, newline and backslash as \ooo.
+    let unescape = |f: &str| -> String {
+        let b = f.as_bytes();
+        let mut out = Vec::with_capacity(b.len());
+        let mut i = 0;
+        while i < b.len() {
+            let oct =
+                b.get(i + 1..i + 4).and_then(|o| u8::from_str_radix(std::str::from_utf8(o).ok()?, 8).ok());
+            match (b[i], oct) {
+                (b'\\', Some(c)) => {
+                    out.push(c);
+                    i += 4;
+                }
+                (c, _) => {
+                    out.push(c);
+                    i += 1;
+                }
+            }
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    info.lines().any(|l| {
+        let mut halves = l.splitn(2, " - ");
+        let (Some(a), Some(b)) = (halves.next(), halves.next()) else { return false };
+        a.split(' ').nth(4).is_some_and(|m| Path::new(&unescape(m)) == dir)
+            && b.split(' ').next() == Some("fuse.zlogfs")
+    })
 }
 
 fn fsck(image: &Path, json: bool) -> Res {
