@@ -1301,10 +1301,19 @@ impl Engine {
         let core = lock(&self.sh.core);
         let free =
             (core.log.free_segments() + core.log.pinned_segments()).saturating_sub(core.log.reserve_segments);
-        // Counted as the writer's room check counts a segment (less room
-        // for the batch headers, summaries and alignment it will hold).
-        let seg = u64::from(self.sh.sb.geometry.segment_size);
-        u64::from(free) * (seg - seg / 16 - 2 * u64::from(BATCH_ALIGN))
+        // Counted as the writer's room check counts a segment.
+        u64::from(free) * core.log.usable_per_segment() as u64
+    }
+
+    /// Space as if nothing compressed: `(capacity, free)` in bytes, the
+    /// segments outside the reserve and that less the bytes of live blocks
+    /// (so free counts what cleaning can reclaim). What statfs reports.
+    pub fn capacity(&self) -> (u64, u64) {
+        let core = lock(&self.sh.core);
+        let segs = self.sh.sb.geometry.segment_count.saturating_sub(core.log.reserve_segments);
+        let usable = u64::from(segs) * u64::from(self.sh.sb.geometry.segment_size);
+        let live: u64 = core.log.usage.iter().map(|u| u64::from(u.live)).sum();
+        (usable, usable.saturating_sub(live))
     }
 
     /// Bytes written to the device since open (cheaper than `stats`).

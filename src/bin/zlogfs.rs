@@ -572,8 +572,7 @@ fn stats(image: &Path, json: bool) -> Res {
     // Space: physical bytes in use and free (free counts what cleaning
     // can reclaim, as statfs does), dead bytes awaiting the cleaner, and
     // how much more logical data fits at the ratio seen so far.
-    let usable = u64::from(s.segments.saturating_sub(s.reserve_segments)) * u64::from(g.segment_size);
-    let free_phys = usable.saturating_sub(s.live_bytes);
+    let (usable, free_phys) = e.capacity();
     let dead = e.dead_bytes();
     let fits_more = (free_phys as f64 * ratio.max(1.0)) as u64;
     if json {

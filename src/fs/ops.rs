@@ -801,15 +801,9 @@ impl Fs {
     /// Space and inode counts; free space as if nothing compressed.
     pub fn statfs(&self) -> Result<StatFs> {
         let st = self.st();
-        let es = self.eng.stats();
-        let seg = u64::from(self.eng.superblock().geometry.segment_size);
         let bsize = 4096u64;
-        // Capacity and free space as if nothing compressed: the segments
-        // outside the reserve, less the bytes of live blocks. Free space so
-        // includes what cleaning can reclaim.
-        let usable = u64::from(es.segments.saturating_sub(es.reserve_segments)) * seg;
-        let total = usable / bsize;
-        let free = usable.saturating_sub(es.live_bytes) / bsize;
+        let (usable, free) = self.eng.capacity();
+        let (total, free) = (usable / bsize, free / bsize);
         let used_inodes = st.cfg.next_ino - 1;
         let ffree = (1u64 << 32).saturating_sub(used_inodes);
         Ok(StatFs {

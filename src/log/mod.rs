@@ -293,12 +293,18 @@ impl LogWriter {
     /// segment is counted less room for the batch headers, summaries and
     /// alignment of the batches it will hold.
     pub fn room_for(&self, room: Room) -> usize {
-        let seg = self.geometry.segment_size as usize;
-        let usable = seg.saturating_sub(seg / 16 + 2 * BATCH_ALIGN as usize);
+        let usable = self.usable_per_segment();
         let here = self.seg_room().saturating_sub(self.pending.projected(0, 0) + 2 * BATCH_ALIGN as usize);
         let free = self.free_segments() as usize + usize::from(self.pos.next_seg != NO_SEGMENT);
         let spare = free.saturating_sub(room.need(self.reserve_segments) as usize - 1);
         here + spare * usable
+    }
+
+    /// Bytes of blocks a free segment is counted to hold: less room for
+    /// the batch headers, summaries and alignment of the batches in it.
+    pub fn usable_per_segment(&self) -> usize {
+        let seg = self.geometry.segment_size as usize;
+        seg.saturating_sub(seg / 16 + 2 * BATCH_ALIGN as usize)
     }
 
     fn seg_room(&self) -> usize {
