@@ -3,7 +3,8 @@
 # (model, crash at every I/O operation, I/O-error loop, corruption), the
 # file system model with power cuts, import/export round trips of real trees
 # (/usr/include and linux-source), the CLI end to end, and a short run of
-# every fuzz target, and pjdfstest, fsx and fio on a real FUSE mount.
+# every fuzz target, pjdfstest, fsx and fio on a real FUSE mount, and one
+# quick run of the benchmark harness (bench/compare).
 # Randomised tests print their seed; replay one with ZLOGFS_SEED=<seed>.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -50,6 +51,26 @@ set +e
 bash tests/posix/run.sh 2>&1 | tee "$posix_log"
 posix_rc=${PIPESTATUS[0]}
 set -e
+# The benchmark harness (bench/compare, issue 6) on its smallest corpus, so
+# that it cannot rot: it must store the data in every system and write its
+# table and charts. Its timings are printed, never asserted. Root only
+# (loop mounts); ZLOGFS_SKIP_COMPARE=1 skips it.
+bench_ok=0
+bench_failed=0
+if [ "$(id -u)" = 0 ] && [ "${ZLOGFS_SKIP_COMPARE:-0}" != 1 ]; then
+    echo "== bench/compare --quick --corpus small (the harness, timings not asserted)"
+    bench_out=$(mktemp -d)
+    if bench/compare --quick --corpus small --out "$bench_out" &&
+        [ -s "$bench_out/report.md" ] && [ -s "$bench_out/results.json" ] &&
+        [ -s "$bench_out/space-small.svg" ] && [ -s "$bench_out/time-small.svg" ] && [ -s "$bench_out/fio.svg" ]; then
+        bench_ok=1
+    else
+        echo "bench/compare failed or left no report in $bench_out" >&2
+        bench_failed=1
+    fi
+else
+    echo "note: bench/compare needs root (loop mounts): skipped"
+fi
 if [ "${ZLOGFS_SKIP_FUZZ:-0}" != 1 ]; then
     echo "== fuzz (${FUZZ_SECONDS:-20} s per target)"
     bash .ci/fuzz.sh
@@ -59,7 +80,8 @@ passed=$(grep -E '^test result:' "$log" | grep -oE '[0-9]+ passed' | awk '{s += 
 failed=$(grep -E '^test result:' "$log" | grep -oE '[0-9]+ failed' | awk '{s += $1} END {print s + 0}')
 pp=$(grep -oE '^posix suites: [0-9]+ passed' "$posix_log" | grep -oE '[0-9]+' || echo 0)
 pf=$(grep -oE '^posix suites: [0-9]+ passed, [0-9]+ failed' "$posix_log" | grep -oE '[0-9]+ failed' | grep -oE '[0-9]+' || echo 0)
-passed=$((passed + pp))
-failed=$((failed + pf))
+passed=$((passed + pp + bench_ok))
+failed=$((failed + pf + bench_failed))
 echo "tests: $passed passed, $failed failed"
 [ "$posix_rc" = 0 ] || { echo "the posix suites failed" >&2; exit 1; }
+[ "$bench_failed" = 0 ] || { echo "bench/compare failed" >&2; exit 1; }
