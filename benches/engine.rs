@@ -9,16 +9,18 @@
 //! - `ZLOGFS_BENCH_CORPUS`: file to use as data (default: the cached tar of
 //!   Debian's linux-source, `/var/tmp/zlogfs-bench/linux-source-*.tar`).
 //! - `ZLOGFS_BENCH_MB`: MiB of the corpus for the log append (default 256).
-//! - `ZLOGFS_BENCH_TABLE_MB`: MiB for the codec table (default 64).
-//! - `ZLOGFS_BENCH_SLOW_MB`: MiB for zstd-19 in the codec table (default 8).
 //! - `ZLOGFS_BENCH_KEYS`: keys for the index benchmark (default 1000000).
 //! - `ZLOGFS_BENCH_REPS`: repetitions (default 3; slow runs of more than
 //!   about 2 s are done fewer times).
-//! - `ZLOGFS_BENCH_ONLY`: comma-separated subset of `append,index,recovery,codecs`.
+//! - `ZLOGFS_BENCH_ONLY`: comma-separated subset of `append,index,recovery`.
+//!
+//! The codec table (in the form of Table 2 of Burrows et al. 1992) is in
+//! `benches/papers.rs` with the other reproductions of the seed papers.
+
+mod common;
 
 use std::hint::black_box;
-use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,112 +28,15 @@ use rand::prelude::*;
 use rand::rngs::StdRng;
 use rayon::prelude::*;
 
-use zlogfs::codec::{self, CodecId, CodecSpec};
+use common::*;
+use zlogfs::codec;
 use zlogfs::store::{Geometry, MemStore, Store};
 use zlogfs::{mkfs, Engine, Options, WriteBatch};
 
-const MIB: f64 = 1024.0 * 1024.0;
 /// "MB/s" in the tables is MiB/s of uncompressed input.
 const SEGMENT: u32 = 4 << 20;
 /// Segment size for the index benchmark: the default.
 const INDEX_SEGMENT: u32 = SEGMENT;
-
-fn env_usize(name: &str, default: usize) -> usize {
-    match std::env::var(name) {
-        Ok(v) => v.trim().parse().unwrap_or_else(|_| panic!("{name} must be a number, got {v:?}")),
-        Err(_) => default,
-    }
-}
-
-fn reps() -> usize {
-    env_usize("ZLOGFS_BENCH_REPS", 3).max(1)
-}
-
-/// CPU time (user + system) of the whole process, all threads.
-fn cpu_time() -> Duration {
-    // SAFETY: getrusage only writes the struct we hand it.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid pointer to a rusage struct.
-    let r = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    assert_eq!(r, 0, "getrusage failed");
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
-/// Wall and CPU time of one run.
-#[derive(Clone, Copy, Default)]
-struct Sample {
-    wall: Duration,
-    cpu: Duration,
-}
-
-/// Time `f` (wall and process CPU time).
-fn measure(f: impl FnOnce()) -> Sample {
-    let (c, t) = (cpu_time(), Instant::now());
-    f();
-    Sample { wall: t.elapsed(), cpu: cpu_time() - c }
-}
-
-/// Medians (wall and CPU separately) of samples.
-fn median(mut v: Vec<Sample>) -> Sample {
-    let mid = v.len() / 2;
-    v.sort_by_key(|s| s.wall);
-    let wall = v[mid].wall;
-    v.sort_by_key(|s| s.cpu);
-    Sample { wall, cpu: v[mid].cpu }
-}
-
-/// Median of `f` over `reps()` runs, or a single run when the first one
-/// takes longer than `slow`.
-fn time_median(slow: Duration, mut f: impl FnMut() -> Sample) -> Sample {
-    let mut v = vec![f()];
-    let n = if v[0].wall > slow { 1 } else { reps() };
-    while v.len() < n {
-        v.push(f());
-    }
-    median(v)
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".into())
-}
-
-fn mbps(bytes: usize, d: Duration) -> f64 {
-    bytes as f64 / MIB / d.as_secs_f64()
-}
-
-fn default_corpus() -> Option<PathBuf> {
-    let dir = Path::new("/var/tmp/zlogfs-bench");
-    let mut tars: Vec<PathBuf> = std::fs::read_dir(dir)
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("linux-source-") && n.ends_with(".tar"))
-        })
-        .collect();
-    tars.sort();
-    tars.pop()
-}
-
-fn load_corpus(path: &Path, mib: usize) -> Vec<u8> {
-    let mut f =
-        std::fs::File::open(path).unwrap_or_else(|e| panic!("opening corpus {}: {e}", path.display()));
-    let mut buf = Vec::with_capacity(mib << 20);
-    f.by_ref().take((mib as u64) << 20).read_to_end(&mut buf).expect("reading the corpus");
-    buf
-}
-
-fn blocks(data: &[u8], size: usize) -> Vec<&[u8]> {
-    data.chunks(size).collect()
-}
-
-fn spec(s: &str) -> CodecSpec {
-    s.parse().expect("codec spec")
-}
 
 fn new_engine(capacity_bytes: usize, opts: Options) -> (Arc<dyn Store>, Engine) {
     new_engine_seg(capacity_bytes, SEGMENT, opts)
@@ -510,89 +415,6 @@ fn bench_recovery() {
     println!();
 }
 
-// ---------------------------------------------------------------------------
-// 4. Codec table (Burrows et al. 1992, Table 2).
-
-fn bench_codecs(corpus: &Path) {
-    let mib = env_usize("ZLOGFS_BENCH_TABLE_MB", 64);
-    let slow_mib = env_usize("ZLOGFS_BENCH_SLOW_MB", 8).min(mib);
-    let data = load_corpus(corpus, mib);
-    println!("## 4. Codecs (in the form of Table 2 of Burrows et al. 1992)\n");
-    println!(
-        "Each codec's own `compress`/`decompress` (no raw-storage policy), one thread, over the first {:.0} MiB \
-         of `{}` cut into blocks (zstd-19: first {slow_mib} MiB only). Size = compressed bytes as % of the \
-         input (the paper's \"compression ratio\"); speeds in MiB/s of uncompressed data; median of up to {} runs \
-         (1 run when a pass takes more than 2 s).\n",
-        data.len() as f64 / MIB,
-        corpus.display(),
-        reps()
-    );
-    let codecs = ["none", "lz4", "zstd:1", "zstd:3", "zstd:19", "deflate:6", "pred1", "pred2"];
-    let names = [
-        "none",
-        "lz4",
-        "zstd-1",
-        "zstd-3",
-        "zstd-19",
-        "deflate-6",
-        "pred1 (Algorithm 1)",
-        "pred2 (Algorithm 2)",
-    ];
-    for bs in [16usize << 10, 64 << 10] {
-        println!("Blocks of {} KiB:\n", bs >> 10);
-        println!("| codec | input MiB | size (% of input) | ratio (input/output) | compress MB/s | decompress MB/s |");
-        println!("|---|---:|---:|---:|---:|---:|");
-        for (s, name) in codecs.iter().zip(names) {
-            let sp = spec(s);
-            let input =
-                if sp.id == CodecId::Zstd && sp.level >= 19 { &data[..slow_mib << 20] } else { &data[..] };
-            let blks = blocks(input, bs);
-            let c = codec::codec(sp.id);
-            let mut out: Vec<Vec<u8>> = Vec::new();
-            let tc = time_median(Duration::from_secs(2), || {
-                let mut o: Vec<Vec<u8>> = Vec::new();
-                let m = measure(|| {
-                    o = blks
-                        .iter()
-                        .map(|b| {
-                            let mut v = Vec::new();
-                            c.compress(sp.level, b, &mut v);
-                            v
-                        })
-                        .collect()
-                });
-                out = o;
-                m
-            });
-            let td = time_median(Duration::from_secs(2), || {
-                measure(|| {
-                    for (b, z) in blks.iter().zip(&out) {
-                        let mut v = Vec::with_capacity(b.len());
-                        c.decompress(z, b.len(), &mut v).expect("decompress");
-                        black_box(&v);
-                    }
-                })
-            });
-            // Correctness spot check outside the timing.
-            for (b, z) in blks.iter().zip(&out).step_by(97) {
-                let mut v = Vec::new();
-                c.decompress(z, b.len(), &mut v).expect("decompress");
-                assert_eq!(&v[..], *b, "{s} does not round-trip");
-            }
-            let stored: usize = out.iter().map(|z| z.len()).sum();
-            println!(
-                "| {name} | {:.0} | {:.1}% | {:.2} | {:.0} | {:.0} |",
-                input.len() as f64 / MIB,
-                100.0 * stored as f64 / input.len() as f64,
-                input.len() as f64 / stored as f64,
-                mbps(input.len(), tc.wall),
-                mbps(input.len(), td.wall)
-            );
-        }
-        println!();
-    }
-}
-
 fn main() {
     // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this
     // binary without it, and a test run must not spend minutes measuring.
@@ -600,12 +422,12 @@ fn main() {
         println!("engine benchmarks: run them with `cargo bench --bench engine` or bench/run-engine.sh");
         return;
     }
-    let corpus = std::env::var_os("ZLOGFS_BENCH_CORPUS").map(PathBuf::from).or_else(default_corpus);
+    let corpus = corpus_from_env();
     let only = std::env::var("ZLOGFS_BENCH_ONLY").unwrap_or_default();
     let want = |s: &str| only.is_empty() || only.split(',').any(|o| o.trim() == s);
     println!("# zlogfs storage engine benchmarks\n");
     println!("rayon threads: {}; load average at start: {}\n", rayon::current_num_threads(), load_average());
-    let need_corpus = want("append") || want("codecs");
+    let need_corpus = want("append");
     let corpus = match corpus {
         Some(c) => Some(c),
         None if need_corpus => {
@@ -627,11 +449,6 @@ fn main() {
     }
     if want("recovery") {
         bench_recovery();
-    }
-    if let Some(c) = &corpus {
-        if want("codecs") {
-            bench_codecs(c);
-        }
     }
     println!("Load average at the end: {}", load_average());
 }

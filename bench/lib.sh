@@ -1,0 +1,49 @@
+# Shared by bench/run-engine.sh and bench/papers.sh (sourced, POSIX sh).
+
+# linux_xz: print the newest /usr/src/linux-source-*.tar.xz, installing
+# Debian's linux-source package first if there is none.
+linux_xz() {
+    if ! ls /usr/src/linux-source-*.tar.xz >/dev/null 2>&1; then
+        echo "installing linux-source (apt-get)..." >&2
+        if [ "$(id -u)" -eq 0 ]; then sudo=; else sudo=sudo; fi
+        $sudo apt-get update >&2
+        $sudo apt-get install -y linux-source >&2
+    fi
+    ls /usr/src/linux-source-*.tar.xz | sort -V | tail -n 1
+}
+
+# linux_tar CACHE XZ: decompress XZ once into CACHE; print the tar's path.
+linux_tar() {
+    tar="$1/$(basename "$2" .xz)"
+    if [ ! -s "$tar" ]; then
+        echo "decompressing $2 to $tar..." >&2
+        mkdir -p "$1"
+        xz -dc -T0 "$2" > "$tar.tmp"
+        mv "$tar.tmp" "$tar"
+    fi
+    echo "$tar"
+}
+
+# run_bench ROOT NAME: `cargo bench --bench NAME`, its Markdown output
+# printed and written to ROOT/bench/results/NAME-<date>.md under a comment
+# line naming the time, the commit and the machine.
+run_bench() {
+    mkdir -p "$1/bench/results"
+    out="$1/bench/results/$2-$(date +%Y-%m-%d).md"
+    tmp="$out.tmp"
+    {
+        echo "<!-- $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git -C "$1" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$1" diff --quiet HEAD -- src benches 2>/dev/null || echo ' (src or benches modified)'), $(nproc) cores, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1), command: bash bench/$(basename "$0") -->"
+        echo
+    } > "$tmp"
+    cd "$1"
+    # Build first so that compiler messages do not interleave with the tables.
+    cargo bench --bench "$2" --no-run
+    { rc=0; cargo bench --bench "$2" || rc=$?; echo "$rc" > "$tmp.rc"; } | tee -a "$tmp"
+    rc=$(cat "$tmp.rc"); rm -f "$tmp.rc"
+    if [ "$rc" -ne 0 ]; then
+        echo "cargo bench failed ($rc); partial output left in $tmp" >&2
+        exit "$rc"
+    fi
+    mv "$tmp" "$out"
+    echo "written: $out" >&2
+}
