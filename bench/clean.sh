@@ -25,12 +25,8 @@
 # fuse3 when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export DEBIAN_FRONTEND=noninteractive
-need=()
-command -v mkfs.btrfs >/dev/null || need+=(btrfs-progs)
-command -v fio >/dev/null || need+=(fio)
-command -v fusermount3 >/dev/null || need+=(fuse3)
-if [ ${#need[@]} -gt 0 ]; then apt-get update -qq && apt-get install -y -qq "${need[@]}"; fi
+. bench/lib.sh
+need_tools mkfs.btrfs:btrfs-progs fio:fio fusermount3:fuse3
 cargo build --release -q
 bin=$PWD/target/release/zlogfs
 SIZE=${SIZE:-1G}

@@ -18,22 +18,11 @@
 # btrfs-progs, fio, fuse3 and linux-source when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export DEBIAN_FRONTEND=noninteractive
-need=()
-command -v mkfs.btrfs >/dev/null || need+=(btrfs-progs)
-command -v fio >/dev/null || need+=(fio)
-command -v fusermount3 >/dev/null || need+=(fuse3)
-ls /usr/src/linux-source-*.tar.xz >/dev/null 2>&1 || need+=(linux-source)
-if [ ${#need[@]} -gt 0 ]; then apt-get update -qq && apt-get install -y -qq "${need[@]}"; fi
+. bench/lib.sh
+need_tools mkfs.btrfs:btrfs-progs fio:fio fusermount3:fuse3
 cargo build --release -q
 bin=$PWD/target/release/zlogfs
-tree=${1:-}
-if [ -z "$tree" ]; then
-    cache=/var/tmp/zlogfs-bench/tree
-    tarball=$(ls /usr/src/linux-source-*.tar.xz | head -n 1)
-    tree="$cache/$(basename "$tarball" .tar.xz)"
-    [ -d "$tree" ] || { mkdir -p "$cache"; tar -C "$cache" -xJf "$tarball"; }
-fi
+tree=${1:-$(linux_tree /var/tmp/zlogfs-bench)}
 name=$(basename "$tree")
 work=$(mktemp -d /var/tmp/zlogfs-fusebench.XXXXXX)
 mnt="$work/mnt"

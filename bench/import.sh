@@ -11,22 +11,12 @@
 # linux-source when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export DEBIAN_FRONTEND=noninteractive
-need=()
-command -v mkfs.btrfs >/dev/null || need+=(btrfs-progs)
-command -v zstd >/dev/null || need+=(zstd)
-ls /usr/src/linux-source-*.tar.xz >/dev/null 2>&1 || need+=(linux-source)
-if [ ${#need[@]} -gt 0 ]; then apt-get update -qq && apt-get install -y -qq "${need[@]}"; fi
+. bench/lib.sh
+need_tools mkfs.btrfs:btrfs-progs zstd:zstd
 cargo build --release -q
 bin=$PWD/target/release/zlogfs
-cache=/var/tmp/zlogfs-bench/tree
 trees=("$@")
-if [ ${#trees[@]} -eq 0 ]; then
-    tarball=$(ls /usr/src/linux-source-*.tar.xz | head -n 1)
-    tree="$cache/$(basename "$tarball" .tar.xz)"
-    [ -d "$tree" ] || { mkdir -p "$cache"; tar -C "$cache" -xJf "$tarball"; }
-    trees=("$tree")
-fi
+[ ${#trees[@]} -gt 0 ] || trees=("$(linux_tree /var/tmp/zlogfs-bench)")
 work=$(mktemp -d /var/tmp/zlogfs-bench.XXXXXX)
 trap 'umount "$work/mnt" 2>/dev/null || true; rm -rf "$work"' EXIT
 echo "| tree | system | logical bytes | stored bytes | ratio | seconds | files/s |"

@@ -12,6 +12,34 @@ linux_xz() {
     ls /usr/src/linux-source-*.tar.xz | sort -V | tail -n 1
 }
 
+# linux_tree CACHE: the linux-source tree, unpacked once under CACHE/tree
+# (where test.sh unpacks it too); print its path.
+linux_tree() {
+    xz=$(linux_xz)
+    tree="$1/tree/$(basename "$xz" .tar.xz)"
+    if [ ! -d "$tree" ]; then
+        echo "unpacking $xz into $1/tree (once)..." >&2
+        mkdir -p "$1/tree"
+        tar -C "$1/tree" -xJf "$xz"
+    fi
+    echo "$tree"
+}
+
+# need_tools COMMAND:PACKAGE ...: install from Debian the packages whose
+# command is missing.
+need_tools() {
+    pkgs=
+    for t in "$@"; do
+        command -v "${t%%:*}" >/dev/null 2>&1 || pkgs="$pkgs ${t#*:}"
+    done
+    if [ -n "$pkgs" ]; then
+        echo "installing$pkgs (apt-get)..." >&2
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+        # shellcheck disable=SC2086 # one word per package
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $pkgs >&2
+    fi
+}
+
 # linux_tar CACHE XZ: decompress XZ once into CACHE; print the tar's path.
 linux_tar() {
     tar="$1/$(basename "$2" .xz)"

@@ -24,22 +24,12 @@ cache=${ZLOGFS_BENCH_CACHE:-/var/tmp/zlogfs-bench}
 start=$(date +%s)
 . "$root/bench/lib.sh"
 
-if [ -z "${ZLOGFS_BENCH_CORPUS:-}" ] || [ -z "${ZLOGFS_PAPERS_TREE:-}" ]; then
-    xz=$(linux_xz)
-fi
 if [ -z "${ZLOGFS_BENCH_CORPUS:-}" ]; then
-    ZLOGFS_BENCH_CORPUS=$(linux_tar "$cache" "$xz")
+    ZLOGFS_BENCH_CORPUS=$(linux_tar "$cache" "$(linux_xz)")
     export ZLOGFS_BENCH_CORPUS
 fi
 if [ -z "${ZLOGFS_PAPERS_TREE:-}" ]; then
-    # The same place test.sh and bench/import.sh unpack it to.
-    tree="$cache/tree/$(basename "$xz" .tar.xz)"
-    if [ ! -d "$tree" ]; then
-        echo "unpacking $xz into $cache/tree (once)..." >&2
-        mkdir -p "$cache/tree"
-        tar -C "$cache/tree" -xJf "$xz"
-    fi
-    ZLOGFS_PAPERS_TREE=$tree
+    ZLOGFS_PAPERS_TREE=$(linux_tree "$cache")
     export ZLOGFS_PAPERS_TREE
 fi
 
