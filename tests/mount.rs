@@ -5,6 +5,7 @@
 //! fail. The POSIX suites (pjdfstest, fsx, fio) run against the same mount
 //! from `tests/posix/`.
 
+use std::collections::HashSet;
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
@@ -172,6 +173,7 @@ fn posix_operations_through_the_kernel_and_a_clean_image_after_unmount() {
         fs::write(m.join(format!("many/entry-with-a-long-name-{i:05}")), []).expect("create");
     }
     assert_eq!(fs::read_dir(m.join("many")).expect("readdir").count(), 3000);
+    listing_survives_changes_between_pages(&m.join("many"));
 
     // xattrs, the codec policy and the physical size.
     xattr::set(m.join("f65536"), "user.test", b"value").expect("setxattr");
@@ -241,6 +243,72 @@ fn posix_operations_through_the_kernel_and_a_clean_image_after_unmount() {
 
 /// kill -9 in the middle of writing: the image mounts again, fsck is clean
 /// and every byte fsynced before the kill is there.
+/// Read directory `dir` (3000 entries) through one open handle while
+/// removing and creating entries between reads: every entry that exists
+/// throughout is listed exactly once, and nothing that never existed is
+/// (readdir offsets are name hashes, kept by no per-handle state).
+fn listing_survives_changes_between_pages(dir: &Path) {
+    let before: HashSet<String> = fs::read_dir(dir)
+        .expect("readdir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    let cdir = std::ffi::CString::new(dir.to_str().expect("utf8")).expect("cstring");
+    // SAFETY: cdir is a valid NUL-terminated path.
+    let d = unsafe { libc::opendir(cdir.as_ptr()) };
+    assert!(!d.is_null(), "opendir");
+    let (mut seen, mut removed, mut made) = (Vec::new(), HashSet::new(), HashSet::new());
+    let mut names: Vec<&String> = before.iter().collect();
+    names.sort();
+    loop {
+        // SAFETY: d is an open DIR stream, closed only below.
+        let e = unsafe { libc::readdir(d) };
+        if e.is_null() {
+            break;
+        }
+        // SAFETY: readdir returned a valid dirent whose d_name is NUL-terminated.
+        let name = unsafe { std::ffi::CStr::from_ptr((*e).d_name.as_ptr()) }.to_string_lossy().into_owned();
+        if name != "." && name != ".." {
+            seen.push(name);
+        }
+        if seen.len() % 97 == 0 && removed.len() < 600 {
+            // Remove one name (listed already or not) and add one.
+            let victim = names[(seen.len() * 31) % names.len()].clone();
+            if removed.insert(victim.clone()) {
+                fs::remove_file(dir.join(&victim)).expect("unlink while listing");
+            }
+            let n = format!("made-while-listing-{}", seen.len());
+            fs::write(dir.join(&n), []).expect("create while listing");
+            made.insert(n);
+        }
+    }
+    // SAFETY: d is open and not used again.
+    unsafe { libc::closedir(d) };
+    let mut counts: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for n in &seen {
+        *counts.entry(n).or_default() += 1;
+    }
+    for (n, c) in &counts {
+        assert_eq!(*c, 1, "{n} listed {c} times");
+        assert!(before.contains(*n) || made.contains(*n), "{n} never existed");
+    }
+    let missing: Vec<_> =
+        before.iter().filter(|n| !removed.contains(*n) && !counts.contains_key(n.as_str())).collect();
+    assert!(
+        missing.is_empty(),
+        "listed no entry for {} names that existed throughout: {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+    assert!(!removed.is_empty() && !made.is_empty());
+    // Put the directory back as it was: 3000 entries.
+    for n in &made {
+        fs::remove_file(dir.join(n)).expect("unlink");
+    }
+    for n in &removed {
+        fs::write(dir.join(n), []).expect("recreate");
+    }
+}
+
 #[test]
 fn kill_9_keeps_everything_fsynced() {
     if !usable() {

@@ -13,20 +13,17 @@
 //! - owners of new entries come from the request's credentials, with the
 //!   group of a set-group-ID directory inherited (and its S_ISGID bit by
 //!   subdirectories), as ext4 does;
-//! - directory offsets: each open directory handle keeps the entries it has
-//!   listed, in name order, loaded from the index a batch at a time; an
-//!   offset is an index into that list, so a listing resumed at any offset
-//!   sees every entry that existed throughout exactly once;
+//! - directory offsets: a hash of the entry's name, directories listed in
+//!   hash order ([`super::dirlist`]), so that no state is kept per open
+//!   directory and the kernel need not send OPENDIR and RELEASEDIR;
 //! - errors: every [`Error`] carries its errno; anything that is not a plain
 //!   POSIX error (I/O failure, damage) is also written to stderr.
 
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -36,8 +33,9 @@ use fuser::{
     ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, Session, SessionACL, TimeOrNow, WriteFlags,
 };
 
+use super::dirlist::{self, Listing, Listings};
 use crate::error::Error;
-use crate::fs::{Attr, Fs, Ino, Kind, SetAttr, Time};
+use crate::fs::{Attr, DirEntry, Fs, Ino, Kind, SetAttr, Time};
 
 /// Options of a mount.
 #[derive(Debug, Clone)]
@@ -72,31 +70,27 @@ impl Default for MountOptions {
     }
 }
 
+/// Flags of every opened file: every change passes through this mount, so
+/// the kernel's page cache stays valid across opens; and a close needs no
+/// FLUSH request (flush has nothing to do here: data is committed by the
+/// commit interval, fsync and unmount, and POSIX locks are the kernel's).
+const OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_KEEP_CACHE.union(FopenFlags::FOPEN_NOFLUSH);
+
 /// Largest write the kernel may send in one request.
 const MAX_WRITE: u32 = 1 << 20;
 /// Directory entries loaded from the index at a time.
-const DIR_BATCH: usize = 1024;
-
-/// A directory entry as listed: name, inode, kind.
-type Listed = (Vec<u8>, Ino, Kind);
-
-/// An open directory: the entries listed so far, "." and ".." first.
-struct DirHandle {
-    entries: Vec<Listed>,
-    /// All entries are loaded.
-    done: bool,
-}
+const DIR_BATCH: usize = 4096;
+/// Bytes of directory listings kept between readdir requests.
+const LISTING_BYTES: usize = 32 << 20;
 
 /// The [`fuser::Filesystem`] over an [`Fs`].
 pub struct ZlogFuse {
     fs: Arc<Fs>,
     opts: MountOptions,
-    dirs: Mutex<HashMap<u64, DirHandle>>,
-    next_fh: AtomicU64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    listings: Listings,
+    /// The kernel lets OPENDIR be refused with ENOSYS and then sends no
+    /// OPENDIR or RELEASEDIR at all (Linux 5.1 and later).
+    no_opendir: bool,
 }
 
 fn errno(e: Error) -> Errno {
@@ -158,7 +152,7 @@ fn time_or_now(t: Option<TimeOrNow>) -> Option<Option<Time>> {
 impl ZlogFuse {
     /// An adapter serving `fs`.
     pub fn new(fs: Arc<Fs>, opts: MountOptions) -> ZlogFuse {
-        ZlogFuse { fs, opts, dirs: Mutex::new(HashMap::new()), next_fh: AtomicU64::new(1) }
+        ZlogFuse { fs, opts, listings: Listings::new(LISTING_BYTES), no_opendir: false }
     }
 
     fn entry(&self, r: Result<Attr, Error>, reply: ReplyEntry) {
@@ -199,32 +193,54 @@ impl ZlogFuse {
         self.fs.mknod_umask(parent, name.as_bytes(), mode, umask, (uid, gid), rdev)
     }
 
-    /// Make sure entry `off` of directory handle `fh` is loaded (or all are).
-    fn load_dir(&self, ino: Ino, fh: FileHandle, off: usize) -> Result<(), Error> {
-        let mut dirs = lock(&self.dirs);
-        let h = dirs.get_mut(&fh.0).ok_or_else(|| Error::posix(libc::EBADF, "directory handle not open"))?;
-        while !h.done && h.entries.len() <= off {
-            let after = if h.entries.len() > 2 { h.entries.last().map(|e| e.0.clone()) } else { None };
-            let batch = self.fs.readdir(ino, after.as_deref(), DIR_BATCH)?;
-            h.done = batch.len() < DIR_BATCH;
-            h.entries.extend(batch.into_iter().map(|e| (e.name, e.ino, e.kind)));
+    /// The listing of directory `ino`, and its parent.
+    fn listing(&self, ino: Ino) -> Result<Arc<Listing>, Error> {
+        self.listings.get(ino, || {
+            let mut all = Vec::new();
+            loop {
+                let after = all.last().map(|e: &DirEntry| e.name.clone());
+                let batch = self.fs.readdir(ino, after.as_deref(), DIR_BATCH)?;
+                let done = batch.len() < DIR_BATCH;
+                all.extend(batch);
+                if done {
+                    return Ok(all);
+                }
+            }
+        })
+    }
+
+    /// Entries of directory `ino` after readdir offset `off`, each with its
+    /// offset, "." and ".." first; `f` takes them until it returns true
+    /// (the reply is full).
+    fn list(
+        &self,
+        ino: Ino,
+        off: u64,
+        mut f: impl FnMut(Ino, u64, Kind, &[u8]) -> bool,
+    ) -> Result<(), Error> {
+        let l = self.listing(ino)?;
+        if off < dirlist::DOT && f(ino, dirlist::DOT, Kind::Dir, b".") {
+            return Ok(());
+        }
+        if off < dirlist::DOTDOT {
+            let parent = self.fs.lookup(ino, b"..")?.ino;
+            if f(parent, dirlist::DOTDOT, Kind::Dir, b"..") {
+                return Ok(());
+            }
+        }
+        for e in l.after(off) {
+            if f(e.ino, e.off, e.kind, &e.name) {
+                break;
+            }
         }
         Ok(())
     }
 
-    fn dir_entries(&self, ino: Ino, fh: FileHandle, off: u64) -> Result<Vec<(Listed, u64)>, Error> {
-        let off =
-            usize::try_from(off).map_err(|_| Error::posix(libc::EINVAL, "directory offset too large"))?;
-        self.load_dir(ino, fh, off + DIR_BATCH / 4)?;
-        let dirs = lock(&self.dirs);
-        let h = dirs.get(&fh.0).ok_or_else(|| Error::posix(libc::EBADF, "directory handle not open"))?;
-        Ok(h.entries
-            .iter()
-            .enumerate()
-            .skip(off)
-            .take(DIR_BATCH / 4)
-            .map(|(i, e)| (e.clone(), i as u64 + 1))
-            .collect())
+    /// The entries of `dirs` changed: forget their listings.
+    fn changed(&self, dirs: &[INodeNo]) {
+        for d in dirs {
+            self.listings.changed(d.0);
+        }
     }
 }
 
@@ -247,6 +263,7 @@ impl Filesystem for ZlogFuse {
         ] {
             let _ = config.add_capabilities(cap);
         }
+        self.no_opendir = config.capabilities().contains(InitFlags::FUSE_NO_OPENDIR_SUPPORT);
         Ok(())
     }
 
@@ -335,25 +352,34 @@ impl Filesystem for ZlogFuse {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        self.entry(self.make(req, parent.0, name, mode, umask, u64::from(rdev)), reply);
+        let r = self.make(req, parent.0, name, mode, umask, u64::from(rdev));
+        self.changed(&[parent]);
+        self.entry(r, reply);
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
-        self.entry(self.make(req, parent.0, name, libc::S_IFDIR | (mode & 0o7777), umask, 0), reply);
+        let r = self.make(req, parent.0, name, libc::S_IFDIR | (mode & 0o7777), umask, 0);
+        self.changed(&[parent]);
+        self.entry(r, reply);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(self.fs.unlink(parent.0, name.as_bytes()), reply);
+        let r = self.fs.unlink(parent.0, name.as_bytes());
+        self.changed(&[parent]);
+        empty(r, reply);
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(self.fs.rmdir(parent.0, name.as_bytes()), reply);
+        let r = self.fs.rmdir(parent.0, name.as_bytes());
+        self.changed(&[parent]);
+        empty(r, reply);
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
         let r = self.owner(req, parent.0, libc::S_IFLNK).and_then(|(uid, gid, _)| {
             self.fs.symlink(parent.0, link_name.as_bytes(), target.as_os_str().as_bytes(), uid, gid)
         });
+        self.changed(&[parent]);
         self.entry(r, reply);
     }
 
@@ -367,21 +393,22 @@ impl Filesystem for ZlogFuse {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        empty(
-            self.fs.rename(parent.0, name.as_bytes(), newparent.0, newname.as_bytes(), flags.bits()),
-            reply,
-        );
+        let r = self.fs.rename(parent.0, name.as_bytes(), newparent.0, newname.as_bytes(), flags.bits());
+        self.changed(&[parent, newparent]);
+        empty(r, reply);
     }
 
     fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
-        self.entry(self.fs.link(ino.0, newparent.0, newname.as_bytes()), reply);
+        let r = self.fs.link(ino.0, newparent.0, newname.as_bytes());
+        self.changed(&[newparent]);
+        self.entry(r, reply);
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         // Every change passes through this mount, so the kernel's page
         // cache stays valid across opens.
         match self.fs.open_file(ino.0) {
-            Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Ok(_) => reply.opened(FileHandle(0), OPEN_FLAGS),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -450,26 +477,27 @@ impl Filesystem for ZlogFuse {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let parent = match self.fs.lookup(ino.0, b"..") {
-            Ok(p) => p.ino,
-            Err(e) => return reply.error(errno(e)),
-        };
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        let entries = vec![(b".".to_vec(), ino.0, Kind::Dir), (b"..".to_vec(), parent, Kind::Dir)];
-        lock(&self.dirs).insert(fh, DirHandle { entries, done: false });
-        reply.opened(FileHandle(fh), FopenFlags::empty());
+        // Offsets need no per-handle state (see dirlist): where the kernel
+        // allows, it is told so once and then opens directories itself,
+        // caching their listings (FOPEN_CACHE_DIR is its default then).
+        if self.no_opendir {
+            return reply.error(Errno::ENOSYS);
+        }
+        match self.fs.getattr(ino.0) {
+            Ok(a) if a.kind == Kind::Dir => {
+                reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR)
+            }
+            Ok(_) => reply.error(Errno::ENOTDIR),
+            Err(e) => reply.error(errno(e)),
+        }
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        match self.dir_entries(ino.0, fh, offset) {
-            Ok(v) => {
-                for ((name, child, kind), next) in v {
-                    if reply.add(INodeNo(child), next, file_type(kind), OsStr::from_bytes(&name)) {
-                        break;
-                    }
-                }
-                reply.ok();
-            }
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let r = self.list(ino.0, offset, |child, off, kind, name| {
+            reply.add(INodeNo(child), off, file_type(kind), OsStr::from_bytes(name))
+        });
+        match r {
+            Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -478,29 +506,18 @@ impl Filesystem for ZlogFuse {
         &self,
         _req: &Request,
         ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        match self.dir_entries(ino.0, fh, offset) {
-            Ok(v) => {
-                for ((name, child, _), next) in v {
-                    // An entry removed since it was listed is left out.
-                    let Ok(a) = self.fs.getattr(child) else { continue };
-                    let ttl = &self.opts.entry_timeout;
-                    if reply.add(
-                        INodeNo(child),
-                        next,
-                        OsStr::from_bytes(&name),
-                        ttl,
-                        &file_attr(&a),
-                        Generation(0),
-                    ) {
-                        break;
-                    }
-                }
-                reply.ok();
-            }
+        let ttl = self.opts.entry_timeout;
+        let r = self.list(ino.0, offset, |child, off, _, name| {
+            // An entry removed since it was listed is left out.
+            let Ok(a) = self.fs.getattr(child) else { return false };
+            reply.add(INodeNo(child), off, OsStr::from_bytes(name), &ttl, &file_attr(&a), Generation(0))
+        });
+        match r {
+            Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -509,11 +526,10 @@ impl Filesystem for ZlogFuse {
         &self,
         _req: &Request,
         _ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        lock(&self.dirs).remove(&fh.0);
         reply.ok();
     }
 
@@ -585,13 +601,14 @@ impl Filesystem for ZlogFuse {
         let r = self
             .make(req, parent.0, name, libc::S_IFREG | (mode & 0o7777), umask, 0)
             .and_then(|a| self.fs.open_file(a.ino));
+        self.changed(&[parent]);
         match r {
             Ok(a) => reply.created(
                 &self.opts.entry_timeout,
                 &file_attr(&a),
                 Generation(0),
                 FileHandle(0),
-                FopenFlags::FOPEN_KEEP_CACHE,
+                OPEN_FLAGS,
             ),
             Err(e) => reply.error(errno(e)),
         }

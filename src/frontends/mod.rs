@@ -6,4 +6,5 @@
 //! The command-line tool (`src/bin/zlogfs.rs`, with [`crate::tools`]) is
 //! the third front end.
 
+pub mod dirlist;
 pub mod fuse;
