@@ -1325,22 +1325,19 @@ fn main() {
              prepares /var/tmp/zlogfs-bench/linux-source-*.tar; skipped.)\n"
         ),
     });
-    run("segments", &mut || match &linux {
-        Some(l) => sec_segments(&trees, l),
-        None => need_tree("segments"),
-    });
-    run("inodes", &mut || match &linux {
-        Some(l) => sec_inodes(&trees, l),
-        None => need_tree("inodes"),
-    });
-    run("filesize", &mut || match &linux {
-        Some(l) => sec_filesize(&trees, l),
-        None => need_tree("filesize"),
-    });
-    run("types", &mut || match &linux {
-        Some(l) => sec_types(&trees, l),
-        None => need_tree("types"),
-    });
+    type Section = fn(&Trees, &Path);
+    let on_tree: [(&'static str, Section); 4] = [
+        ("segments", sec_segments),
+        ("inodes", sec_inodes),
+        ("filesize", sec_filesize),
+        ("types", sec_types),
+    ];
+    for (name, sec) in on_tree {
+        run(name, &mut || match &linux {
+            Some(l) => sec(&trees, l),
+            None => need_tree(name),
+        });
+    }
     println!(
         "Total: {:.1} s ({}); load average at the end: {}",
         start.elapsed().as_secs_f64(),

@@ -46,6 +46,14 @@ fn fsck(f: &Fs, what: &str) {
     assert!(rep.problems.is_empty(), "{what}: fsck found problems: {:#?}", rep.problems);
 }
 
+/// A fresh file system on a [`SMALL`] memory store.
+fn small_fs() -> (Arc<dyn Store>, Fs) {
+    let s: Arc<dyn Store> = Arc::new(MemStore::new(SMALL));
+    fs::mkfs(s.clone(), &MkfsOptions::default()).expect("mkfs");
+    let f = Fs::open(s.clone(), fs_opts()).expect("open");
+    (s, f)
+}
+
 fn live_bytes(f: &Fs) -> u64 {
     f.engine().stats().live_bytes
 }
@@ -58,9 +66,7 @@ fn live_bytes(f: &Fs) -> u64 {
 fn sustained_overwrites_at_70_percent() {
     let seed = common::seed("sustained_overwrites_at_70_percent");
     let mut r = StdRng::seed_from_u64(seed);
-    let s: Arc<dyn Store> = Arc::new(MemStore::new(SMALL));
-    fs::mkfs(s.clone(), &MkfsOptions::default()).expect("mkfs");
-    let mut f = Fs::open(s.clone(), fs_opts()).expect("open");
+    let (s, mut f) = small_fs();
     let size = SMALL.capacity() as usize * 7 / 10 / MIB * MIB;
     let mut model = random(&mut r, size);
     let ino = create(&f, b"file");
@@ -180,9 +186,7 @@ fn fill(
 fn enospc_cycles_on_a_small_image() {
     let seed = common::seed("enospc_cycles_on_a_small_image");
     let mut r = StdRng::seed_from_u64(seed);
-    let s: Arc<dyn Store> = Arc::new(MemStore::new(SMALL));
-    fs::mkfs(s.clone(), &MkfsOptions::default()).expect("mkfs");
-    let mut f = Fs::open(s.clone(), fs_opts()).expect("open");
+    let (s, mut f) = small_fs();
     let live0 = live_bytes(&f);
     let mut first: Option<(usize, usize)> = None;
     for cycle in 0..20 {

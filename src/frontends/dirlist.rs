@@ -93,12 +93,43 @@ impl Listing {
 }
 
 struct Cached {
-    map: HashMap<Ino, Arc<Listing>>,
-    order: VecDeque<Ino>,
+    /// Listings, each with the serial number of its insertion.
+    map: HashMap<Ino, (u64, Arc<Listing>)>,
+    /// Insertions, oldest first; an entry whose serial no longer matches
+    /// the map's is stale and skipped (so a change costs no search here).
+    order: VecDeque<(Ino, u64)>,
+    serial: u64,
     bytes: usize,
-    /// Bumped by every [`Listings::changed`]: a listing loaded while it
-    /// moved may be stale and is not kept.
-    epoch: u64,
+    /// Directories whose listing is being loaded: loaders, and whether the
+    /// directory changed since the first of them started (its listing may
+    /// then be stale and is not kept).
+    loading: HashMap<Ino, (usize, bool)>,
+}
+
+impl Cached {
+    fn remove(&mut self, dir: Ino) {
+        if let Some((_, old)) = self.map.remove(&dir) {
+            self.bytes -= old.bytes;
+        }
+    }
+
+    fn insert(&mut self, dir: Ino, l: Arc<Listing>, limit: usize) {
+        self.remove(dir);
+        self.serial += 1;
+        self.bytes += l.bytes;
+        self.map.insert(dir, (self.serial, l));
+        self.order.push_back((dir, self.serial));
+        while self.bytes > limit {
+            let Some((o, n)) = self.order.pop_front() else { break };
+            if self.map.get(&o).is_some_and(|e| e.0 == n) {
+                self.remove(o);
+            }
+        }
+        if self.order.len() > 2 * self.map.len() + 64 {
+            let map = &self.map;
+            self.order.retain(|(d, n)| map.get(d).is_some_and(|e| e.0 == *n));
+        }
+    }
 }
 
 /// Recently built listings, bounded in bytes, oldest dropped first.
@@ -110,10 +141,14 @@ pub struct Listings {
 impl Listings {
     /// A cache of about `limit` bytes of listings.
     pub fn new(limit: usize) -> Listings {
-        Listings {
-            c: Mutex::new(Cached { map: HashMap::new(), order: VecDeque::new(), bytes: 0, epoch: 0 }),
-            limit,
-        }
+        let c = Cached {
+            map: HashMap::new(),
+            order: VecDeque::new(),
+            serial: 0,
+            bytes: 0,
+            loading: HashMap::new(),
+        };
+        Listings { c: Mutex::new(c), limit }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Cached> {
@@ -127,28 +162,29 @@ impl Listings {
         dir: Ino,
         load: impl FnOnce() -> Result<Vec<DirEntry>, E>,
     ) -> Result<Arc<Listing>, E> {
-        let epoch = {
-            let c = self.lock();
-            if let Some(l) = c.map.get(&dir) {
+        {
+            let mut c = self.lock();
+            if let Some((_, l)) = c.map.get(&dir) {
                 return Ok(l.clone());
             }
-            c.epoch
-        };
-        let l = Arc::new(Listing::new(load()?));
+            c.loading.entry(dir).or_insert((0, false)).0 += 1;
+        }
+        let loaded = load().map(|v| Arc::new(Listing::new(v)));
         let mut c = self.lock();
-        if c.epoch == epoch && l.bytes <= self.limit {
-            c.bytes += l.bytes;
-            if let Some(old) = c.map.insert(dir, l.clone()) {
-                c.bytes -= old.bytes;
-            } else {
-                c.order.push_back(dir);
-            }
-            while c.bytes > self.limit {
-                let Some(o) = c.order.pop_front() else { break };
-                if let Some(old) = c.map.remove(&o) {
-                    c.bytes -= old.bytes;
+        let changed = match c.loading.get_mut(&dir) {
+            Some(e) => {
+                e.0 -= 1;
+                let changed = e.1;
+                if e.0 == 0 {
+                    c.loading.remove(&dir);
                 }
+                changed
             }
+            None => true,
+        };
+        let l = loaded?;
+        if !changed && l.bytes <= self.limit {
+            c.insert(dir, l.clone(), self.limit);
         }
         Ok(l)
     }
@@ -157,10 +193,9 @@ impl Listings {
     /// Call after the change is made and before it is acknowledged.
     pub fn changed(&self, dir: Ino) {
         let mut c = self.lock();
-        c.epoch += 1;
-        if let Some(old) = c.map.remove(&dir) {
-            c.bytes -= old.bytes;
-            c.order.retain(|&d| d != dir);
+        c.remove(dir);
+        if let Some(e) = c.loading.get_mut(&dir) {
+            e.1 = true;
         }
     }
 }
@@ -271,6 +306,15 @@ mod tests {
         assert_eq!(l4.len(), 1);
         let l5 = c.get(9, || Ok::<_, ()>(vec![])).unwrap();
         assert!(l5.is_empty());
+        // A change to another directory does not stop a listing from
+        // being kept.
+        c.get(5, || {
+            c.changed(6);
+            Ok::<_, ()>(vec![ent("y", 7)])
+        })
+        .unwrap();
+        let kept = c.get(5, || -> Result<Vec<DirEntry>, ()> { panic!("not kept") }).unwrap();
+        assert_eq!(kept.len(), 1);
         // The byte bound evicts the oldest.
         let small = Listings::new(4 * (std::mem::size_of::<Listed>() + 8));
         small.get(1, || Ok::<_, ()>(vec![ent("a", 2), ent("b", 3)])).unwrap();
