@@ -19,11 +19,9 @@ use zlogfs::codec::{CodecId, CodecSpec};
 use zlogfs::fs::{self, Fs, FsOptions, Ino, Kind, MkfsOptions, SetAttr, ROOT};
 use zlogfs::store::{CrashMode, FaultConfig, FaultStore, Geometry, Store};
 
-const CHUNK: u32 = 4096;
-
-fn mkfs_opts() -> MkfsOptions {
+fn mkfs_opts(chunk: u32) -> MkfsOptions {
     MkfsOptions {
-        chunk_size: CHUNK,
+        chunk_size: chunk,
         pack_bytes: 16 << 10,
         inline_max: 64,
         codec: CodecSpec::new(CodecId::Zstd, 1),
@@ -40,9 +38,9 @@ fn fs_opts() -> FsOptions {
     }
 }
 
-fn fresh() -> Arc<FaultStore> {
+fn fresh(chunk: u32) -> Arc<FaultStore> {
     let st = Arc::new(FaultStore::new(Geometry { segment_size: 512 << 10, segment_count: 96 }));
-    fs::mkfs(st.clone(), &mkfs_opts()).expect("mkfs");
+    fs::mkfs(st.clone(), &mkfs_opts(chunk)).expect("mkfs");
     st
 }
 
@@ -413,15 +411,30 @@ fn recover_closed(
     (f, history[at].clone())
 }
 
-fn run(seed: u64, steps: usize, io_errors: bool) {
+/// How a run is set up.
+#[derive(Clone, Copy)]
+struct Setup {
+    /// Inject I/O errors.
+    io_errors: bool,
+    /// Chunk size of the image: above 4096, small overwrites of stored
+    /// chunks are kept as patches beside them.
+    chunk: u32,
+    /// Run the cleaner now and then (it merges patched chunks).
+    clean: bool,
+}
+
+fn run(seed: u64, steps: usize, setup: Setup) {
+    let Setup { io_errors, chunk, clean } = setup;
     let mut r = common::rng(seed);
-    let st = fresh();
+    let st = fresh(chunk);
     let mut f = open(&st);
     let mut m = Model::new();
     // Models after each accepted operation since the last sync.
     let mut history: Vec<Model> = vec![m.clone()];
     let mut crashes = 0;
     let mut io_faults = 0;
+    // Patches written by commits of single small writes.
+    let mut patches = 0;
     let mut armed = false;
     for step in 0..steps {
         let ctx = format!("seed {seed} step {step}");
@@ -476,16 +489,32 @@ fn run(seed: u64, steps: usize, io_errors: bool) {
                 let p = path(&mut r);
                 let off = match r.gen_range(0..3) {
                     0 => 0,
-                    1 => (r.gen_range(0..3) * CHUNK as u64 + r.gen_range(0..3)).saturating_sub(1),
+                    1 => (r.gen_range(0..3) * chunk as u64 + r.gen_range(0..3)).saturating_sub(1),
                     _ => r.gen_range(0..40_000),
                 };
-                let len = match r.gen_range(0..3) {
-                    0 => r.gen_range(0..100),
-                    1 => CHUNK as usize + r.gen_range(0..3usize) - 1,
-                    _ => r.gen_range(0..20_000),
+                // In large chunks, small overwrites inside a file, each
+                // committed on its own so that it becomes a patch.
+                let size = m.file(&p).map(|v| v.len()).unwrap_or(0);
+                let inside = chunk > 4096 && size > 4096 && r.gen_bool(0.5);
+                let (off, len) = match r.gen_range(0..4) {
+                    _ if inside => {
+                        let len = [1, 100, 4096, 8192][r.gen_range(0..4)].min(size);
+                        let off = r.gen_range(0..=size - len) as u64;
+                        (if len >= 4096 { off / 4096 * 4096 } else { off }, len)
+                    }
+                    0 => (off, r.gen_range(0..100)),
+                    1 => (off, chunk as usize + r.gen_range(0..3usize) - 1),
+                    // One or two aligned blocks (a patch, in large chunks).
+                    2 => (off / 4096 * 4096, 4096 * r.gen_range(1..3)),
+                    _ => (off, r.gen_range(0..20_000)),
                 };
                 let d = data(&mut r, len);
                 let fr = fs_resolve(&f, &p).and_then(|i| errno(f.write(i, off, &d)).map(|_| ()));
+                if inside && fr.is_ok() {
+                    let before = f.stats().patches;
+                    f.commit().expect("commit");
+                    patches += f.stats().patches - before;
+                }
                 let mr = m.file(&p).map(|v| {
                     let end = off as usize + d.len();
                     if v.len() < end && !d.is_empty() {
@@ -501,7 +530,7 @@ fn run(seed: u64, steps: usize, io_errors: bool) {
                 let p = path(&mut r);
                 let size = match r.gen_range(0..3) {
                     0 => 0,
-                    1 => (r.gen_range(0..4) * CHUNK as u64 + r.gen_range(0..3)).saturating_sub(1),
+                    1 => (r.gen_range(0..4) * chunk as u64 + r.gen_range(0..3)).saturating_sub(1),
                     _ => r.gen_range(0..40_000),
                 };
                 let fr = fs_resolve(&f, &p).and_then(|i| {
@@ -615,6 +644,15 @@ fn run(seed: u64, steps: usize, io_errors: bool) {
                 armed = true;
                 continue;
             }
+            98 if clean => {
+                let rep = f.clean(&fs::CleanOptions::default(), &|_| {}).expect("clean");
+                // Only segments still in use by the engine may be left.
+                assert!(
+                    rep.skipped.iter().all(|(_, why)| why.contains(" block at ")),
+                    "{ctx}: clean: {rep:?}"
+                );
+                continue;
+            }
             _ => {
                 match f.close() {
                     Ok(()) if armed => {
@@ -678,7 +716,12 @@ fn run(seed: u64, steps: usize, io_errors: bool) {
     let rep = f.check(&|_, _| {}).expect("fsck");
     assert!(rep.problems.is_empty(), "seed {seed}: fsck: {:?}", rep.problems);
     assert!(rep.inodes > 1, "seed {seed}: the final tree is empty");
-    eprintln!("seed {seed}: {steps} steps, {crashes} power cuts, {io_faults} I/O errors met");
+    if chunk > 4096 {
+        assert!(patches > 0, "seed {seed}: no patch was written");
+    }
+    eprintln!(
+        "seed {seed}: {steps} steps, {crashes} power cuts, {io_faults} I/O errors met, {patches} patches"
+    );
 }
 
 #[test]
@@ -686,7 +729,19 @@ fn fs_matches_model_through_crashes() {
     let base = common::seed("fs_matches_model_through_crashes");
     let runs = if std::env::var("ZLOGFS_SEED").is_ok() { 1 } else { 8 };
     for k in 0..runs {
-        run(base.wrapping_add(k), 1500, false);
+        run(base.wrapping_add(k), 1500, Setup { io_errors: false, chunk: 4096, clean: false });
+    }
+}
+
+/// The model test on an image of 32 KiB chunks, where small overwrites of
+/// stored chunks become patches, with the cleaner (which merges them) run
+/// now and then.
+#[test]
+fn fs_matches_model_with_patches() {
+    let base = common::seed("fs_matches_model_with_patches");
+    let runs = if std::env::var("ZLOGFS_SEED").is_ok() { 1 } else { 6 };
+    for k in 0..runs {
+        run(base.wrapping_add(k), 4000, Setup { io_errors: false, chunk: 32 << 10, clean: true });
     }
 }
 
@@ -698,6 +753,6 @@ fn fs_matches_model_through_io_errors() {
     let base = common::seed("fs_matches_model_through_io_errors");
     let runs = if std::env::var("ZLOGFS_SEED").is_ok() { 1 } else { 6 };
     for k in 0..runs {
-        run(base.wrapping_add(k), 1500, true);
+        run(base.wrapping_add(k), 1500, Setup { io_errors: true, chunk: 4096, clean: false });
     }
 }

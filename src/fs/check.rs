@@ -214,7 +214,7 @@ impl Fs {
         }
         // Chunks and blocks.
         let mut alloc: HashMap<Ino, u64> = HashMap::new();
-        let mut own_blocks: HashMap<BlockAddr, (Ino, u64)> = HashMap::new();
+        let mut own_blocks: HashMap<BlockAddr, (Ino, u64, u32)> = HashMap::new();
         let mut shared_users: HashMap<BlockAddr, Vec<(Ino, u64, u32, u32)>> = HashMap::new();
         let (lo, hi) = all_extents_range();
         for (k, v) in st.scan(&lo, &hi, usize::MAX)? {
@@ -247,18 +247,26 @@ impl Fs {
                 _ => bad(&mut rep, format!("chunk {idx} belongs to inode {ino}, which is not a file")),
             }
             *alloc.entry(ino).or_default() += e.len();
-            match e {
-                Extent::Inline(_) => {}
-                Extent::Own(a, _) => {
-                    if let Some((pi, pc)) = own_blocks.insert(a, (ino, idx)) {
-                        bad(
-                            &mut rep,
-                            format!("block {a} is owned by chunk {idx} of {ino} and chunk {pc} of {pi}"),
-                        );
+            let parts = e.parts();
+            let mut addrs: Vec<BlockAddr> = parts.iter().filter_map(|p| p.addr()).collect();
+            addrs.sort_by_key(|a| (a.seg, a.offset));
+            if addrs.windows(2).any(|w| w[0] == w[1]) {
+                bad(&mut rep, format!("chunk {idx} of inode {ino} has two parts in one block"));
+            }
+            for p in parts {
+                match *p {
+                    Extent::Own(a, len) => {
+                        if let Some((pi, pc, _)) = own_blocks.insert(a, (ino, idx, len)) {
+                            bad(
+                                &mut rep,
+                                format!("block {a} is owned by chunk {idx} of {ino} and chunk {pc} of {pi}"),
+                            );
+                        }
                     }
-                }
-                Extent::Shared { addr, off, len, .. } => {
-                    shared_users.entry(addr).or_default().push((ino, idx, off, len));
+                    Extent::Shared { addr, off, len, .. } => {
+                        shared_users.entry(addr).or_default().push((ino, idx, off, len));
+                    }
+                    _ => {}
                 }
             }
         }
@@ -324,9 +332,8 @@ impl Fs {
             match st.eng.read_block(*a) {
                 Ok(raw) => {
                     if *own {
-                        let (ino, idx) = own_blocks[a];
-                        let want = st.stored_extent(ino, idx)?.map(|e| e.len()).unwrap_or(0);
-                        if raw.len() as u64 != want {
+                        let (ino, idx, want) = own_blocks[a];
+                        if raw.len() as u64 != u64::from(want) {
                             bad(
                                 &mut rep,
                                 format!(
@@ -428,10 +435,10 @@ impl Fs {
         let mut blocks: HashSet<BlockAddr> = HashSet::new();
         let (lo, hi) = all_extents_range();
         for (k, v) in st.scan(&lo, &hi, usize::MAX)? {
-            match Extent::decode(&v, &format!("chunk {k:02x?}"))? {
-                Extent::Inline(b) => u.inline_bytes += b.len() as u64,
-                Extent::Own(a, _) | Extent::Shared { addr: a, .. } => {
-                    blocks.insert(a);
+            for p in Extent::decode(&v, &format!("chunk {k:02x?}"))?.parts() {
+                match p {
+                    Extent::Inline(b) => u.inline_bytes += b.len() as u64,
+                    p => blocks.extend(p.addr()),
                 }
             }
         }

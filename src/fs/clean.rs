@@ -3,8 +3,9 @@
 //! reclaim the segments (`src/engine/clean.rs`).
 //!
 //! Moving a chunk is loading it into the group's buffers as if it had been
-//! written again (without touching its times): the commit then stores it
-//! the way every chunk is stored. So the chunks of partly dead shared
+//! written again whole (without touching its times): the commit then
+//! stores it the way every chunk is stored. A patched chunk is so merged
+//! with its patches into one chunk again. So the chunks of partly dead shared
 //! blocks are packed together with other small chunks into full new
 //! blocks, a chunk is recompressed with its file's current codec policy,
 //! and the old block is freed by the commit that installs the new one.
@@ -226,10 +227,11 @@ impl State {
                 let refs = decode_refs(&v)?;
                 rep.moved_bytes += u64::from(b.addr.len);
                 for (ino, idx) in refs {
+                    let uses = |e: &Extent| {
+                        e.parts().iter().any(|p| matches!(p, Extent::Shared { addr, .. } if *addr == b.addr))
+                    };
                     match self.stored_extent(ino, idx)? {
-                        Some(Extent::Shared { addr, .. }) if addr == b.addr => {
-                            self.relocate(ino, idx, rep)?
-                        }
+                        Some(e) if uses(&e) => self.relocate(ino, idx, rep)?,
                         _ => {
                             return Err(Error::corrupt(
                                 format!("block {}", b.addr),
@@ -248,11 +250,14 @@ impl State {
             let (lo, hi) = extents_from(ino, 0);
             let mut found = Vec::new();
             for (k, v) in self.scan(&lo, &hi, usize::MAX)? {
-                if let Extent::Own(a, _) = Extent::decode(&v, &format!("chunk of inode {ino}"))? {
-                    if addrs.contains(&a) {
-                        let (_, idx) = parse_extent_key(&k)
-                            .ok_or_else(|| Error::corrupt("chunk key", format!("{k:02x?}")))?;
-                        found.push((idx, a));
+                let e = Extent::decode(&v, &format!("chunk of inode {ino}"))?;
+                for p in e.parts() {
+                    if let Extent::Own(a, _) = *p {
+                        if addrs.contains(&a) {
+                            let (_, idx) = parse_extent_key(&k)
+                                .ok_or_else(|| Error::corrupt("chunk key", format!("{k:02x?}")))?;
+                            found.push((idx, a));
+                        }
                     }
                 }
             }

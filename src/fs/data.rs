@@ -12,14 +12,57 @@ use std::sync::Arc;
 
 use super::*;
 
-/// A chunk about to be stored.
+/// A buffered chunk.
+#[derive(Debug)]
+pub(super) struct Buf {
+    /// The chunk's whole logical content.
+    pub data: Vec<u8>,
+    /// Patch blocks written since the buffer was loaded from the stored
+    /// chunk (a bit per [`PATCH_BLOCK`]): outside them, `data` equals the
+    /// stored chunk. None: the chunk is stored whole at commit.
+    pub touched: Option<Vec<u64>>,
+}
+
+/// A chunk (or the patch of one) about to be stored.
 struct Piece {
     ino: Ino,
     idx: u64,
+    /// The chunk's bytes, or the patch's.
     data: Vec<u8>,
     spec: CodecSpec,
     /// Length of the buffer, as counted in the inode's `alloc`.
     counted: usize,
+    /// For a patch: the chunk's runs of patch blocks it replaces.
+    patch: Option<Vec<(u32, u32)>>,
+}
+
+impl Piece {
+    /// Logical length of the chunk once stored.
+    fn chunk_len(&self, stored: Option<&Extent>) -> usize {
+        match (&self.patch, stored) {
+            (Some(_), Some(e)) => e.len() as usize,
+            _ => self.data.len(),
+        }
+    }
+}
+
+/// Runs of set bits, as (first, count), below `n`.
+fn runs_of(bits: &[u64], n: u32) -> Vec<(u32, u32)> {
+    let mut runs: Vec<(u32, u32)> = Vec::new();
+    for b in 0..n {
+        if bits.get(b as usize / 64).is_some_and(|w| w >> (b % 64) & 1 == 1) {
+            match runs.last_mut() {
+                Some((s, c)) if *s + *c == b => *c += 1,
+                _ => runs.push((b, 1)),
+            }
+        }
+    }
+    runs
+}
+
+/// True when every block of `inner` is in `outer`.
+fn covers(outer: &[(u32, u32)], inner: &[(u32, u32)]) -> bool {
+    inner.iter().all(|&(s, c)| outer.iter().any(|&(os, oc)| os <= s && s + c <= os + oc))
 }
 
 impl State {
@@ -55,6 +98,27 @@ impl State {
     ) -> Result<()> {
         let bad = |d: String| Error::corrupt(format!("chunk {idx} of inode {ino}"), d);
         let (buf, base): (Arc<Vec<u8>>, usize) = match e {
+            Extent::Patched { base, patches } => {
+                // The base, then each patch over it where it meets [from, to).
+                let start = out.len();
+                self.copy_extent(ino, idx, base, from, to, out)?;
+                let len = base.len();
+                for p in patches {
+                    let mut at = 0u64;
+                    for (lo, hi) in p.spans(len) {
+                        let (a, b) = (lo.max(from as u64), hi.min(to as u64));
+                        if a < b {
+                            let mut bytes = Vec::with_capacity((b - a) as usize);
+                            let skip = (at + a - lo) as usize;
+                            self.copy_extent(ino, idx, &p.piece, skip, skip + (b - a) as usize, &mut bytes)?;
+                            let o = start + (a - from as u64) as usize;
+                            out[o..o + bytes.len()].copy_from_slice(&bytes);
+                        }
+                        at += hi - lo;
+                    }
+                }
+                return Ok(());
+            }
             Extent::Inline(b) => {
                 let have = b.len().min(to);
                 if from < have {
@@ -96,17 +160,31 @@ impl State {
         Ok(v)
     }
 
-    /// The buffer of a chunk, loading its stored content first.
+    /// The buffer of a chunk, loading its stored content first; it will be
+    /// stored whole.
     pub(super) fn dirty_mut(&mut self, ino: Ino, idx: u64) -> Result<&mut Vec<u8>> {
+        let b = self.dirty_buf(ino, idx)?;
+        b.touched = None;
+        Ok(&mut b.data)
+    }
+
+    /// The buffer of a chunk, loading its stored content first (then
+    /// tracking the blocks written, so that the commit may store only
+    /// those).
+    fn dirty_buf(&mut self, ino: Ino, idx: u64) -> Result<&mut Buf> {
         let has = self.dirty.get(&ino).is_some_and(|m| m.contains_key(&idx));
         if !has {
-            let data = match self.stored_extent(ino, idx)? {
-                Some(e) => self.extent_bytes(ino, idx, &e)?,
-                None => Vec::new(),
+            let (data, touched) = match self.stored_extent(ino, idx)? {
+                Some(e @ (Extent::Own(..) | Extent::Shared { .. } | Extent::Patched { .. })) => {
+                    let words = (self.cfg.chunk_size / PATCH_BLOCK).div_ceil(64) as usize;
+                    (self.extent_bytes(ino, idx, &e)?, Some(vec![0u64; words]))
+                }
+                Some(e) => (self.extent_bytes(ino, idx, &e)?, None),
+                None => (Vec::new(), None),
             };
             self.dirty_bytes += self.cfg.chunk_size as usize;
             self.dirty_chunks += 1;
-            self.dirty.entry(ino).or_default().insert(idx, data);
+            self.dirty.entry(ino).or_default().insert(idx, Buf { data, touched });
         }
         Ok(self.dirty.get_mut(&ino).and_then(|m| m.get_mut(&idx)).expect("just inserted"))
     }
@@ -120,7 +198,7 @@ impl State {
         }
         self.dirty_bytes -= self.cfg.chunk_size as usize;
         self.dirty_chunks -= 1;
-        Some(b.len())
+        Some(b.data.len())
     }
 
     /// Read `[off, off + len)` clipped to the size.
@@ -135,6 +213,7 @@ impl State {
             let to = ((end - idx * cs).min(cs)) as usize;
             let dirty = self.dirty.get(&i.ino).and_then(|m| m.get(&idx));
             if let Some(b) = dirty {
+                let b = &b.data;
                 let have = b.len().min(to);
                 if from < have {
                     out.extend_from_slice(&b[from..have]);
@@ -160,7 +239,14 @@ impl State {
             let idx = at / cs;
             let from = (at - idx * cs) as usize;
             let n = (cs as usize - from).min(data.len() - pos);
-            let buf = self.dirty_mut(i.ino, idx)?;
+            let b = self.dirty_buf(i.ino, idx)?;
+            if let Some(t) = &mut b.touched {
+                let pb = PATCH_BLOCK as usize;
+                for blk in from / pb..(from + n).div_ceil(pb) {
+                    t[blk / 64] |= 1 << (blk % 64);
+                }
+            }
+            let buf = &mut b.data;
             let old = buf.len();
             if buf.len() < from + n {
                 buf.resize(from + n, 0);
@@ -178,10 +264,16 @@ impl State {
         Ok(())
     }
 
-    /// Release a stored chunk's hold on its block.
+    /// Release a stored chunk's hold on its blocks.
     pub(super) fn release(&mut self, ino: Ino, idx: u64, e: &Extent) -> Result<()> {
         match e {
             Extent::Inline(_) => {}
+            Extent::Patched { base, patches } => {
+                self.release(ino, idx, base)?;
+                for p in patches {
+                    self.release(ino, idx, &p.piece)?;
+                }
+            }
             Extent::Own(a, _) => {
                 self.pend.free(*a);
                 self.cache.remove(a);
@@ -450,12 +542,53 @@ impl State {
         }
     }
 
+    /// Fraction of a chunk's length its patches may replace before the
+    /// chunk is written whole again. Patches save writing the whole chunk
+    /// for a small overwrite, but keep the replaced bytes of the chunk
+    /// stored: the fuller the device, the less of that it can afford.
+    fn patch_share(&self) -> f64 {
+        let (usable, free) = self.eng.capacity();
+        let used = 1.0 - free as f64 / usable.max(1) as f64;
+        // 1/2 up to half full, down to 1/4 at 85% full.
+        (0.5 - (used - 0.5).max(0.0) * (0.25 / 0.35)).clamp(0.25, 0.5)
+    }
+
+    /// The runs of patch blocks to store instead of the whole chunk, or
+    /// None to store it whole. `len` is the chunk's length, `touched` the
+    /// blocks written since it was loaded from `stored`.
+    fn plan_patch(
+        &self,
+        stored: Option<&Extent>,
+        len: usize,
+        touched: &[u64],
+        share: f64,
+    ) -> Option<Vec<(u32, u32)>> {
+        let e = stored?;
+        if matches!(e, Extent::Inline(_)) || e.len() != len as u64 || self.cleaning {
+            return None;
+        }
+        let len = len as u64;
+        let runs = runs_of(touched, len.div_ceil(u64::from(PATCH_BLOCK)) as u32);
+        let bytes: u64 = spans(&runs, len).map(|(a, b)| b - a).sum();
+        let old: &[Patch] = match e {
+            Extent::Patched { patches, .. } => patches,
+            _ => &[],
+        };
+        let kept = old.iter().filter(|p| !covers(&runs, &p.runs));
+        let (n, before) = kept.fold((0, 0), |(n, b), p| (n + 1, b + p.piece.len()));
+        let fits = bytes > 0
+            && n < MAX_PATCHES
+            && (bytes + before) as f64 <= len as f64 * share
+            && bytes < self.cs() / 2;
+        fits.then_some(runs)
+    }
+
     #[allow(clippy::type_complexity)]
     fn store_chunks(
         &mut self,
-        dirty: HashMap<Ino, BTreeMap<u64, Vec<u8>>>,
+        dirty: HashMap<Ino, BTreeMap<u64, Buf>>,
         room: Room,
-    ) -> std::result::Result<(), (Error, Option<HashMap<Ino, BTreeMap<u64, Vec<u8>>>>)> {
+    ) -> std::result::Result<(), (Error, Option<HashMap<Ino, BTreeMap<u64, Buf>>>)> {
         let cs = self.cs();
         let mut inos: Vec<Ino> = dirty.keys().copied().collect();
         inos.sort_unstable();
@@ -469,16 +602,36 @@ impl State {
                 Err(e) => return Err((e, Some(dirty))),
             }
         }
+        let share = self.patch_share();
         let mut dirty = dirty;
         let (mut own, mut pack, mut inline, mut holes) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        // Buffers stored as patches, to put back if storing fails.
+        let mut patched: HashMap<(Ino, u64), Buf> = HashMap::new();
         for i in &inodes {
             let spec = i.policy.unwrap_or(self.cfg.codec);
             let chunks = dirty.remove(&i.ino).unwrap_or_default();
-            for (idx, mut data) in chunks {
+            for (idx, buf) in chunks {
+                let Buf { mut data, touched } = buf;
                 let lim = i.size.saturating_sub(idx * cs).min(cs) as usize;
                 let counted = data.len();
                 data.truncate(lim);
-                let p = Piece { ino: i.ino, idx, data, spec, counted };
+                let plan = match &touched {
+                    Some(t) if !is_zero(&data) => {
+                        let stored = self.stored_extent(i.ino, idx).map_err(|e| (e, None))?;
+                        self.plan_patch(stored.as_ref(), data.len(), t, share)
+                    }
+                    _ => None,
+                };
+                if let Some(runs) = plan {
+                    let mut bytes = Vec::new();
+                    for (a, b) in spans(&runs, data.len() as u64) {
+                        bytes.extend_from_slice(&data[a as usize..b as usize]);
+                    }
+                    pack.push(Piece { ino: i.ino, idx, data: bytes, spec, counted, patch: Some(runs) });
+                    patched.insert((i.ino, idx), Buf { data, touched });
+                    continue;
+                }
+                let p = Piece { ino: i.ino, idx, data, spec, counted, patch: None };
                 if p.data.is_empty() || is_zero(&p.data) {
                     holes.push(p);
                 } else if idx == 0 && i.size <= u64::from(self.cfg.inline_max) {
@@ -515,20 +668,30 @@ impl State {
                 Ok(a) => a,
                 Err(e) => {
                     drop(reqs);
-                    let mut back: HashMap<Ino, BTreeMap<u64, Vec<u8>>> = HashMap::new();
+                    let mut back: HashMap<Ino, BTreeMap<u64, Buf>> = HashMap::new();
                     for p in own.into_iter().chain(pack).chain(inline).chain(holes) {
-                        back.entry(p.ino).or_default().insert(p.idx, p.data);
+                        let b = match patched.remove(&(p.ino, p.idx)) {
+                            Some(b) => b,
+                            None => Buf { data: p.data, touched: None },
+                        };
+                        back.entry(p.ino).or_default().insert(p.idx, b);
                     }
                     return Err((e, Some(back)));
                 }
             }
         };
         drop(reqs);
+        drop(patched);
         // From here on the blocks exist; point the files at them.
         let r = (|| -> Result<()> {
             for p in own.iter().chain(&pack).chain(&inline) {
-                if p.counted > p.data.len() {
-                    self.uncount(p.ino, (p.counted - p.data.len()) as u64)?;
+                let stored = match p.patch {
+                    Some(_) => self.stored_extent(p.ino, p.idx)?,
+                    None => None,
+                };
+                let len = p.chunk_len(stored.as_ref());
+                if p.counted > len {
+                    self.uncount(p.ino, (p.counted - len) as u64)?;
                 }
             }
             for (p, a) in own.iter().zip(&addrs) {
@@ -543,7 +706,11 @@ impl State {
                     let p = &pack[n];
                     let len = p.data.len() as u32;
                     let phys = (u64::from(a.len) * u64::from(len)).div_ceil(raw.len().max(1) as u64) as u32;
-                    self.install(p.ino, p.idx, Extent::Shared { addr: *a, off, len, phys })?;
+                    let piece = Extent::Shared { addr: *a, off, len, phys };
+                    match &p.patch {
+                        Some(runs) => self.add_patch(p.ino, p.idx, runs.clone(), piece)?,
+                        None => self.install(p.ino, p.idx, piece)?,
+                    }
                     off += len;
                     self.stats.chunk_bytes += u64::from(len);
                 }
@@ -565,6 +732,39 @@ impl State {
             Ok(())
         })();
         r.map_err(|e| (e, None))
+    }
+
+    /// Add a patch to a stored chunk, dropping the patches it covers.
+    fn add_patch(&mut self, ino: Ino, idx: u64, runs: Vec<(u32, u32)>, piece: Extent) -> Result<()> {
+        let (base, mut patches) = match self.stored_extent(ino, idx)? {
+            Some(Extent::Patched { base, patches }) => (base, patches),
+            Some(e @ (Extent::Own(..) | Extent::Shared { .. })) => (Box::new(e), Vec::new()),
+            other => {
+                return Err(Error::corrupt(
+                    format!("chunk {idx} of inode {ino}"),
+                    format!("a patch was made for it as stored, but it is now {other:?}"),
+                ))
+            }
+        };
+        let mut gone = Vec::new();
+        patches.retain(|p| {
+            let keep = !covers(&runs, &p.runs);
+            if !keep {
+                gone.push(p.piece.clone());
+            }
+            keep
+        });
+        for g in gone {
+            self.release(ino, idx, &g)?;
+        }
+        patches.push(Patch { runs, piece });
+        if self.cfg.version < 2 {
+            self.cfg.version = 2;
+            self.cfg_dirty = true;
+        }
+        self.stats.patches += 1;
+        self.put(extent_key(ino, idx), Extent::Patched { base, patches }.encode());
+        Ok(())
     }
 
     /// Take `n` bytes off an inode's allocated count.

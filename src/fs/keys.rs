@@ -1,4 +1,4 @@
-//! Keys and records of the file system in the index (format version 1 of
+//! Keys and records of the file system in the index (format version 2 of
 //! the fs layer; see docs/FORMAT.md, "File system records").
 //!
 //! Every key starts with a one-byte tag, then big-endian integers, so that
@@ -18,7 +18,10 @@ pub type Ino = u64;
 pub const ROOT: Ino = 1;
 
 /// Version of the fs-layer records, kept in the config record.
-pub const FS_VERSION: u8 = 1;
+/// Version 2 added patched chunks (`Extent::Patched`); an image is
+/// marked version 2 by the first commit that writes one, so images that
+/// never had one stay readable by builds that read version 1.
+pub const FS_VERSION: u8 = 2;
 
 const T_CONFIG: u8 = 0x01;
 const T_TRIPLE: u8 = 0x02;
@@ -190,12 +193,14 @@ pub struct Config {
     pub next_ino: Ino,
     /// Next (uid, gid, mode) triple id.
     pub next_triple: u32,
+    /// Record version: 1 until a patched chunk is written, then 2.
+    pub version: u8,
 }
 
 impl Config {
     /// Encode.
     pub fn encode(&self) -> Vec<u8> {
-        let mut v = vec![FS_VERSION];
+        let mut v = vec![self.version];
         v.put_var(u64::from(self.chunk_size));
         v.put_var(u64::from(self.pack_bytes));
         v.put_var(u64::from(self.inline_max));
@@ -210,9 +215,9 @@ impl Config {
     pub fn decode(b: &[u8]) -> Result<Config> {
         let mut r = Reader::new(b, "file system config record");
         let ver = r.u8()?;
-        if ver != FS_VERSION {
+        if ver == 0 || ver > FS_VERSION {
             return Err(Error::Unsupported(format!(
-                "file system records of version {ver}; this build reads version {FS_VERSION}"
+                "file system records of version {ver}; this build reads versions 1 to {FS_VERSION}"
             )));
         }
         let chunk_size = r.var_max(1 << 24, "chunk size")? as u32;
@@ -236,6 +241,7 @@ impl Config {
             base_sec,
             next_ino,
             next_triple,
+            version: ver,
         })
     }
 }
@@ -598,6 +604,50 @@ pub enum Extent {
         /// Share of the block's stored bytes charged to this chunk.
         phys: u32,
     },
+    /// A stored chunk (`Own` or `Shared`) with blocks of it written again
+    /// since, kept beside it instead of rewriting the whole chunk. Later
+    /// patches win where they overlap earlier ones.
+    Patched {
+        /// The chunk as last written whole; its length is the chunk's.
+        base: Box<Extent>,
+        /// Oldest first; at most [`MAX_PATCHES`].
+        patches: Vec<Patch>,
+    },
+}
+
+/// Bytes per patch block: patches replace whole blocks of this size (the
+/// last block of a chunk may be short).
+pub const PATCH_BLOCK: u32 = 4096;
+
+/// Most patches one chunk carries.
+pub const MAX_PATCHES: usize = 16;
+
+/// Blocks of a chunk written again: `runs` of patch blocks (first block,
+/// count), ascending and apart, whose bytes lie one after another in
+/// `piece` (`Own` or `Shared`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Patch {
+    /// (first block, number of blocks).
+    pub runs: Vec<(u32, u32)>,
+    /// Where the bytes are.
+    pub piece: Extent,
+}
+
+impl Patch {
+    /// Byte ranges `[start, end)` of the chunk this patch replaces, in
+    /// the order of its bytes, for a chunk of `len` bytes.
+    pub fn spans(&self, len: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        spans(&self.runs, len)
+    }
+}
+
+/// Byte ranges of patch-block runs in a chunk of `len` bytes.
+pub fn spans(runs: &[(u32, u32)], len: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+    let b = u64::from(PATCH_BLOCK);
+    runs.iter().map(move |&(s, n)| {
+        let lo = (u64::from(s) * b).min(len);
+        (lo, ((u64::from(s) + u64::from(n)) * b).min(len))
+    })
 }
 
 impl Extent {
@@ -607,6 +657,7 @@ impl Extent {
             Extent::Inline(b) => b.len() as u64,
             Extent::Own(_, len) => u64::from(*len),
             Extent::Shared { len, .. } => u64::from(*len),
+            Extent::Patched { base, .. } => base.len(),
         }
     }
     /// True when empty (never stored).
@@ -619,11 +670,35 @@ impl Extent {
             Extent::Inline(b) => b.len() as u64,
             Extent::Own(a, _) => u64::from(a.len),
             Extent::Shared { phys, .. } => u64::from(*phys),
+            Extent::Patched { base, patches } => {
+                base.phys() + patches.iter().map(|p| p.piece.phys()).sum::<u64>()
+            }
+        }
+    }
+    /// The simple extents (`Inline`, `Own`, `Shared`) this one is made
+    /// of: itself, or a patched chunk's base and patch pieces.
+    pub fn parts(&self) -> Vec<&Extent> {
+        match self {
+            Extent::Patched { base, patches } => {
+                std::iter::once(&**base).chain(patches.iter().map(|p| &p.piece)).collect()
+            }
+            e => vec![e],
+        }
+    }
+    /// The block a simple extent lies in.
+    pub fn addr(&self) -> Option<BlockAddr> {
+        match self {
+            Extent::Own(a, _) | Extent::Shared { addr: a, .. } => Some(*a),
+            _ => None,
         }
     }
     /// Encode.
     pub fn encode(&self) -> Vec<u8> {
         let mut v = Vec::new();
+        self.put(&mut v);
+        v
+    }
+    fn put(&self, v: &mut Vec<u8>) {
         match self {
             Extent::Inline(b) => {
                 v.put_u8(0);
@@ -631,30 +706,87 @@ impl Extent {
             }
             Extent::Own(a, len) => {
                 v.put_u8(1);
-                put_addr(&mut v, *a);
+                put_addr(v, *a);
                 v.put_var(u64::from(*len));
             }
             Extent::Shared { addr, off, len, phys } => {
                 v.put_u8(2);
-                put_addr(&mut v, *addr);
+                put_addr(v, *addr);
                 v.put_var(u64::from(*off));
                 v.put_var(u64::from(*len));
                 v.put_var(u64::from(*phys));
             }
+            Extent::Patched { base, patches } => {
+                v.put_u8(3);
+                base.put(v);
+                v.put_var(patches.len() as u64);
+                for p in patches {
+                    v.put_var(p.runs.len() as u64);
+                    for &(s, n) in &p.runs {
+                        v.put_var(u64::from(s));
+                        v.put_var(u64::from(n));
+                    }
+                    p.piece.put(v);
+                }
+            }
         }
-        v
     }
     /// Decode.
     pub fn decode(b: &[u8], what: &str) -> Result<Extent> {
         let mut r = Reader::new(b, what);
-        let e = match r.u8()? {
-            0 => Extent::Inline(b[1..].to_vec()),
+        let e = match b.first() {
+            Some(0) => return Ok(Extent::Inline(b[1..].to_vec())),
+            Some(3) => {
+                r.u8()?;
+                let base = Self::get_block(&mut r)?;
+                let len = base.len();
+                let blocks = len.div_ceil(u64::from(PATCH_BLOCK));
+                let n = r.var_max(MAX_PATCHES as u64, "patch count")? as usize;
+                if n == 0 {
+                    return Err(r.err("a patched chunk without patches"));
+                }
+                let mut patches = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let m = r.var_max(blocks, "patch run count")? as usize;
+                    let mut runs = Vec::with_capacity(m);
+                    let mut next = 0u64;
+                    for _ in 0..m {
+                        let s = r.var_max(blocks, "patch block")?;
+                        let c = r.var_max(blocks, "patch blocks")?;
+                        if s < next || c == 0 || s + c > blocks {
+                            return Err(r.err(format!(
+                                "patch run {s}+{c} overlaps the one before or lies outside the chunk's {blocks} blocks"
+                            )));
+                        }
+                        next = s + c + 1;
+                        runs.push((s as u32, c as u32));
+                    }
+                    let piece = Self::get_block(&mut r)?;
+                    let need: u64 = spans(&runs, len).map(|(a, b)| b - a).sum();
+                    if m == 0 || piece.len() != need {
+                        return Err(r.err(format!(
+                            "a patch of {} bytes replaces {need} bytes of the chunk",
+                            piece.len()
+                        )));
+                    }
+                    patches.push(Patch { runs, piece });
+                }
+                Extent::Patched { base: Box::new(base), patches }
+            }
+            _ => Self::get_block(&mut r)?,
+        };
+        r.finish()?;
+        Ok(e)
+    }
+    /// An `Own` or `Shared` extent.
+    fn get_block(r: &mut Reader) -> Result<Extent> {
+        Ok(match r.u8()? {
             1 => {
-                let a = get_addr(&mut r)?;
+                let a = get_addr(r)?;
                 Extent::Own(a, r.var_max(u64::from(u32::MAX), "length")? as u32)
             }
             2 => {
-                let addr = get_addr(&mut r)?;
+                let addr = get_addr(r)?;
                 let m = u64::from(u32::MAX);
                 let off = r.var_max(m, "offset")? as u32;
                 let len = r.var_max(m, "length")? as u32;
@@ -662,11 +794,7 @@ impl Extent {
                 Extent::Shared { addr, off, len, phys }
             }
             t => return Err(r.err(format!("unknown extent type {t}"))),
-        };
-        if !matches!(e, Extent::Inline(_)) {
-            r.finish()?;
-        }
-        Ok(e)
+        })
     }
 }
 
@@ -775,6 +903,74 @@ mod tests {
         assert!(dirents_range(1).1 < dirent_key(2, b""));
         assert_eq!(decode_refs(&encode_refs(&[(1, 2), (3, 4)])).unwrap(), vec![(1, 2), (3, 4)]);
         assert_eq!(decode_dirent(&encode_dirent(99, Kind::Socket)).unwrap(), (99, Kind::Socket));
+    }
+
+    #[test]
+    fn patched_extents_round_trip_and_bad_ones_are_refused() {
+        let a = BlockAddr { seg: 3, offset: 4096, len: 777 };
+        let b = BlockAddr { seg: 4, offset: 0, len: 300 };
+        // A chunk of 10000 bytes: blocks 0, 1 and a short block 2 (1808 bytes).
+        let base = Extent::Own(a, 10_000);
+        let p1 = Patch {
+            runs: vec![(0, 1), (2, 1)],
+            piece: Extent::Shared { addr: b, off: 7, len: 4096 + 1808, phys: 90 },
+        };
+        let p2 = Patch { runs: vec![(1, 1)], piece: Extent::Own(b, 4096) };
+        let e = Extent::Patched { base: Box::new(base.clone()), patches: vec![p1.clone(), p2.clone()] };
+        assert_eq!(Extent::decode(&e.encode(), "x").unwrap(), e);
+        assert_eq!(e.len(), 10_000);
+        assert_eq!(e.phys(), 777 + 90 + 300);
+        assert_eq!(e.parts(), vec![&base, &p1.piece, &p2.piece]);
+        assert_eq!(p1.spans(10_000).collect::<Vec<_>>(), vec![(0, 4096), (8192, 10_000)]);
+        let bad = |patches: Vec<Patch>, base: Extent| {
+            let v = Extent::Patched { base: Box::new(base), patches }.encode();
+            Extent::decode(&v, "x").expect_err("must be refused").to_string()
+        };
+        let piece = |len| Extent::Shared { addr: b, off: 0, len, phys: 1 };
+        assert!(bad(vec![], base.clone()).contains("without patches"));
+        // Runs that overlap, touch, lie outside or are empty.
+        for runs in [vec![(0, 2), (1, 1)], vec![(0, 1), (1, 1)], vec![(2, 2)], vec![(0, 0)]] {
+            let p = Patch { runs, piece: piece(4096) };
+            assert!(bad(vec![p], base.clone()).contains("patch run"));
+        }
+        // A piece shorter than the blocks it replaces.
+        let p = Patch { runs: vec![(0, 1)], piece: piece(4000) };
+        assert!(bad(vec![p], base.clone()).contains("replaces 4096"));
+        // A base that is not a block.
+        let p = Patch { runs: vec![(0, 1)], piece: piece(4096) };
+        assert!(bad(vec![p.clone()], Extent::Inline(vec![1; 10])).contains("unknown extent type 0"));
+        let nested = Extent::Patched { base: Box::new(base.clone()), patches: vec![p.clone()] };
+        assert!(bad(vec![p.clone()], nested).contains("unknown extent type 3"));
+        // Cut short anywhere: an error, never a panic.
+        let full = e.encode();
+        for n in 0..full.len() {
+            assert!(Extent::decode(&full[..n], "x").is_err(), "prefix of {n} bytes accepted");
+        }
+    }
+
+    #[test]
+    fn config_versions() {
+        let c = Config {
+            chunk_size: 65536,
+            pack_bytes: 131072,
+            inline_max: 512,
+            codec: CodecSpec::new(CodecId::Zstd, 3),
+            base_sec: 1_700_000_000,
+            next_ino: 5,
+            next_triple: 2,
+            version: 1,
+        };
+        for version in 1..=FS_VERSION {
+            let c = Config { version, ..c.clone() };
+            assert_eq!(Config::decode(&c.encode()).unwrap(), c);
+        }
+        let mut v = c.encode();
+        v[0] = FS_VERSION + 1;
+        let e = Config::decode(&v).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("version {}; this build reads versions 1 to {FS_VERSION}", FS_VERSION + 1)),
+            "{e}"
+        );
     }
 
     #[test]

@@ -233,6 +233,9 @@ pub struct FsStats {
     pub inline_chunks: u64,
     /// Chunks found all zero and stored as holes.
     pub zero_chunks: u64,
+    /// Patches written (blocks of a stored chunk written again, stored
+    /// beside it instead of rewriting the chunk).
+    pub patches: u64,
 }
 
 /// Decompressed blocks, evicted first-in first-out.
@@ -279,7 +282,7 @@ struct State {
     pend: Pending,
     /// Buffered chunks: the full logical content of each, from the chunk's
     /// start (shorter than a chunk at the end of a file).
-    dirty: HashMap<Ino, std::collections::BTreeMap<u64, Vec<u8>>>,
+    dirty: HashMap<Ino, std::collections::BTreeMap<u64, data::Buf>>,
     dirty_bytes: usize,
     dirty_chunks: usize,
     triples: HashMap<(u32, u32, u32), u32>,
@@ -367,6 +370,7 @@ pub fn mkfs(store: Arc<dyn Store>, o: &MkfsOptions) -> Result<()> {
         base_sec: t.sec,
         next_ino: ROOT + 1,
         next_triple: 1,
+        version: 1,
     };
     let root = Inode {
         ino: ROOT,
