@@ -4,6 +4,7 @@
 # device of the same size, in one run.
 #
 #   bash bench/clean.sh            # SIZE=1G, IO64=2G, IO4=256M
+#   SYSTEMS=zlogfs BLOCKS=4k DATA=random bash bench/clean.sh   # a part
 #
 # Systems: zlogfs, btrfs (mkfs.btrfs defaults) and btrfs-mixed
 # (mkfs.btrfs --mixed, btrfs's layout for small devices). A run that fails
@@ -32,6 +33,9 @@ bin=$PWD/target/release/zlogfs
 SIZE=${SIZE:-1G}
 IO64=${IO64:-2G}
 IO4=${IO4:-256M}
+SYSTEMS=${SYSTEMS:-zlogfs btrfs btrfs-mixed}
+BLOCKS=${BLOCKS:-64k 4k}
+DATA=${DATA:-random half}
 bytes() { numfmt --from=iec "$1"; }
 size=$(bytes "$SIZE")
 fill=$((size * 7 / 10 / 1048576))M
@@ -84,11 +88,11 @@ written() { # system: bytes the device has taken
 }
 
 declare -A bw wa clean_line
-for data in random half; do
+for data in $DATA; do
 dopt=(--refill_buffers)
 [ $data = half ] && dopt=(--refill_buffers --buffer_compress_percentage=50)
-for sys in zlogfs btrfs btrfs-mixed; do
-    for bs in 64k 4k; do
+for sys in $SYSTEMS; do
+    for bs in $BLOCKS; do
         io=$IO64
         [ "$bs" = 4k ] && io=$IO4
         setup $sys
@@ -130,23 +134,31 @@ done
 ratio() { python3 -c "print(round($1 / $2, 2))" 2>/dev/null || echo "—"; }
 date=$(date +%F)
 out="bench/results/clean-$date.md"
+part=""
+if [ "$SYSTEMS $BLOCKS $DATA" != "zlogfs btrfs btrfs-mixed 64k 4k random half" ]; then
+    out="bench/results/clean-$date-part.md"
+    part=" SYSTEMS='$SYSTEMS' BLOCKS='$BLOCKS' DATA='$DATA'"
+fi
 {
     echo "# Cleaner: random overwrite of an image kept 70% full ($date)"
     echo
-    echo "Command: \`SIZE=$SIZE IO64=$IO64 IO4=$IO4 bash bench/clean.sh\`, commit $(git rev-parse --short HEAD)."
+    echo "Command: \`SIZE=$SIZE IO64=$IO64 IO4=$IO4$part bash bench/clean.sh\`, commit $(git rev-parse --short HEAD)."
     echo "Image $SIZE, file of $fill (random: incompressible; half: buffer_compress_percentage=50), then fio randwrite over it."
     echo
     echo "| data | workload | system | MB/s | zlogfs / this | write amplification |"
     echo "|---|---|---|---:|---:|---:|"
-    for data in random half; do
-    for bs in 64k 4k; do
+    for data in $DATA; do
+    for bs in $BLOCKS; do
         io=$IO64
         [ "$bs" = 4k ] && io=$IO4
-        for sys in zlogfs btrfs btrfs-mixed; do
+        for sys in $SYSTEMS; do
             echo "| $data | randwrite $bs, $io | $sys | ${bw[$data.$sys.$bs]} | $(ratio "${bw[$data.zlogfs.$bs]}" "${bw[$data.$sys.$bs]}") | ${wa[$data.$sys.$bs]} |"
         done
     done
     done
     echo
-    echo "Offline \`zlogfs clean\` after the 64k runs: random data: ${clean_line[random]}; half-compressible data: ${clean_line[half]}."
+    for data in $DATA; do
+        [ -n "${clean_line[$data]:-}" ] && echo "Offline \`zlogfs clean\` after the 64k run, $data data: ${clean_line[$data]}."
+    done
+    true
 } | tee "$out"

@@ -549,8 +549,9 @@ impl State {
     fn patch_share(&self) -> f64 {
         let (usable, free) = self.eng.capacity();
         let used = 1.0 - free as f64 / usable.max(1) as f64;
-        // 1/2 up to half full, down to 1/4 at 85% full.
-        (0.5 - (used - 0.5).max(0.0) * (0.25 / 0.35)).clamp(0.25, 0.5)
+        // 1/2 up to 55% live, none from 80% on: the replaced bytes stay
+        // live, and the cleaner needs the room.
+        ((0.8 - used) * 2.0).clamp(0.0, 0.5)
     }
 
     /// The runs of patch blocks to store instead of the whole chunk, or
