@@ -585,12 +585,13 @@ fn stats(image: &Path, json: bool) -> Res {
             .collect();
         let v = serde_json::json!({
             "image": image.display().to_string(),
-            "format_version": e.superblock().version,
+            "format_version": e.superblock().version, "records_version": fs.config().version,
             "segment_size": g.segment_size, "segments": s.segments, "free_segments": s.free_segments,
             "live_bytes": s.live_bytes,
             "files": u.tree.files, "dirs": u.tree.dirs, "other_inodes": u.tree.others, "inodes": u.inodes,
             "logical_bytes": u.tree.logical, "allocated_bytes": u.tree.allocated, "physical_bytes": u.tree.physical,
             "ratio": ratio, "inline_bytes": u.inline_bytes, "codecs": codecs,
+            "patched_chunks": u.patched_chunks, "patch_bytes": u.patch_bytes,
             "inode_bytes_raw": u.inode_bytes_raw, "inode_bytes_compressed": u.inode_bytes_compressed,
             "bytes_per_inode": per_inode, "index_bytes": s.run_bytes, "metadata_bytes_per_file": meta_per_file,
             "triples": u.triples, "index_runs": s.runs, "memtable_entries": s.memtable_entries,
@@ -603,7 +604,12 @@ fn stats(image: &Path, json: bool) -> Res {
         });
         println!("{v:#}");
     } else {
-        println!("image:            {} (format version {})", image.display(), e.superblock().version);
+        println!(
+            "image:            {} (format version {}, file system records version {})",
+            image.display(),
+            e.superblock().version,
+            fs.config().version
+        );
         println!(
             "segments:         {} of {} KiB, {} free, {} free at the next index flush; {} live bytes",
             s.segments,
@@ -622,6 +628,12 @@ fn stats(image: &Path, json: bool) -> Res {
             u.tree.files, u.tree.dirs, u.tree.others
         );
         println!("file data:        {} logical, {} allocated, {} stored (ratio {ratio:.2}); {} inline in the index", u.tree.logical, u.tree.allocated, u.tree.physical, u.inline_bytes);
+        if u.patched_chunks > 0 {
+            println!(
+                "patched chunks:   {} ({} stored in patches; cleaning merges them)",
+                u.patched_chunks, u.patch_bytes
+            );
+        }
         for (k, c) in &u.codecs {
             println!(
                 "  {k:<24} {:>8} blocks {:>14} -> {:>14} ({:.2})",

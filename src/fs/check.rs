@@ -65,6 +65,10 @@ pub struct Usage {
     pub codecs: BTreeMap<String, CodecUse>,
     /// Bytes of file data inline in the index.
     pub inline_bytes: u64,
+    /// Chunks stored with patches (small overwrites kept beside them).
+    pub patched_chunks: u64,
+    /// Stored bytes of those patches.
+    pub patch_bytes: u64,
     /// Inode records (keys and values) before compression.
     pub inode_bytes_raw: u64,
     /// Inode records compressed as the index stores them (16 KiB blocks,
@@ -435,7 +439,12 @@ impl Fs {
         let mut blocks: HashSet<BlockAddr> = HashSet::new();
         let (lo, hi) = all_extents_range();
         for (k, v) in st.scan(&lo, &hi, usize::MAX)? {
-            for p in Extent::decode(&v, &format!("chunk {k:02x?}"))?.parts() {
+            let e = Extent::decode(&v, &format!("chunk {k:02x?}"))?;
+            if let Extent::Patched { patches, .. } = &e {
+                u.patched_chunks += 1;
+                u.patch_bytes += patches.iter().map(|p| p.piece.phys()).sum::<u64>();
+            }
+            for p in e.parts() {
                 match p {
                     Extent::Inline(b) => u.inline_bytes += b.len() as u64,
                     p => blocks.extend(p.addr()),
