@@ -249,6 +249,8 @@ fn dirty_image() -> (Arc<FaultStore>, std::collections::BTreeMap<Vec<u8>, Vec<u8
         f.write(ino, k * 96 * KIB as u64, &random(&mut r, 20 * KIB)).expect("overwrite");
     }
     f.sync().expect("sync");
+    // Those overwrites are patches, so cleaning also merges patched chunks.
+    assert!(f.stats().patches >= 20, "only {} patches", f.stats().patches);
     let model = tree(&f);
     f.close().expect("close");
     (st, model)
