@@ -618,7 +618,9 @@ impl State {
                 data.truncate(lim);
                 let plan = match &touched {
                     Some(t) if !is_zero(&data) => {
-                        let stored = self.stored_extent(i.ino, idx).map_err(|e| (e, None))?;
+                        // An unreadable record: store the chunk whole (its
+                        // install meets the error, as any chunk's would).
+                        let stored = self.stored_extent(i.ino, idx).ok().flatten();
                         self.plan_patch(stored.as_ref(), data.len(), t, share)
                     }
                     _ => None,
