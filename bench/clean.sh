@@ -5,6 +5,7 @@
 #
 #   bash bench/clean.sh            # SIZE=1G, IO64=2G, IO4=256M
 #   SYSTEMS=zlogfs BLOCKS=4k DATA=random bash bench/clean.sh   # a part
+#   ZMOUNT=patches bash bench/clean.sh     # zlogfs mounted with -o patches
 #
 # Systems: zlogfs, btrfs (mkfs.btrfs defaults) and btrfs-mixed
 # (mkfs.btrfs --mixed, btrfs's layout for small devices). A run that fails
@@ -72,7 +73,7 @@ setup() { # system
 }
 mnt_sys() { # system
     case $1 in
-    zlogfs) "$bin" mount "$work/z.img" "$mnt" ;;
+    zlogfs) "$bin" mount "$work/z.img" "$mnt" ${ZMOUNT:+-o "$ZMOUNT"} ;;
     btrfs*) mount -o compress=zstd:1 "$loop" "$mnt" ;;
     esac
 }
@@ -139,6 +140,7 @@ if [ "$SYSTEMS $BLOCKS $DATA" != "zlogfs btrfs btrfs-mixed 64k 4k random half" ]
     out="bench/results/clean-$date-part.md"
     part=" SYSTEMS='$SYSTEMS' BLOCKS='$BLOCKS' DATA='$DATA'"
 fi
+[ -n "${ZMOUNT:-}" ] && part="$part ZMOUNT='$ZMOUNT'"
 {
     echo "# Cleaner: random overwrite of an image kept 70% full ($date)"
     echo

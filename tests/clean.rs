@@ -23,6 +23,8 @@ fn fs_opts() -> FsOptions {
         commit_interval: None,
         dirty_bytes: 8 << 20,
         cache_bytes: 4 << 20,
+        // Small overwrites as patches, the opt-in these tests cover too.
+        patches: true,
         ..FsOptions::default()
     }
 }

@@ -34,6 +34,8 @@ fn fs_opts() -> FsOptions {
         engine: common::small_opts(),
         commit_interval: None,
         dirty_bytes: 1 << 20,
+        // Small overwrites as patches (they happen with chunks above 4 KiB).
+        patches: true,
         ..FsOptions::default()
     }
 }

@@ -567,7 +567,7 @@ impl State {
         share: f64,
     ) -> Option<Vec<(u32, u32)>> {
         let e = stored?;
-        if matches!(e, Extent::Inline(_)) || e.len() != len as u64 || self.cleaning {
+        if !self.patches || matches!(e, Extent::Inline(_)) || e.len() != len as u64 || self.cleaning {
             return None;
         }
         let len = len as u64;

@@ -94,6 +94,12 @@ pub struct FsOptions {
     pub cache_bytes: usize,
     /// atime policy.
     pub atime: Atime,
+    /// Store small overwrites of stored chunks as patches beside them
+    /// (docs/ARCHITECTURE.md, "Patches"). Off by default: the bytes a
+    /// patch replaces stay live where the cleaner cannot see them, so
+    /// random small writes into a file that is filling the device can end
+    /// in ENOSPC before the device is full (tests/posix/run.sh's 70% run).
+    pub patches: bool,
 }
 
 impl Default for FsOptions {
@@ -104,6 +110,7 @@ impl Default for FsOptions {
             dirty_bytes: 256 << 20,
             cache_bytes: 128 << 20,
             atime: Atime::Relatime,
+            patches: false,
         }
     }
 }
@@ -309,6 +316,8 @@ struct State {
     grew: bool,
     /// A cleaning round is running (its commits do not clean).
     cleaning: bool,
+    /// Small overwrites may be stored as patches ([`FsOptions::patches`]).
+    patches: bool,
     /// The report of the last pass run through [`XATTR_CLEAN`].
     last_clean: Option<CleanReport>,
     /// Commits so far when cleaning last failed to make the room a writer
@@ -437,6 +446,7 @@ impl Fs {
             max_group,
             dirty_limit: opts.dirty_bytes.max(1 << 20),
             atime: opts.atime,
+            patches: opts.patches,
             stats: FsStats::default(),
             counters,
             counters_saved: counters,

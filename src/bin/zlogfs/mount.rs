@@ -22,6 +22,8 @@ const READY_ENV: &str = "ZLOGFS_DAEMON_READY";
 pub struct Parsed {
     pub mount: MountOptions,
     pub atime: Atime,
+    /// `-o patches`: store small overwrites as patches.
+    pub patches: bool,
 }
 
 /// Parse a `-o` list (several `-o` are joined). Options that mount(8) and
@@ -30,6 +32,7 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
     let mut p = Parsed {
         mount: MountOptions { fsname: image.display().to_string(), ..MountOptions::default() },
         atime: Atime::Relatime,
+        patches: false,
     };
     let secs = |k: &str, v: Option<&str>| -> Result<Duration, String> {
         let v = v.ok_or_else(|| format!("option {k} needs a value in seconds, e.g. {k}=1"))?;
@@ -53,6 +56,7 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
             "negative_timeout" => p.mount.negative_timeout = secs(k, v)?,
             "noatime" => p.atime = Atime::Noatime,
             "relatime" | "atime" | "strictatime" => p.atime = Atime::Relatime,
+            "patches" => p.patches = true,
             "threads" => {
                 let v = v.ok_or("option threads needs a value, e.g. threads=4")?;
                 p.mount.threads = v
@@ -87,7 +91,7 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
             _ => {
                 return Err(format!(
                     "unknown mount option {opt:?} (known: ro, rw, allow_other, default_permissions, noatime, \
-                     relatime, attr_timeout=S, entry_timeout=S, negative_timeout=S, threads=N)"
+                     relatime, patches, attr_timeout=S, entry_timeout=S, negative_timeout=S, threads=N)"
                 ))
             }
         }
@@ -126,7 +130,7 @@ fn preflight(dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
-fn open_for_mount(image: &Path, atime: Atime) -> Result<Fs, String> {
+fn open_for_mount(image: &Path, atime: Atime, patches: bool) -> Result<Fs, String> {
     let f = FileStore::open(image).map_err(|e| match e.kind() {
         std::io::ErrorKind::WouldBlock => format!(
             "{} is in use by another process (mounted, or open in another zlogfs command); \
@@ -137,7 +141,7 @@ fn open_for_mount(image: &Path, atime: Atime) -> Result<Fs, String> {
     })?;
     let sb = engine::read_superblock(&f).map_err(|e| format!("{}: {e}", image.display()))?;
     let f = f.with_geometry(sb.geometry).map_err(|e| format!("{}: {e}", image.display()))?;
-    let opts = FsOptions { engine: Options::default(), atime, ..FsOptions::default() };
+    let opts = FsOptions { engine: Options::default(), atime, patches, ..FsOptions::default() };
     Fs::open(Arc::new(f), opts).map_err(|e: Error| format!("{}: {e}", image.display()))
 }
 
@@ -149,7 +153,9 @@ pub fn mount(image: &Path, dir: &Path, opts: &[String], foreground: bool) -> Res
     if !foreground && !daemon_child {
         return spawn_daemon(image, dir, opts);
     }
-    let fs = Arc::new(open_for_mount(image, parsed.atime).map_err(|e| ready_fail(daemon_child, e))?);
+    let fs = Arc::new(
+        open_for_mount(image, parsed.atime, parsed.patches).map_err(|e| ready_fail(daemon_child, e))?,
+    );
     let (session, mut unmounter) = fuse::mount(fs.clone(), dir, &parsed.mount)
         .map_err(|e| ready_fail(daemon_child, format!("cannot mount on {}: {e}", dir.display())))?;
     let mut signals = signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP])
