@@ -226,10 +226,10 @@ impl State {
                 let Some(v) = self.get(&shared_key(b.addr))? else { continue };
                 let refs = decode_refs(&v)?;
                 rep.moved_bytes += u64::from(b.addr.len);
+                let uses = |e: &Extent| {
+                    e.parts().iter().any(|p| matches!(p, Extent::Shared { addr, .. } if *addr == b.addr))
+                };
                 for (ino, idx) in refs {
-                    let uses = |e: &Extent| {
-                        e.parts().iter().any(|p| matches!(p, Extent::Shared { addr, .. } if *addr == b.addr))
-                    };
                     match self.stored_extent(ino, idx)? {
                         Some(e) if uses(&e) => self.relocate(ino, idx, rep)?,
                         _ => {

@@ -19,7 +19,8 @@ pub(super) struct Buf {
     pub data: Vec<u8>,
     /// Patch blocks written since the buffer was loaded from the stored
     /// chunk (a bit per [`PATCH_BLOCK`]): outside them, `data` equals the
-    /// stored chunk. None: the chunk is stored whole at commit.
+    /// stored chunk. None: the chunk is stored whole at commit (always,
+    /// unless patches are on).
     pub touched: Option<Vec<u64>>,
 }
 
@@ -32,18 +33,11 @@ struct Piece {
     spec: CodecSpec,
     /// Length of the buffer, as counted in the inode's `alloc`.
     counted: usize,
+    /// Logical length of the chunk once stored (for a patch, the chunk's,
+    /// not the patch's).
+    len: usize,
     /// For a patch: the chunk's runs of patch blocks it replaces.
     patch: Option<Vec<(u32, u32)>>,
-}
-
-impl Piece {
-    /// Logical length of the chunk once stored.
-    fn chunk_len(&self, stored: Option<&Extent>) -> usize {
-        match (&self.patch, stored) {
-            (Some(_), Some(e)) => e.len() as usize,
-            _ => self.data.len(),
-        }
-    }
 }
 
 /// Runs of set bits, as (first, count), below `n`.
@@ -175,7 +169,10 @@ impl State {
         let has = self.dirty.get(&ino).is_some_and(|m| m.contains_key(&idx));
         if !has {
             let (data, touched) = match self.stored_extent(ino, idx)? {
-                Some(e @ (Extent::Own(..) | Extent::Shared { .. } | Extent::Patched { .. })) => {
+                // Blocks are tracked only when they may become patches.
+                Some(e @ (Extent::Own(..) | Extent::Shared { .. } | Extent::Patched { .. }))
+                    if self.patches =>
+                {
                     let words = (self.cfg.chunk_size / PATCH_BLOCK).div_ceil(64) as usize;
                     (self.extent_bytes(ino, idx, &e)?, Some(vec![0u64; words]))
                 }
@@ -567,7 +564,7 @@ impl State {
         share: f64,
     ) -> Option<Vec<(u32, u32)>> {
         let e = stored?;
-        if !self.patches || matches!(e, Extent::Inline(_)) || e.len() != len as u64 || self.cleaning {
+        if matches!(e, Extent::Inline(_)) || e.len() != len as u64 || self.cleaning {
             return None;
         }
         let len = len as u64;
@@ -605,7 +602,7 @@ impl State {
                 Err(e) => return Err((e, Some(dirty))),
             }
         }
-        let share = self.patch_share();
+        let share = if self.patches { self.patch_share() } else { 0.0 };
         let mut dirty = dirty;
         let (mut own, mut pack, mut inline, mut holes) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         // Buffers stored as patches, to put back if storing fails.
@@ -618,8 +615,9 @@ impl State {
                 let lim = i.size.saturating_sub(idx * cs).min(cs) as usize;
                 let counted = data.len();
                 data.truncate(lim);
+                let zero = data.is_empty() || is_zero(&data);
                 let plan = match &touched {
-                    Some(t) if !is_zero(&data) => {
+                    Some(t) if !zero => {
                         // An unreadable record: store the chunk whole (its
                         // install meets the error, as any chunk's would).
                         let stored = self.stored_extent(i.ino, idx).ok().flatten();
@@ -632,12 +630,14 @@ impl State {
                     for (a, b) in spans(&runs, data.len() as u64) {
                         bytes.extend_from_slice(&data[a as usize..b as usize]);
                     }
-                    pack.push(Piece { ino: i.ino, idx, data: bytes, spec, counted, patch: Some(runs) });
+                    let len = data.len();
+                    pack.push(Piece { ino: i.ino, idx, data: bytes, spec, counted, len, patch: Some(runs) });
                     patched.insert((i.ino, idx), Buf { data, touched });
                     continue;
                 }
-                let p = Piece { ino: i.ino, idx, data, spec, counted, patch: None };
-                if p.data.is_empty() || is_zero(&p.data) {
+                let len = data.len();
+                let p = Piece { ino: i.ino, idx, data, spec, counted, len, patch: None };
+                if zero {
                     holes.push(p);
                 } else if idx == 0 && i.size <= u64::from(self.cfg.inline_max) {
                     inline.push(p);
@@ -690,13 +690,8 @@ impl State {
         // From here on the blocks exist; point the files at them.
         let r = (|| -> Result<()> {
             for p in own.iter().chain(&pack).chain(&inline) {
-                let stored = match p.patch {
-                    Some(_) => self.stored_extent(p.ino, p.idx)?,
-                    None => None,
-                };
-                let len = p.chunk_len(stored.as_ref());
-                if p.counted > len {
-                    self.uncount(p.ino, (p.counted - len) as u64)?;
+                if p.counted > p.len {
+                    self.uncount(p.ino, (p.counted - p.len) as u64)?;
                 }
             }
             for (p, a) in own.iter().zip(&addrs) {
