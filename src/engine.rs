@@ -66,7 +66,8 @@ pub enum Op {
     Put(Vec<u8>, Vec<u8>),
     /// Delete a key.
     Delete(Vec<u8>),
-    /// A data block is no longer referenced (space accounting).
+    /// A data block, or part of its bytes, is no longer referenced (space
+    /// accounting; see [`WriteBatch::free`]).
     Free(BlockAddr),
 }
 
@@ -95,7 +96,10 @@ impl WriteBatch {
         self.ops.push(Op::Delete(k.into()));
         self
     }
-    /// Release a data block.
+    /// Release a data block: take `a.len` bytes off the live count of
+    /// its segment. A caller may release a block in parts (addresses with
+    /// the block's segment and offset and shorter lengths) as long as the
+    /// parts add up to the block's length.
     pub fn free(&mut self, a: BlockAddr) -> &mut Self {
         self.ops.push(Op::Free(a));
         self

@@ -23,7 +23,8 @@ fn fs_opts() -> FsOptions {
         commit_interval: None,
         dirty_bytes: 8 << 20,
         cache_bytes: 4 << 20,
-        // Small overwrites as patches, the opt-in these tests cover too.
+        // Small overwrites as patches (the default; said here so that these
+        // tests keep covering them).
         patches: true,
         ..FsOptions::default()
     }
@@ -114,6 +115,100 @@ fn sustained_overwrites_at_70_percent() {
         );
     }
     fsck(&f, "after reopen");
+}
+
+/// Patches made while the image is emptier, then other data fills it:
+/// the bytes of patched chunks that their patches replace must count as
+/// dead, so that the cleaner can win them back (by merging the patches
+/// into their chunks) even when nothing writes those chunks again; else
+/// live data that fits gets ENOSPC. A file of incompressible data takes
+/// 40% of a small image and gets many small overwrites, which become
+/// patches; then a second file fills the image to 85% and is overwritten
+/// at random, 4 to 64 KiB at a time, the image's capacity over. No
+/// ENOSPC; both read back as the model says, before and after a reopen;
+/// fsck is clean.
+#[test]
+fn patches_made_early_do_not_fill_the_device() {
+    let seed = common::seed("patches_made_early_do_not_fill_the_device");
+    let mut r = StdRng::seed_from_u64(seed);
+    let (s, mut f) = small_fs();
+    let cap = SMALL.capacity() as usize;
+    let sizes = [cap * 30 / 100 / MIB * MIB, cap * 57 / 100 / MIB * MIB];
+    let mut models = [random(&mut r, sizes[0]), random(&mut r, sizes[1])];
+    let inos = [create(&f, b"patched"), create(&f, b"other")];
+    let fill = |f: &Fs, k: usize, model: &[u8]| {
+        for off in (0..model.len()).step_by(MIB) {
+            f.write(inos[k], off as u64, &model[off..off + MIB])
+                .unwrap_or_else(|e| panic!("seed {seed}: fill file {k} at {off}: {e}"));
+        }
+        f.sync().unwrap_or_else(|e| panic!("seed {seed}: sync after filling file {k}: {e}"));
+    };
+    let write = |f: &Fs, k: usize, model: &mut Vec<u8>, len: usize, n: u64, r: &mut StdRng| {
+        let off = r.gen_range(0..=(model.len() - len) / (4 * KIB)) * 4 * KIB;
+        let data = random(r, len);
+        f.write(inos[k], off as u64, &data)
+            .unwrap_or_else(|e| panic!("seed {seed}: write {n} of {len} at {off} in file {k}: {e}"));
+        model[off..off + len].copy_from_slice(&data);
+        if n % 50 == 0 {
+            f.sync().unwrap_or_else(|e| panic!("seed {seed}: sync after write {n}: {e}"));
+        }
+    };
+    fill(&f, 0, &models[0]);
+    // While 40% is live: 28 KiB written into each 64 KiB chunk, which
+    // becomes a patch replacing 7 of its 16 blocks. The chunks are never
+    // written again, so only the cleaner can win those blocks back.
+    let cs = 64 * KIB;
+    for (n, c) in (0..sizes[0] / cs).enumerate() {
+        let off = c * cs + r.gen_range(0..=10) * 4 * KIB;
+        let data = random(&mut r, 24 * KIB);
+        f.write(inos[0], off as u64, &data).unwrap_or_else(|e| panic!("seed {seed}: patch {n}: {e}"));
+        models[0][off..off + data.len()].copy_from_slice(&data);
+        if n % 50 == 0 {
+            f.sync().unwrap_or_else(|e| panic!("seed {seed}: sync after patch {n}: {e}"));
+        }
+    }
+    f.sync().expect("sync");
+    let u = f.usage().expect("usage");
+    eprintln!(
+        "seed {seed}: {} patches, {} patched chunks replacing {} stored bytes",
+        f.stats().patches,
+        u.patched_chunks,
+        u.patch_released
+    );
+    assert!(u.patched_chunks > 100, "seed {seed}: only {} patched chunks", u.patched_chunks);
+    assert!(u.patch_released > 0, "seed {seed}: patches released nothing of their bases");
+    // The other file fills the image to 85%, then is overwritten at random.
+    fill(&f, 1, &models[1]);
+    let mut written = 0;
+    for n in 0.. {
+        if written >= cap {
+            break;
+        }
+        let len = r.gen_range(1..=16) * 4 * KIB;
+        write(&f, 1, &mut models[1], len, n, &mut r);
+        written += len;
+    }
+    f.sync().expect("sync");
+    let check = |f: &Fs, what: &str| {
+        for (k, model) in models.iter().enumerate() {
+            for off in (0..model.len()).step_by(MIB) {
+                assert!(
+                    f.read(inos[k], off as u64, MIB).expect("read") == model[off..off + MIB],
+                    "seed {seed}: MiB at {off} of file {k} differs {what}"
+                );
+            }
+        }
+        fsck(f, what);
+    };
+    let u = f.usage().expect("usage");
+    eprintln!(
+        "seed {seed}: at the end {} patched chunks replacing {} stored bytes",
+        u.patched_chunks, u.patch_released
+    );
+    check(&f, "after the writes");
+    f.close().expect("close");
+    f = Fs::open(s.clone(), fs_opts()).expect("reopen");
+    check(&f, "after reopen");
 }
 
 /// Every file of the root directory and its contents.
@@ -364,7 +459,11 @@ fn small_overwrites_are_patches() {
     fsck(&f, "after the overwrites");
     f.close().expect("close");
     f = Fs::open(s.clone(), fs_opts()).expect("reopen");
-    assert_eq!(f.config().version, 2);
+    assert_eq!(f.config().version, 3);
+    // The replaced part of each patched base no longer counts as live: the
+    // cleaner sees it. At most half of each (the most patches may replace).
+    let u = f.usage().expect("usage");
+    assert!(u.patch_released > 0, "seed {seed}: patches released nothing of their bases: {u:?}");
     assert!(f.read(ino, 0, size).expect("read") == model, "seed {seed}: differs after reopen");
     let rep = f.clean(&CleanOptions { max_live: 1.0, ..CleanOptions::default() }, &|_| {}).expect("clean");
     assert!(rep.chunks > 0, "seed {seed}: the cleaner moved nothing: {rep:?}");

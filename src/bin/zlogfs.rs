@@ -591,7 +591,7 @@ fn stats(image: &Path, json: bool) -> Res {
             "files": u.tree.files, "dirs": u.tree.dirs, "other_inodes": u.tree.others, "inodes": u.inodes,
             "logical_bytes": u.tree.logical, "allocated_bytes": u.tree.allocated, "physical_bytes": u.tree.physical,
             "ratio": ratio, "inline_bytes": u.inline_bytes, "codecs": codecs,
-            "patched_chunks": u.patched_chunks, "patch_bytes": u.patch_bytes,
+            "patched_chunks": u.patched_chunks, "patch_bytes": u.patch_bytes, "patch_released_bytes": u.patch_released,
             "inode_bytes_raw": u.inode_bytes_raw, "inode_bytes_compressed": u.inode_bytes_compressed,
             "bytes_per_inode": per_inode, "index_bytes": s.run_bytes, "metadata_bytes_per_file": meta_per_file,
             "triples": u.triples, "index_runs": s.runs, "memtable_entries": s.memtable_entries,
@@ -630,8 +630,9 @@ fn stats(image: &Path, json: bool) -> Res {
         println!("file data:        {} logical, {} allocated, {} stored (ratio {ratio:.2}); {} inline in the index", u.tree.logical, u.tree.allocated, u.tree.physical, u.inline_bytes);
         if u.patched_chunks > 0 {
             println!(
-                "patched chunks:   {} ({} stored in patches; cleaning merges them)",
-                u.patched_chunks, u.patch_bytes
+                "patched chunks:   {} ({} stored in patches, replacing {} stored bytes of their bases; \
+                 cleaning a base merges its patches)",
+                u.patched_chunks, u.patch_bytes, u.patch_released
             );
         }
         for (k, c) in &u.codecs {
@@ -703,11 +704,12 @@ fn clean(target: &Path, segments: Option<usize>, max_live: f64, json: bool) -> R
         println!("{rep:#}");
     } else {
         println!(
-            "{}: {} segments examined, {} freed; {} chunks ({} stored bytes) moved; {} leaked bytes reclaimed",
+            "{}: {} segments examined, {} freed; {} chunks and {} patches ({} stored bytes) moved; {} leaked bytes reclaimed",
             target.display(),
             rep["examined"],
             rep["freed"],
             rep["chunks"],
+            rep["patches"],
             rep["moved_bytes"],
             rep["leaked_bytes"]
         );

@@ -230,7 +230,9 @@ impl Engine {
                     BlockKind::Data => core
                         .pending_frees
                         .iter()
-                        .any(|&(_, a)| a == b.addr)
+                        // A free may release part of a block's count (FORMAT.md,
+                        // journal operation 3): match the block, not the length.
+                        .any(|&(_, a)| a.seg == b.addr.seg && a.offset == b.addr.offset)
                         .then_some("a free not yet durable"),
                     BlockKind::Journal => core
                         .log

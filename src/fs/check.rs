@@ -69,6 +69,9 @@ pub struct Usage {
     pub patched_chunks: u64,
     /// Stored bytes of those patches.
     pub patch_bytes: u64,
+    /// Stored bytes of patched chunks' bases that their patches replace,
+    /// released from the segments' live counts (dead to the cleaner).
+    pub patch_released: u64,
     /// Inode records (keys and values) before compression.
     pub inode_bytes_raw: u64,
     /// Inode records compressed as the index stores them (16 KiB blocks,
@@ -219,6 +222,8 @@ impl Fs {
         // Chunks and blocks.
         let mut alloc: HashMap<Ino, u64> = HashMap::new();
         let mut own_blocks: HashMap<BlockAddr, (Ino, u64, u32)> = HashMap::new();
+        // Bytes of patched bases already released from their segments' counts.
+        let mut released: HashMap<BlockAddr, u32> = HashMap::new();
         let mut shared_users: HashMap<BlockAddr, Vec<(Ino, u64, u32, u32)>> = HashMap::new();
         let (lo, hi) = all_extents_range();
         for (k, v) in st.scan(&lo, &hi, usize::MAX)? {
@@ -251,6 +256,11 @@ impl Fs {
                 _ => bad(&mut rep, format!("chunk {idx} belongs to inode {ino}, which is not a file")),
             }
             *alloc.entry(ino).or_default() += e.len();
+            if let Extent::Patched { base, freed, .. } = &e {
+                if let (Extent::Own(a, _), 1..) = (&**base, *freed) {
+                    released.insert(*a, *freed);
+                }
+            }
             let parts = e.parts();
             let mut addrs: Vec<BlockAddr> = parts.iter().filter_map(|p| p.addr()).collect();
             addrs.sort_by_key(|a| (a.seg, a.offset));
@@ -331,7 +341,7 @@ impl Fs {
         for (a, own, need) in &blocks {
             rep.blocks += 1;
             rep.block_bytes += u64::from(a.len);
-            *per_seg.entry(a.seg).or_default() += u64::from(a.len);
+            *per_seg.entry(a.seg).or_default() += u64::from(a.len - released.get(a).copied().unwrap_or(0));
             progress(rep.block_bytes, total);
             match st.eng.read_block(*a) {
                 Ok(raw) => {
@@ -440,8 +450,9 @@ impl Fs {
         let (lo, hi) = all_extents_range();
         for (k, v) in st.scan(&lo, &hi, usize::MAX)? {
             let e = Extent::decode(&v, &format!("chunk {k:02x?}"))?;
-            if let Extent::Patched { patches, .. } = &e {
+            if let Extent::Patched { patches, freed, .. } = &e {
                 u.patched_chunks += 1;
+                u.patch_released += u64::from(*freed);
                 u.patch_bytes += patches.iter().map(|p| p.piece.phys()).sum::<u64>();
             }
             for p in e.parts() {

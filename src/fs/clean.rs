@@ -14,6 +14,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
+use super::data::MAX_PATCH_SHARE;
 use super::*;
 use crate::engine::{Room, SegBlock};
 use crate::log::format::BlockKind;
@@ -42,8 +43,10 @@ pub struct CleanReport {
     pub examined: u32,
     /// Segments made free.
     pub freed: u32,
-    /// Chunks moved.
+    /// Chunks moved (written whole again).
     pub chunks: u64,
+    /// Patches moved on their own (their chunks stay patched).
+    pub patches: u64,
     /// Stored bytes of the live blocks moved.
     pub moved_bytes: u64,
     /// Counted bytes that nothing referenced (leaks dropped).
@@ -56,7 +59,7 @@ impl CleanReport {
     /// The report for scripts.
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
-            "examined": self.examined, "freed": self.freed, "chunks": self.chunks,
+            "examined": self.examined, "freed": self.freed, "chunks": self.chunks, "patches": self.patches,
             "moved_bytes": self.moved_bytes, "leaked_bytes": self.leaked_bytes,
             "skipped": self.skipped.iter().map(|(s, why)| serde_json::json!({"segment": s, "why": why})).collect::<Vec<_>>(),
         })
@@ -112,8 +115,13 @@ impl State {
     /// (more) to do.
     ///
     /// Data the writers buffered is set aside meanwhile and put back after:
-    /// the cleaner's commits carry only what it moves (and the group's
-    /// metadata), and so fit in the part of the reserve it may use.
+    /// the cleaner's commits carry only what it moves, and so fit in the
+    /// part of the reserve it may use. The index changes of the writers'
+    /// operations are set aside with it (when there is buffered data):
+    /// committed without their data, a crash would keep a file's new size
+    /// or counts without the bytes written. So the cleaner works on the
+    /// committed tree, and leaves alone the chunks whose records those
+    /// operations changed (they are moved by a later round).
     pub(super) fn clean_round(
         &mut self,
         opts: &CleanOptions,
@@ -121,13 +129,15 @@ impl State {
         tried: &mut HashSet<u32>,
     ) -> Result<bool> {
         let stash = std::mem::take(&mut self.dirty);
+        let held = if stash.is_empty() { Pending::default() } else { std::mem::take(&mut self.pend) };
         self.dirty_bytes = 0;
         self.dirty_chunks = 0;
         self.cleaning = true;
-        let r = self.clean_round_inner(opts, rep, tried);
+        let r = self.clean_round_inner(opts, rep, tried, &held);
         self.cleaning = false;
-        // The writers' buffers are newer than anything the cleaner loaded
+        // The writers' changes are newer than anything the cleaner loaded
         // and did not get to store (after an error).
+        self.pend.absorb(held);
         for (ino, chunks) in stash {
             self.dirty.entry(ino).or_default().extend(chunks);
         }
@@ -159,6 +169,7 @@ impl State {
         opts: &CleanOptions,
         rep: &mut CleanReport,
         tried: &mut HashSet<u32>,
+        held: &Pending,
     ) -> Result<bool> {
         let left = opts.max_segments.saturating_sub(rep.examined as usize);
         let enough = opts.target_free.is_some_and(|t| self.eng.stats().free_segments >= t);
@@ -178,14 +189,25 @@ impl State {
                 break;
             }
             take += u64::from(v.live);
-            victims.push(v.seg);
+            victims.push(v);
         }
         if victims.is_empty() {
             return Ok(false);
         }
-        tried.extend(&victims);
+        // A patched chunk's own base counts only the part its patches did
+        // not replace, but moving the chunk moves all of it: up to
+        // 1 / (1 - MAX_PATCH_SHARE) times what counts. So past the first
+        // victim, what was really moved decides whether the next one still
+        // fits, at its worst.
+        let worst = if self.cfg.version >= 3 { (1.0 / (1.0 - MAX_PATCH_SHARE)).ceil() as u64 } else { 1 };
+        let start = rep.moved_bytes;
         let mut ok = Vec::new();
-        for &seg in &victims {
+        for (n, v) in victims.iter().enumerate() {
+            if n > 0 && rep.moved_bytes - start + u64::from(v.live) * worst > budget {
+                break;
+            }
+            let seg = v.seg;
+            tried.insert(seg);
             rep.examined += 1;
             let blocks = match self.eng.segment_blocks(seg) {
                 Ok(b) => b,
@@ -194,8 +216,11 @@ impl State {
                     continue;
                 }
             };
-            match self.move_out(&blocks, rep) {
-                Ok(()) => ok.push(seg),
+            match self.move_out(&blocks, rep, held) {
+                Ok(true) => ok.push(seg),
+                Ok(false) => {
+                    rep.skipped.push((seg, "it holds chunks changed by operations not yet committed".into()))
+                }
                 Err(e @ Error::ChecksumMismatch { .. }) | Err(e @ Error::Corrupt { .. }) => {
                     // Leave the segment (and whatever is readable in it) as
                     // it is: fsck reports the damage.
@@ -217,20 +242,42 @@ impl State {
     }
 
     /// Load every live chunk stored in `blocks` into the group's buffers,
-    /// committing along the way when the buffers fill.
-    fn move_out(&mut self, blocks: &[SegBlock], rep: &mut CleanReport) -> Result<()> {
+    /// committing along the way when the buffers fill. False when some are
+    /// left because `held` (the writers' changes set aside) changes their
+    /// records.
+    fn move_out(&mut self, blocks: &[SegBlock], rep: &mut CleanReport, held: &Pending) -> Result<bool> {
+        let mut all = true;
         let mut own: BTreeMap<Ino, HashSet<BlockAddr>> = BTreeMap::new();
         for b in blocks.iter().filter(|b| b.kind == BlockKind::Data) {
             if b.owner == 0 {
                 // Shared: the reference list names the chunks.
-                let Some(v) = self.get(&shared_key(b.addr))? else { continue };
+                let key = shared_key(b.addr);
+                if held.get(&key).is_some() {
+                    all = false;
+                    continue;
+                }
+                let Some(v) = self.get(&key)? else { continue };
                 let refs = decode_refs(&v)?;
+                if refs.iter().any(|&(ino, idx)| held.get(&extent_key(ino, idx)).is_some()) {
+                    all = false;
+                    continue;
+                }
                 rep.moved_bytes += u64::from(b.addr.len);
                 let uses = |e: &Extent| {
                     e.parts().iter().any(|p| matches!(p, Extent::Shared { addr, .. } if *addr == b.addr))
                 };
                 for (ino, idx) in refs {
                     match self.stored_extent(ino, idx)? {
+                        // A patch lies here: move the patch, not the chunk
+                        // (which may be many times its size).
+                        Some(Extent::Patched { patches, .. })
+                            if patches.iter().any(|p| p.piece.addr() == Some(b.addr)) =>
+                        {
+                            let p = patches.iter().find(|p| p.piece.addr() == Some(b.addr)).expect("found");
+                            self.move_patch(ino, idx, &p.runs)?;
+                            rep.patches += 1;
+                            self.relocated()?;
+                        }
                         Some(e) if uses(&e) => self.relocate(ino, idx, rep)?,
                         _ => {
                             return Err(Error::corrupt(
@@ -262,16 +309,25 @@ impl State {
                 }
             }
             for (idx, a) in found {
+                if held.get(&extent_key(ino, idx)).is_some() {
+                    all = false;
+                    continue;
+                }
                 rep.moved_bytes += u64::from(a.len);
                 self.relocate(ino, idx, rep)?;
             }
         }
-        Ok(())
+        Ok(all)
     }
 
     fn relocate(&mut self, ino: Ino, idx: u64, rep: &mut CleanReport) -> Result<()> {
         self.dirty_mut(ino, idx)?;
         rep.chunks += 1;
+        self.relocated()
+    }
+
+    /// After buffering a moved chunk: commit when the buffers are full.
+    fn relocated(&mut self) -> Result<()> {
         if self.dirty_bytes >= (64 << 20).min(self.dirty_limit) || self.group_full() {
             self.commit_as(Room::Relieve)?;
         }

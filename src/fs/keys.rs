@@ -18,10 +18,12 @@ pub type Ino = u64;
 pub const ROOT: Ino = 1;
 
 /// Version of the fs-layer records, kept in the config record.
-/// Version 2 added patched chunks (`Extent::Patched`); an image is
-/// marked version 2 by the first commit that writes one, so images that
-/// never had one stay readable by builds that read version 1.
-pub const FS_VERSION: u8 = 2;
+/// Version 2 added patched chunks (`Extent::Patched`, chunk type 3),
+/// version 3 patched chunks that release the replaced part of their base
+/// (chunk type 4). An image is marked by the first commit that writes
+/// such a record, so images that never had one stay readable by older
+/// builds.
+pub const FS_VERSION: u8 = 3;
 
 const T_CONFIG: u8 = 0x01;
 const T_TRIPLE: u8 = 0x02;
@@ -193,7 +195,8 @@ pub struct Config {
     pub next_ino: Ino,
     /// Next (uid, gid, mode) triple id.
     pub next_triple: u32,
-    /// Record version: 1 until a patched chunk is written, then 2.
+    /// Record version: 1 until a patched chunk is written, then 3 (2 on
+    /// images patched by builds before chunk type 4).
     pub version: u8,
 }
 
@@ -612,6 +615,11 @@ pub enum Extent {
         base: Box<Extent>,
         /// Oldest first; at most [`MAX_PATCHES`].
         patches: Vec<Patch>,
+        /// Stored bytes of an `Own` base already released from its
+        /// segment's live count, for the part of it the patches replace
+        /// (0 for a shared base). Releasing the base later releases the
+        /// rest.
+        freed: u32,
     },
 }
 
@@ -670,7 +678,7 @@ impl Extent {
             Extent::Inline(b) => b.len() as u64,
             Extent::Own(a, _) => u64::from(a.len),
             Extent::Shared { phys, .. } => u64::from(*phys),
-            Extent::Patched { base, patches } => {
+            Extent::Patched { base, patches, .. } => {
                 base.phys() + patches.iter().map(|p| p.piece.phys()).sum::<u64>()
             }
         }
@@ -679,7 +687,7 @@ impl Extent {
     /// of: itself, or a patched chunk's base and patch pieces.
     pub fn parts(&self) -> Vec<&Extent> {
         match self {
-            Extent::Patched { base, patches } => {
+            Extent::Patched { base, patches, .. } => {
                 std::iter::once(&**base).chain(patches.iter().map(|p| &p.piece)).collect()
             }
             e => vec![e],
@@ -716,9 +724,10 @@ impl Extent {
                 v.put_var(u64::from(*len));
                 v.put_var(u64::from(*phys));
             }
-            Extent::Patched { base, patches } => {
-                v.put_u8(3);
+            Extent::Patched { base, patches, freed } => {
+                v.put_u8(4);
                 base.put(v);
+                v.put_var(u64::from(*freed));
                 v.put_var(patches.len() as u64);
                 for p in patches {
                     v.put_var(p.runs.len() as u64);
@@ -736,9 +745,19 @@ impl Extent {
         let mut r = Reader::new(b, what);
         let e = match b.first() {
             Some(0) => return Ok(Extent::Inline(b[1..].to_vec())),
-            Some(3) => {
+            Some(t @ (3 | 4)) => {
                 r.u8()?;
                 let base = Self::get_block(&mut r)?;
+                let freed = if *t == 4 { r.var_max(u64::from(u32::MAX), "freed bytes")? as u32 } else { 0 };
+                let can = match base {
+                    Extent::Own(a, _) => a.len,
+                    _ => 0,
+                };
+                if freed > can {
+                    return Err(r.err(format!(
+                        "{freed} bytes of its base released, which has {can} stored bytes of its own"
+                    )));
+                }
                 let len = base.len();
                 let blocks = len.div_ceil(u64::from(PATCH_BLOCK));
                 let n = r.var_max(MAX_PATCHES as u64, "patch count")? as usize;
@@ -771,7 +790,7 @@ impl Extent {
                     }
                     patches.push(Patch { runs, piece });
                 }
-                Extent::Patched { base: Box::new(base), patches }
+                Extent::Patched { base: Box::new(base), patches, freed }
             }
             _ => Self::get_block(&mut r)?,
         };
@@ -916,14 +935,31 @@ mod tests {
             piece: Extent::Shared { addr: b, off: 7, len: 4096 + 1808, phys: 90 },
         };
         let p2 = Patch { runs: vec![(1, 1)], piece: Extent::Own(b, 4096) };
-        let e = Extent::Patched { base: Box::new(base.clone()), patches: vec![p1.clone(), p2.clone()] };
+        let e = Extent::Patched {
+            base: Box::new(base.clone()),
+            patches: vec![p1.clone(), p2.clone()],
+            freed: 300,
+        };
         assert_eq!(Extent::decode(&e.encode(), "x").unwrap(), e);
+        // Chunk type 3 (record version 2) is type 4 without the freed bytes.
+        let old = Extent::Patched { base: Box::new(base.clone()), patches: vec![p1.clone()], freed: 0 };
+        let mut v = old.encode();
+        assert_eq!(v[0], 4);
+        v[0] = 3;
+        v.remove(base.encode().len() + 1);
+        assert_eq!(Extent::decode(&v, "x").unwrap(), old);
+        // No more released than the base's own stored bytes.
+        for (base, freed) in [(base.clone(), 778), (p1.piece.clone(), 1)] {
+            let v = Extent::Patched { base: Box::new(base), patches: vec![p2.clone()], freed }.encode();
+            let err = Extent::decode(&v, "x").unwrap_err().to_string();
+            assert!(err.contains(&format!("{freed} bytes of its base released")), "{err}");
+        }
         assert_eq!(e.len(), 10_000);
         assert_eq!(e.phys(), 777 + 90 + 300);
         assert_eq!(e.parts(), vec![&base, &p1.piece, &p2.piece]);
         assert_eq!(p1.spans(10_000).collect::<Vec<_>>(), vec![(0, 4096), (8192, 10_000)]);
         let bad = |patches: Vec<Patch>, base: Extent| {
-            let v = Extent::Patched { base: Box::new(base), patches }.encode();
+            let v = Extent::Patched { base: Box::new(base), patches, freed: 0 }.encode();
             Extent::decode(&v, "x").expect_err("must be refused").to_string()
         };
         let piece = |len| Extent::Shared { addr: b, off: 0, len, phys: 1 };
@@ -939,8 +975,8 @@ mod tests {
         // A base that is not a block.
         let p = Patch { runs: vec![(0, 1)], piece: piece(4096) };
         assert!(bad(vec![p.clone()], Extent::Inline(vec![1; 10])).contains("unknown extent type 0"));
-        let nested = Extent::Patched { base: Box::new(base.clone()), patches: vec![p.clone()] };
-        assert!(bad(vec![p.clone()], nested).contains("unknown extent type 3"));
+        let nested = Extent::Patched { base: Box::new(base.clone()), patches: vec![p.clone()], freed: 0 };
+        assert!(bad(vec![p.clone()], nested).contains("unknown extent type 4"));
         // Cut short anywhere: an error, never a panic.
         let full = e.encode();
         for n in 0..full.len() {

@@ -95,10 +95,8 @@ pub struct FsOptions {
     /// atime policy.
     pub atime: Atime,
     /// Store small overwrites of stored chunks as patches beside them
-    /// (docs/ARCHITECTURE.md, "Patches"). Off by default: the bytes a
-    /// patch replaces stay live where the cleaner cannot see them, so
-    /// random small writes into a file that is filling the device can end
-    /// in ENOSPC before the device is full (tests/posix/run.sh's 70% run).
+    /// (docs/ARCHITECTURE.md, "Patches"). On by default; off, every
+    /// overwrite rewrites its whole chunk.
     pub patches: bool,
 }
 
@@ -110,7 +108,7 @@ impl Default for FsOptions {
             dirty_bytes: 256 << 20,
             cache_bytes: 128 << 20,
             atime: Atime::Relatime,
-            patches: false,
+            patches: true,
         }
     }
 }

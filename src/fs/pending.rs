@@ -46,6 +46,12 @@ impl Pending {
         self.bytes += 13;
         self.frees.push(a);
     }
+    /// Add `later`'s mutations, which win over these.
+    pub fn absorb(&mut self, later: Pending) {
+        self.map.extend(later.map);
+        self.frees.extend(later.frees);
+        self.bytes += later.bytes;
+    }
     /// True when nothing waits.
     pub fn is_empty(&self) -> bool {
         self.map.is_empty() && self.frees.is_empty()

@@ -22,7 +22,8 @@ const READY_ENV: &str = "ZLOGFS_DAEMON_READY";
 pub struct Parsed {
     pub mount: MountOptions,
     pub atime: Atime,
-    /// `-o patches`: store small overwrites as patches.
+    /// Store small overwrites as patches (the default; `-o nopatches`
+    /// turns it off).
     pub patches: bool,
 }
 
@@ -32,7 +33,7 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
     let mut p = Parsed {
         mount: MountOptions { fsname: image.display().to_string(), ..MountOptions::default() },
         atime: Atime::Relatime,
-        patches: false,
+        patches: true,
     };
     let secs = |k: &str, v: Option<&str>| -> Result<Duration, String> {
         let v = v.ok_or_else(|| format!("option {k} needs a value in seconds, e.g. {k}=1"))?;
@@ -57,6 +58,7 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
             "noatime" => p.atime = Atime::Noatime,
             "relatime" | "atime" | "strictatime" => p.atime = Atime::Relatime,
             "patches" => p.patches = true,
+            "nopatches" => p.patches = false,
             "threads" => {
                 let v = v.ok_or("option threads needs a value, e.g. threads=4")?;
                 p.mount.threads = v
@@ -91,7 +93,7 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
             _ => {
                 return Err(format!(
                     "unknown mount option {opt:?} (known: ro, rw, allow_other, default_permissions, noatime, \
-                     relatime, patches, attr_timeout=S, entry_timeout=S, negative_timeout=S, threads=N)"
+                     relatime, patches, nopatches, attr_timeout=S, entry_timeout=S, negative_timeout=S, threads=N)"
                 ))
             }
         }
