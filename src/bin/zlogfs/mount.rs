@@ -310,6 +310,10 @@ mod tests {
         assert!(p.mount.read_only && p.mount.allow_other);
         assert_eq!(p.mount.attr_timeout, Duration::ZERO);
         assert_eq!(p.atime, Atime::Noatime);
+        // Patches are on unless turned off.
+        assert!(p.patches);
+        assert!(!parse_options(&["nopatches".into()], Path::new("i")).unwrap().patches);
+        assert!(parse_options(&["nopatches,patches".into()], Path::new("i")).unwrap().patches);
         assert!(parse_options(&["bogus".into()], Path::new("i")).is_err());
         assert!(parse_options(&["attr_timeout=x".into()], Path::new("i")).is_err());
         assert!(parse_options(&["threads=0".into()], Path::new("i")).is_err());
