@@ -5,7 +5,8 @@
 #
 #   bash bench/clean.sh            # SIZE=1G, IO64=2G, IO4=256M
 #   SYSTEMS=zlogfs BLOCKS=4k DATA=random bash bench/clean.sh   # a part
-#   ZMOUNT=patches bash bench/clean.sh     # zlogfs mounted with -o patches
+#   ZMOUNT=nopatches bash bench/clean.sh   # zlogfs mounted with -o nopatches
+#   WARM=512M bash bench/clean.sh          # overwrite 512M (not measured) first
 #
 # Systems: zlogfs, btrfs (mkfs.btrfs defaults) and btrfs-mixed
 # (mkfs.btrfs --mixed, btrfs's layout for small devices). A run that fails
@@ -37,6 +38,7 @@ IO4=${IO4:-256M}
 SYSTEMS=${SYSTEMS:-zlogfs btrfs btrfs-mixed}
 BLOCKS=${BLOCKS:-64k 4k}
 DATA=${DATA:-random half}
+WARM=${WARM:-0}
 bytes() { numfmt --from=iec "$1"; }
 size=$(bytes "$SIZE")
 fill=$((size * 7 / 10 / 1048576))M
@@ -100,6 +102,13 @@ for sys in $SYSTEMS; do
         mnt_sys $sys
         fio --name=fill --filename="$mnt/f" --size="$fill" --rw=write --bs=1M --ioengine=psync \
             "${dopt[@]}" --end_fsync=1 >/dev/null
+        if [ "$WARM" != 0 ]; then
+            # Warm-up overwrite, not measured: the measured one starts from
+            # segments already worn by overwrites (nearer steady state).
+            fio --name=warm --filename="$mnt/f" --size="$fill" --io_size="$WARM" --rw=randwrite --bs=$bs \
+                --ioengine=psync "${dopt[@]}" --end_fsync=1 --randseed=2 >/dev/null 2>"$work/fio.err" ||
+                head -n 3 "$work/fio.err" >&2
+        fi
         umnt_sys $sys
         before=$(written $sys)
         mnt_sys $sys
@@ -141,11 +150,12 @@ if [ "$SYSTEMS $BLOCKS $DATA" != "zlogfs btrfs btrfs-mixed 64k 4k random half" ]
     part=" SYSTEMS='$SYSTEMS' BLOCKS='$BLOCKS' DATA='$DATA'"
 fi
 [ -n "${ZMOUNT:-}" ] && part="$part ZMOUNT='$ZMOUNT'"
+[ "$WARM" != 0 ] && part="$part WARM=$WARM" && warm_note=" (measured after a warm-up randwrite of $WARM, same block size)"
 {
     echo "# Cleaner: random overwrite of an image kept 70% full ($date)"
     echo
     echo "Command: \`SIZE=$SIZE IO64=$IO64 IO4=$IO4$part bash bench/clean.sh\`, commit $(git rev-parse --short HEAD)."
-    echo "Image $SIZE, file of $fill (random: incompressible; half: buffer_compress_percentage=50), then fio randwrite over it."
+    echo "Image $SIZE, file of $fill (random: incompressible; half: buffer_compress_percentage=50), then fio randwrite over it${warm_note:-}."
     echo
     echo "| data | workload | system | MB/s | zlogfs / this | write amplification |"
     echo "|---|---|---|---:|---:|---:|"
