@@ -267,18 +267,22 @@ impl State {
                     e.parts().iter().any(|p| matches!(p, Extent::Shared { addr, .. } if *addr == b.addr))
                 };
                 for (ino, idx) in refs {
-                    match self.stored_extent(ino, idx)? {
+                    let e = self.stored_extent(ino, idx)?;
+                    let patch = match &e {
+                        Some(Extent::Patched { patches, .. }) => {
+                            patches.iter().find(|p| p.piece.addr() == Some(b.addr)).map(|p| p.runs.clone())
+                        }
+                        _ => None,
+                    };
+                    match (patch, e) {
                         // A patch lies here: move the patch, not the chunk
                         // (which may be many times its size).
-                        Some(Extent::Patched { patches, .. })
-                            if patches.iter().any(|p| p.piece.addr() == Some(b.addr)) =>
-                        {
-                            let p = patches.iter().find(|p| p.piece.addr() == Some(b.addr)).expect("found");
-                            self.move_patch(ino, idx, &p.runs)?;
+                        (Some(runs), _) => {
+                            self.move_patch(ino, idx, &runs)?;
                             rep.patches += 1;
                             self.relocated()?;
                         }
-                        Some(e) if uses(&e) => self.relocate(ino, idx, rep)?,
+                        (None, Some(e)) if uses(&e) => self.relocate(ino, idx, rep)?,
                         _ => {
                             return Err(Error::corrupt(
                                 format!("block {}", b.addr),

@@ -66,6 +66,15 @@ fn runs_of(bits: &[u64], n: u32) -> Vec<(u32, u32)> {
     runs
 }
 
+/// Set the bits of `blocks` (bits past the bitmap are ignored).
+fn mark(bits: &mut [u64], blocks: std::ops::Range<usize>) {
+    for b in blocks {
+        if let Some(w) = bits.get_mut(b / 64) {
+            *w |= 1 << (b % 64);
+        }
+    }
+}
+
 /// True when every block of `inner` is in `outer`.
 fn covers(outer: &[(u32, u32)], inner: &[(u32, u32)]) -> bool {
     inner.iter().all(|&(s, c)| outer.iter().any(|&(os, oc)| os <= s && s + c <= os + oc))
@@ -188,22 +197,19 @@ impl State {
     /// The buffer of a chunk, loading its stored content first; it will be
     /// stored whole.
     pub(super) fn dirty_mut(&mut self, ino: Ino, idx: u64) -> Result<&mut Vec<u8>> {
-        let b = self.dirty_buf(ino, idx)?;
+        let b = self.dirty_buf(ino, idx, false)?;
         b.touched = None;
         Ok(&mut b.data)
     }
 
-    /// The buffer of a chunk, loading its stored content first (then
-    /// tracking the blocks written, so that the commit may store only
-    /// those).
-    fn dirty_buf(&mut self, ino: Ino, idx: u64) -> Result<&mut Buf> {
+    /// The buffer of a chunk, loading its stored content first (then, with
+    /// `track`, tracking the blocks written, so that the commit may store
+    /// only those).
+    fn dirty_buf(&mut self, ino: Ino, idx: u64, track: bool) -> Result<&mut Buf> {
         let has = self.dirty.get(&ino).is_some_and(|m| m.contains_key(&idx));
         if !has {
             let (data, touched) = match self.stored_extent(ino, idx)? {
-                // Blocks are tracked only when they may become patches.
-                Some(e @ (Extent::Own(..) | Extent::Shared { .. } | Extent::Patched { .. }))
-                    if self.patches =>
-                {
+                Some(e @ (Extent::Own(..) | Extent::Shared { .. } | Extent::Patched { .. })) if track => {
                     let words = (self.cfg.chunk_size / PATCH_BLOCK).div_ceil(64) as usize;
                     (self.extent_bytes(ino, idx, &e)?, Some(vec![0u64; words]))
                 }
@@ -223,30 +229,9 @@ impl State {
     /// rewriting the whole chunk. A chunk already buffered whole is left
     /// as it is (it is stored whole).
     pub(super) fn move_patch(&mut self, ino: Ino, idx: u64, runs: &[(u32, u32)]) -> Result<()> {
-        let has = self.dirty.get(&ino).is_some_and(|m| m.contains_key(&idx));
-        if !has {
-            let data = match self.stored_extent(ino, idx)? {
-                Some(e) => self.extent_bytes(ino, idx, &e)?,
-                None => {
-                    return Err(Error::corrupt(
-                        format!("chunk {idx} of inode {ino}"),
-                        "a patch of it has no chunk",
-                    ))
-                }
-            };
-            let words = (self.cfg.chunk_size / PATCH_BLOCK).div_ceil(64) as usize;
-            self.dirty_bytes += self.cfg.chunk_size as usize;
-            self.dirty_chunks += 1;
-            self.dirty.entry(ino).or_default().insert(idx, Buf { data, touched: Some(vec![0u64; words]) });
-        }
-        let b = self.dirty.get_mut(&ino).and_then(|m| m.get_mut(&idx)).expect("buffered");
-        if let Some(t) = &mut b.touched {
+        if let Some(t) = &mut self.dirty_buf(ino, idx, true)?.touched {
             for &(s, n) in runs {
-                for blk in s..s + n {
-                    if let Some(w) = t.get_mut(blk as usize / 64) {
-                        *w |= 1 << (blk % 64);
-                    }
-                }
+                mark(t, s as usize..(s + n) as usize);
             }
         }
         Ok(())
@@ -302,12 +287,11 @@ impl State {
             let idx = at / cs;
             let from = (at - idx * cs) as usize;
             let n = (cs as usize - from).min(data.len() - pos);
-            let b = self.dirty_buf(i.ino, idx)?;
+            // Blocks are tracked only when they may become patches.
+            let b = self.dirty_buf(i.ino, idx, self.patches)?;
             if let Some(t) = &mut b.touched {
                 let pb = PATCH_BLOCK as usize;
-                for blk in from / pb..(from + n).div_ceil(pb) {
-                    t[blk / 64] |= 1 << (blk % 64);
-                }
+                mark(t, from / pb..(from + n).div_ceil(pb));
             }
             let buf = &mut b.data;
             let old = buf.len();
@@ -615,13 +599,7 @@ impl State {
     /// The runs of patch blocks to store instead of the whole chunk, or
     /// None to store it whole. `len` is the chunk's length, `touched` the
     /// blocks written since it was loaded from `stored`.
-    fn plan_patch(
-        &self,
-        stored: Option<&Extent>,
-        len: usize,
-        touched: &[u64],
-        share: f64,
-    ) -> Option<Vec<(u32, u32)>> {
+    fn plan_patch(&self, stored: Option<&Extent>, len: usize, touched: &[u64]) -> Option<Vec<(u32, u32)>> {
         let e = stored?;
         if matches!(e, Extent::Inline(_)) || e.len() != len as u64 {
             return None;
@@ -644,7 +622,7 @@ impl State {
         let (n, before) = kept.fold((0, 0), |(n, b), p| (n + 1, b + p.piece.len()));
         let fits = bytes > 0
             && n < MAX_PATCHES
-            && (bytes + before) as f64 <= len as f64 * share
+            && (bytes + before) as f64 <= len as f64 * MAX_PATCH_SHARE
             && bytes < self.cs() / 2;
         fits.then_some(runs)
     }
@@ -668,7 +646,6 @@ impl State {
                 Err(e) => return Err((e, Some(dirty))),
             }
         }
-        let share = if self.patches { MAX_PATCH_SHARE } else { 0.0 };
         let mut dirty = dirty;
         let (mut own, mut pack, mut inline, mut holes) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         // Buffers stored as patches, to put back if storing fails.
@@ -687,7 +664,7 @@ impl State {
                         // An unreadable record: store the chunk whole (its
                         // install meets the error, as any chunk's would).
                         let stored = self.stored_extent(i.ino, idx).ok().flatten();
-                        self.plan_patch(stored.as_ref(), data.len(), t, share)
+                        self.plan_patch(stored.as_ref(), data.len(), t)
                     }
                     _ => None,
                 };
