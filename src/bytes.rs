@@ -106,6 +106,11 @@ impl<'a> Reader<'a> {
         Ok(a)
     }
 
+    /// The next byte, without taking it.
+    pub fn peek(&self) -> Option<u8> {
+        self.buf.get(self.pos).copied()
+    }
+
     /// A u8.
     pub fn u8(&mut self) -> Result<u8> {
         Ok(self.array::<1>()?[0])

@@ -726,8 +726,10 @@ fn run(seed: u64, steps: usize, setup: Setup) {
     if chunk > 4096 {
         assert!(patches > 0, "seed {seed}: no patch was written");
     }
+    let gone = f.usage().expect("usage").bases_gone;
     eprintln!(
-        "seed {seed}: {steps} steps, {crashes} power cuts, {io_faults} I/O errors met, {patches} patches"
+        "seed {seed}: {steps} steps, {crashes} power cuts, {io_faults} I/O errors met, {patches} patches, \
+         {gone} chunks left without a base"
     );
 }
 

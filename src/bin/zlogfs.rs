@@ -593,7 +593,7 @@ fn stats(image: &Path, json: bool) -> Res {
             "files": u.tree.files, "dirs": u.tree.dirs, "other_inodes": u.tree.others, "inodes": u.inodes,
             "logical_bytes": u.tree.logical, "allocated_bytes": u.tree.allocated, "physical_bytes": u.tree.physical,
             "ratio": ratio, "inline_bytes": u.inline_bytes, "codecs": codecs,
-            "patched_chunks": u.patched_chunks, "patch_bytes": u.patch_bytes, "patch_released_bytes": u.patch_released,
+            "patched_chunks": u.patched_chunks, "bases_gone": u.bases_gone, "patch_bytes": u.patch_bytes, "patch_released_bytes": u.patch_released,
             "inode_bytes_raw": u.inode_bytes_raw, "inode_bytes_compressed": u.inode_bytes_compressed,
             "bytes_per_inode": per_inode, "index_bytes": s.run_bytes, "metadata_bytes_per_file": meta_per_file,
             "triples": u.triples, "index_runs": s.runs, "memtable_entries": s.memtable_entries,
@@ -633,8 +633,8 @@ fn stats(image: &Path, json: bool) -> Res {
         if u.patched_chunks > 0 {
             println!(
                 "patched chunks:   {} ({} stored in patches, replacing {} stored bytes of their bases; \
-                 cleaning a base merges its patches)",
-                u.patched_chunks, u.patch_bytes, u.patch_released
+                 {} without a base, all patches)",
+                u.patched_chunks, u.patch_bytes, u.patch_released, u.bases_gone
             );
         }
         for (k, c) in &u.codecs {

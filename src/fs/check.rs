@@ -67,6 +67,9 @@ pub struct Usage {
     pub inline_bytes: u64,
     /// Chunks stored with patches (small overwrites kept beside them).
     pub patched_chunks: u64,
+    /// Of those, chunks whose patches replace all of them: their bases
+    /// are gone (the cleaner stored what showed of them as patches).
+    pub bases_gone: u64,
     /// Stored bytes of those patches.
     pub patch_bytes: u64,
     /// Stored bytes of patched chunks' bases that their patches replace,
@@ -262,10 +265,22 @@ impl Fs {
                 }
             }
             let parts = e.parts();
-            let mut addrs: Vec<BlockAddr> = parts.iter().filter_map(|p| p.addr()).collect();
-            addrs.sort_by_key(|a| (a.seg, a.offset));
-            if addrs.windows(2).any(|w| w[0] == w[1]) {
-                bad(&mut rep, format!("chunk {idx} of inode {ino} has two parts in one block"));
+            // Patches of several blocks of a chunk may share a block, but
+            // not with the chunk's base or at the same place.
+            let mut places: Vec<(BlockAddr, u32)> = parts
+                .iter()
+                .filter_map(|p| match p {
+                    Extent::Own(a, _) => Some((*a, 0)),
+                    Extent::Shared { addr, off, .. } => Some((*addr, *off)),
+                    _ => None,
+                })
+                .collect();
+            places.sort_by_key(|(a, o)| (a.seg, a.offset, *o));
+            let base_addr = parts.first().and_then(|b| b.addr());
+            if places.windows(2).any(|w| w[0] == w[1])
+                || base_addr.is_some_and(|b| parts[1..].iter().any(|p| p.addr() == Some(b)))
+            {
+                bad(&mut rep, format!("chunk {idx} of inode {ino} has two parts in one place"));
             }
             for p in parts {
                 match *p {
@@ -302,13 +317,21 @@ impl Fs {
                 continue;
             };
             listed.insert(a);
-            let mut refs = match decode_refs(&v) {
+            let (mut refs, rel) = match decode_refs(&v) {
                 Ok(r) => r,
                 Err(e) => {
                     bad(&mut rep, format!("block {a}: {e}"));
                     continue;
                 }
             };
+            if rel >= a.len {
+                bad(
+                    &mut rep,
+                    format!("block {a}: {rel} of its {} bytes released while chunks use it", a.len),
+                );
+            } else if rel > 0 {
+                released.insert(a, rel);
+            }
             let mut users: Vec<(Ino, u64)> =
                 shared_users.get(&a).map(|u| u.iter().map(|x| (x.0, x.1)).collect()).unwrap_or_default();
             refs.sort_unstable();
@@ -450,8 +473,9 @@ impl Fs {
         let (lo, hi) = all_extents_range();
         for (k, v) in st.scan(&lo, &hi, usize::MAX)? {
             let e = Extent::decode(&v, &format!("chunk {k:02x?}"))?;
-            if let Extent::Patched { patches, freed, .. } = &e {
+            if let Extent::Patched { base, patches, freed } = &e {
                 u.patched_chunks += 1;
+                u.bases_gone += u64::from(matches!(**base, Extent::Gone(_)));
                 u.patch_released += u64::from(*freed);
                 u.patch_bytes += patches.iter().map(|p| p.piece.phys()).sum::<u64>();
             }

@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use super::data::MAX_PATCH_SHARE;
+use super::data::{shown, MAX_PATCH_SHARE};
 use super::*;
 use crate::engine::{Room, SegBlock};
 use crate::log::format::BlockKind;
@@ -257,7 +257,7 @@ impl State {
                     continue;
                 }
                 let Some(v) = self.get(&key)? else { continue };
-                let refs = decode_refs(&v)?;
+                let (refs, _) = decode_refs(&v)?;
                 if refs.iter().any(|&(ino, idx)| held.get(&extent_key(ino, idx)).is_some()) {
                     all = false;
                     continue;
@@ -266,17 +266,34 @@ impl State {
                 let uses = |e: &Extent| {
                     e.parts().iter().any(|p| matches!(p, Extent::Shared { addr, .. } if *addr == b.addr))
                 };
+                // A chunk is listed once for each of its pieces here.
+                let mut refs = refs;
+                refs.sort_unstable();
+                refs.dedup();
                 for (ino, idx) in refs {
                     let e = self.stored_extent(ino, idx)?;
                     let patch = match &e {
-                        Some(Extent::Patched { patches, .. }) => {
-                            patches.iter().find(|p| p.piece.addr() == Some(b.addr)).map(|p| p.runs.clone())
+                        Some(Extent::Patched { base, patches, .. }) if base.addr() != Some(b.addr) => {
+                            // The blocks of its patches here that still show
+                            // (newer patches hide the rest).
+                            let mut runs = Vec::new();
+                            for (i, p) in patches.iter().enumerate() {
+                                if p.piece.addr() == Some(b.addr) {
+                                    let over: Vec<(u32, u32)> = patches[i + 1..]
+                                        .iter()
+                                        .flat_map(|p| p.runs.iter().copied())
+                                        .collect();
+                                    let shows = shown(&p.runs, &over);
+                                    runs.extend(if shows.is_empty() { p.runs.clone() } else { shows });
+                                }
+                            }
+                            (!runs.is_empty()).then_some(runs)
                         }
                         _ => None,
                     };
                     match (patch, e) {
-                        // A patch lies here: move the patch, not the chunk
-                        // (which may be many times its size).
+                        // Patches lie here: move them, not the chunk (which
+                        // may be many times their size).
                         (Some(runs), _) => {
                             self.move_patch(ino, idx, &runs)?;
                             rep.patches += 1;
@@ -302,23 +319,59 @@ impl State {
             let mut found = Vec::new();
             for (k, v) in self.scan(&lo, &hi, usize::MAX)? {
                 let e = Extent::decode(&v, &format!("chunk of inode {ino}"))?;
+                let here = |p: &Extent| matches!(*p, Extent::Own(a, _) if addrs.contains(&a));
+                // A patched chunk: the blocks of it stored here that still
+                // show (of its base, what no patch replaces), to store again
+                // as patches; an empty list moves the chunk whole.
+                let rest = match &e {
+                    Extent::Patched { base, patches, .. } => {
+                        let blocks = e.len().div_ceil(u64::from(PATCH_BLOCK)) as u32;
+                        let mut runs = Vec::new();
+                        if here(base) {
+                            let over: Vec<(u32, u32)> =
+                                patches.iter().flat_map(|p| p.runs.iter().copied()).collect();
+                            runs = shown(&[(0, blocks)], &over);
+                        }
+                        for (i, p) in patches.iter().enumerate().filter(|(_, p)| here(&p.piece)) {
+                            let over: Vec<(u32, u32)> =
+                                patches[i + 1..].iter().flat_map(|p| p.runs.iter().copied()).collect();
+                            runs.extend(shown(&p.runs, &over));
+                        }
+                        runs
+                    }
+                    _ => Vec::new(),
+                };
+                let mut bytes = 0;
                 for p in e.parts() {
                     if let Extent::Own(a, _) = *p {
                         if addrs.contains(&a) {
-                            let (_, idx) = parse_extent_key(&k)
-                                .ok_or_else(|| Error::corrupt("chunk key", format!("{k:02x?}")))?;
-                            found.push((idx, a));
+                            bytes += a.len;
                         }
                     }
                 }
+                if bytes > 0 {
+                    let (_, idx) = parse_extent_key(&k)
+                        .ok_or_else(|| Error::corrupt("chunk key", format!("{k:02x?}")))?;
+                    found.push((idx, bytes, rest));
+                }
             }
-            for (idx, a) in found {
+            for (idx, bytes, rest) in found {
                 if held.get(&extent_key(ino, idx)).is_some() {
                     all = false;
                     continue;
                 }
-                rep.moved_bytes += u64::from(a.len);
-                self.relocate(ino, idx, rep)?;
+                rep.moved_bytes += u64::from(bytes);
+                if rest.is_empty() {
+                    self.relocate(ino, idx, rep)?;
+                } else {
+                    // A patched chunk's base: store what of it still shows
+                    // as more patches, and the base is gone (the chunk is
+                    // its patches from then on), instead of writing the
+                    // whole chunk again.
+                    self.move_patch(ino, idx, &rest)?;
+                    rep.patches += 1;
+                    self.relocated()?;
+                }
             }
         }
         Ok(all)

@@ -75,9 +75,41 @@ fn mark(bits: &mut [u64], blocks: std::ops::Range<usize>) {
     }
 }
 
+/// The patches of `patches` (oldest first) that still show some block
+/// once `over` (runs written after all of them) is laid on top.
+fn visible<'a>(patches: &'a [Patch], over: &[(u32, u32)]) -> Vec<&'a Patch> {
+    let mut hidden: Vec<(u32, u32)> = over.to_vec();
+    let mut out = Vec::new();
+    for p in patches.iter().rev() {
+        if !covers(&hidden, &p.runs) {
+            out.push(p);
+        }
+        hidden.extend_from_slice(&p.runs);
+    }
+    out.reverse();
+    out
+}
+
+/// The blocks of `runs` that no run of `over` hides, as runs.
+pub(super) fn shown(runs: &[(u32, u32)], over: &[(u32, u32)]) -> Vec<(u32, u32)> {
+    let mut out: Vec<(u32, u32)> = Vec::new();
+    for &(s, n) in runs {
+        for b in s..s + n {
+            if over.iter().any(|&(os, on)| os <= b && b < os + on) {
+                continue;
+            }
+            match out.last_mut() {
+                Some((ls, lc)) if *ls + *lc == b => *lc += 1,
+                _ => out.push((b, 1)),
+            }
+        }
+    }
+    out
+}
+
 /// True when every block of `inner` is in `outer`.
 fn covers(outer: &[(u32, u32)], inner: &[(u32, u32)]) -> bool {
-    inner.iter().all(|&(s, c)| outer.iter().any(|&(os, oc)| os <= s && s + c <= os + oc))
+    inner.iter().all(|&(s, c)| (s..s + c).all(|b| outer.iter().any(|&(os, oc)| os <= b && b < os + oc)))
 }
 
 /// The share of a base's `stored` bytes that `patches` replace in a chunk
@@ -151,6 +183,10 @@ impl State {
                         at += hi - lo;
                     }
                 }
+                return Ok(());
+            }
+            Extent::Gone(_) => {
+                out.resize(out.len() + (to - from), 0);
                 return Ok(());
             }
             Extent::Inline(b) => {
@@ -314,7 +350,7 @@ impl State {
     /// Release a stored chunk's hold on its blocks.
     pub(super) fn release(&mut self, ino: Ino, idx: u64, e: &Extent) -> Result<()> {
         match e {
-            Extent::Inline(_) => {}
+            Extent::Inline(_) | Extent::Gone(_) => {}
             Extent::Patched { base, patches, freed } => {
                 match **base {
                     // The rest of what the patches did not release.
@@ -332,9 +368,9 @@ impl State {
                 self.pend.free(*a);
                 self.cache.remove(a);
             }
-            Extent::Shared { addr, .. } => {
+            Extent::Shared { addr, phys, .. } => {
                 let k = shared_key(*addr);
-                let mut refs = match self.get(&k)? {
+                let (mut refs, released) = match self.get(&k)? {
                     Some(v) => decode_refs(&v)?,
                     None => {
                         return Err(Error::corrupt(
@@ -343,13 +379,26 @@ impl State {
                         ))
                     }
                 };
-                refs.retain(|&r| r != (ino, idx));
+                // A chunk is listed once for each of its pieces in the
+                // block (patches of several of its blocks may share one).
+                if let Some(n) = refs.iter().position(|&r| r == (ino, idx)) {
+                    refs.remove(n);
+                }
                 if refs.is_empty() {
+                    // The rest of the block.
                     self.del(k);
-                    self.pend.free(*addr);
+                    self.pend.free(BlockAddr { len: addr.len.saturating_sub(released), ..*addr });
                     self.cache.remove(addr);
                 } else {
-                    self.put(k, encode_refs(&refs));
+                    // This chunk's share of the block is dead: release it
+                    // from the segment's live count, so that the cleaner
+                    // sees it, keeping at least a byte counted for the
+                    // chunks that still use the block.
+                    let n = (*phys).min(addr.len.saturating_sub(released).saturating_sub(1));
+                    if n > 0 {
+                        self.pend.free(BlockAddr { len: n, ..*addr });
+                    }
+                    self.put(k, encode_refs(&refs, released + n));
                 }
             }
         }
@@ -614,15 +663,17 @@ impl State {
             return (!runs.is_empty()).then_some(runs);
         }
         let bytes: u64 = spans(&runs, len).map(|(a, b)| b - a).sum();
-        let old: &[Patch] = match e {
-            Extent::Patched { patches, .. } => patches,
-            _ => &[],
+        let (old, gone): (&[Patch], bool) = match e {
+            Extent::Patched { patches, base, .. } => (patches, matches!(**base, Extent::Gone(_))),
+            _ => (&[], false),
         };
-        let kept = old.iter().filter(|p| !covers(&runs, &p.runs));
-        let (n, before) = kept.fold((0, 0), |(n, b), p| (n + 1, b + p.piece.len()));
+        let kept = visible(old, &runs);
+        let (n, before) = kept.iter().fold((0, 0), |(n, b), p| (n + 1, b + p.piece.len()));
+        // A chunk without a base has nothing to merge into: its patches
+        // are all it is, and their share does not matter.
         let fits = bytes > 0
             && n < MAX_PATCHES
-            && (bytes + before) as f64 <= len as f64 * MAX_PATCH_SHARE
+            && (gone || (bytes + before) as f64 <= len as f64 * MAX_PATCH_SHARE)
             && bytes < self.cs() / 2;
         fits.then_some(runs)
     }
@@ -669,12 +720,30 @@ impl State {
                     _ => None,
                 };
                 if let Some(runs) = plan {
-                    let mut bytes = Vec::new();
-                    for (a, b) in spans(&runs, data.len() as u64) {
-                        bytes.extend_from_slice(&data[a as usize..b as usize]);
-                    }
+                    // A patch per block: a later write of a block hides a
+                    // whole patch, which is dropped and released, so no
+                    // patch keeps bytes that no longer show (they would
+                    // count as live).
                     let len = data.len();
-                    pack.push(Piece { ino: i.ino, idx, data: bytes, spec, counted, len, patch: Some(runs) });
+                    let mut counted = counted;
+                    for (s, n) in runs {
+                        for b in s..s + n {
+                            let one = vec![(b, 1)];
+                            let (lo, hi) = spans(&one, len as u64).next().expect("one run");
+                            let bytes = data[lo as usize..hi as usize].to_vec();
+                            pack.push(Piece {
+                                ino: i.ino,
+                                idx,
+                                data: bytes,
+                                spec,
+                                counted,
+                                len,
+                                patch: Some(one),
+                            });
+                            // The chunk's count is settled once.
+                            counted = len;
+                        }
+                    }
                     patched.insert((i.ino, idx), Buf { data, touched });
                     continue;
                 }
@@ -720,6 +789,8 @@ impl State {
                     for p in own.into_iter().chain(pack).chain(inline).chain(holes) {
                         let b = match patched.remove(&(p.ino, p.idx)) {
                             Some(b) => b,
+                            // Another patch of a chunk already put back.
+                            None if p.patch.is_some() => continue,
                             None => Buf { data: p.data, touched: None },
                         };
                         back.entry(p.ino).or_default().insert(p.idx, b);
@@ -730,6 +801,14 @@ impl State {
         };
         drop(reqs);
         drop(patched);
+        for (n, a) in addrs.iter().enumerate() {
+            let b = u64::from(a.len);
+            match (self.cleaning, n < own.len()) {
+                (true, _) => self.stats.clean_stored += b,
+                (false, true) => self.stats.whole_stored += b,
+                (false, false) => self.stats.pack_stored += b,
+            }
+        }
         // From here on the blocks exist; point the files at them.
         let r = (|| -> Result<()> {
             for p in own.iter().chain(&pack).chain(&inline) {
@@ -744,7 +823,7 @@ impl State {
             for ((_, raw, members), a) in packs.iter().zip(&addrs[own.len()..]) {
                 let mut off = 0u32;
                 let refs: Vec<(Ino, u64)> = members.iter().map(|&n| (pack[n].ino, pack[n].idx)).collect();
-                self.put(shared_key(*a), encode_refs(&refs));
+                self.put(shared_key(*a), encode_refs(&refs, 0));
                 for &n in members {
                     let p = &pack[n];
                     let len = p.data.len() as u32;
@@ -781,7 +860,7 @@ impl State {
     /// release the part of an own base the patches now replace from its
     /// segment's live count (so that the cleaner sees it as dead).
     fn add_patch(&mut self, ino: Ino, idx: u64, runs: Vec<(u32, u32)>, piece: Extent) -> Result<()> {
-        let (base, mut patches, mut freed) = match self.stored_extent(ino, idx)? {
+        let (mut base, mut patches, mut freed) = match self.stored_extent(ino, idx)? {
             Some(Extent::Patched { base, patches, freed }) => (base, patches, freed),
             Some(e @ (Extent::Own(..) | Extent::Shared { .. })) => (Box::new(e), Vec::new(), 0),
             other => {
@@ -791,19 +870,29 @@ impl State {
                 ))
             }
         };
-        let mut gone = Vec::new();
-        patches.retain(|p| {
-            let keep = !covers(&runs, &p.runs);
-            if !keep {
-                gone.push(p.piece.clone());
-            }
-            keep
-        });
-        for g in gone {
-            self.release(ino, idx, &g)?;
-        }
         patches.push(Patch { runs, piece });
-        if let Extent::Own(a, len) = *base {
+        // Patches that newer ones hide entirely are dropped.
+        let keep: Vec<Patch> = visible(&patches, &[]).into_iter().cloned().collect();
+        for p in &patches {
+            if !keep.contains(p) {
+                self.release(ino, idx, &p.piece)?;
+            }
+        }
+        patches = keep;
+        let len = base.len();
+        if covers_all(&patches, len.div_ceil(u64::from(PATCH_BLOCK)) as u32) {
+            // Nothing of the base shows: release it (the rest of it, for an
+            // own base) and keep the chunk as its patches.
+            match *base {
+                Extent::Own(a, _) => {
+                    self.pend.free(BlockAddr { len: a.len - freed, ..a });
+                    self.cache.remove(&a);
+                }
+                ref b => self.release(ino, idx, b)?,
+            }
+            base = Box::new(Extent::Gone(len as u32));
+            freed = 0;
+        } else if let Extent::Own(a, len) = *base {
             let dead = replaced_share(&patches, a.len, len);
             if dead > freed {
                 self.pend.free(BlockAddr { len: dead - freed, ..a });

@@ -23,7 +23,7 @@ pub const ROOT: Ino = 1;
 /// (chunk type 4). An image is marked by the first commit that writes
 /// such a record, so images that never had one stay readable by older
 /// builds.
-pub const FS_VERSION: u8 = 3;
+pub const FS_VERSION: u8 = 4;
 
 const T_CONFIG: u8 = 0x01;
 const T_TRIPLE: u8 = 0x02;
@@ -621,6 +621,9 @@ pub enum Extent {
         /// rest.
         freed: u32,
     },
+    /// Only as a patched chunk's base: a base its patches replace
+    /// entirely, released and not stored (the chunk's length).
+    Gone(u32),
 }
 
 /// Bytes per patch block: patches replace whole blocks of this size (the
@@ -649,6 +652,20 @@ impl Patch {
     }
 }
 
+/// True when `patches` together cover every one of a chunk's `blocks`
+/// patch blocks.
+pub fn covers_all(patches: &[Patch], blocks: u32) -> bool {
+    let mut bits = vec![false; blocks as usize];
+    for p in patches {
+        for &(s, n) in &p.runs {
+            for b in s..s.saturating_add(n).min(blocks) {
+                bits[b as usize] = true;
+            }
+        }
+    }
+    bits.iter().all(|&b| b)
+}
+
 /// Byte ranges of patch-block runs in a chunk of `len` bytes.
 pub fn spans(runs: &[(u32, u32)], len: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
     let b = u64::from(PATCH_BLOCK);
@@ -666,6 +683,7 @@ impl Extent {
             Extent::Own(_, len) => u64::from(*len),
             Extent::Shared { len, .. } => u64::from(*len),
             Extent::Patched { base, .. } => base.len(),
+            Extent::Gone(len) => u64::from(*len),
         }
     }
     /// True when empty (never stored).
@@ -681,6 +699,7 @@ impl Extent {
             Extent::Patched { base, patches, .. } => {
                 base.phys() + patches.iter().map(|p| p.piece.phys()).sum::<u64>()
             }
+            Extent::Gone(_) => 0,
         }
     }
     /// The simple extents (`Inline`, `Own`, `Shared`) this one is made
@@ -738,6 +757,10 @@ impl Extent {
                     p.piece.put(v);
                 }
             }
+            Extent::Gone(len) => {
+                v.put_u8(5);
+                v.put_var(u64::from(*len));
+            }
         }
     }
     /// Decode.
@@ -747,7 +770,12 @@ impl Extent {
             Some(0) => return Ok(Extent::Inline(b[1..].to_vec())),
             Some(t @ (3 | 4)) => {
                 r.u8()?;
-                let base = Self::get_block(&mut r)?;
+                let base = if r.peek() == Some(5) && *t == 4 {
+                    r.u8()?;
+                    Extent::Gone(r.var_max(u64::from(u32::MAX), "length")? as u32)
+                } else {
+                    Self::get_block(&mut r)?
+                };
                 let freed = if *t == 4 { r.var_max(u64::from(u32::MAX), "freed bytes")? as u32 } else { 0 };
                 let can = match base {
                     Extent::Own(a, _) => a.len,
@@ -789,6 +817,9 @@ impl Extent {
                         )));
                     }
                     patches.push(Patch { runs, piece });
+                }
+                if matches!(base, Extent::Gone(_)) && !covers_all(&patches, blocks as u32) {
+                    return Err(r.err("its base is gone, but its patches do not cover the whole chunk"));
                 }
                 Extent::Patched { base: Box::new(base), patches, freed }
             }
@@ -832,25 +863,31 @@ fn get_addr(r: &mut Reader) -> Result<BlockAddr> {
 }
 
 /// Encode the list of chunks referencing a shared block.
-pub fn encode_refs(refs: &[(Ino, u64)]) -> Vec<u8> {
+pub fn encode_refs(refs: &[(Ino, u64)], released: u32) -> Vec<u8> {
     let mut v = Vec::new();
     v.put_var(refs.len() as u64);
     for &(i, c) in refs {
         v.put_var(i);
         v.put_var(c);
     }
+    if released > 0 {
+        v.put_var(u64::from(released));
+    }
     v
 }
-/// Decode a shared block's references.
-pub fn decode_refs(b: &[u8]) -> Result<Vec<(Ino, u64)>> {
+/// Decode a shared block's references, and the bytes of the block
+/// already released from its segment's live count for chunks that no
+/// longer use it (absent before records version 4: none).
+pub fn decode_refs(b: &[u8]) -> Result<(Vec<(Ino, u64)>, u32)> {
     let mut r = Reader::new(b, "shared block references");
     let n = r.var_max(1 << 20, "reference count")? as usize;
     let mut v = Vec::with_capacity(n.min(4096));
     for _ in 0..n {
         v.push((r.var()?, r.var()?));
     }
+    let released = if r.is_empty() { 0 } else { r.var_max(u64::from(u32::MAX), "released bytes")? as u32 };
     r.finish()?;
-    Ok(v)
+    Ok((v, released))
 }
 
 #[cfg(test)]
@@ -920,7 +957,8 @@ mod tests {
         assert_eq!(parse_dirent_key(&dirent_key(7, b"n")), Some((7, &b"n"[..])));
         assert!(dirent_key(1, &[0xff; 255]) < dirents_range(1).1);
         assert!(dirents_range(1).1 < dirent_key(2, b""));
-        assert_eq!(decode_refs(&encode_refs(&[(1, 2), (3, 4)])).unwrap(), vec![(1, 2), (3, 4)]);
+        assert_eq!(decode_refs(&encode_refs(&[(1, 2), (3, 4)], 0)).unwrap(), (vec![(1, 2), (3, 4)], 0));
+        assert_eq!(decode_refs(&encode_refs(&[(1, 2)], 700)).unwrap(), (vec![(1, 2)], 700));
         assert_eq!(decode_dirent(&encode_dirent(99, Kind::Socket)).unwrap(), (99, Kind::Socket));
     }
 
@@ -981,6 +1019,24 @@ mod tests {
         let full = e.encode();
         for n in 0..full.len() {
             assert!(Extent::decode(&full[..n], "x").is_err(), "prefix of {n} bytes accepted");
+        }
+        // A base that is gone: only where the patches cover every block,
+        // and never as a chunk of its own or in a type 3 record.
+        let gone =
+            Extent::Patched { base: Box::new(Extent::Gone(10_000)), patches: vec![p1.clone(), p2], freed: 0 };
+        let v = gone.encode();
+        assert_eq!(Extent::decode(&v, "x").unwrap(), gone);
+        assert_eq!((gone.len(), gone.phys()), (10_000, 90 + 300));
+        let mut v3 = v.clone();
+        v3[0] = 3;
+        assert!(Extent::decode(&v3, "x").unwrap_err().to_string().contains("unknown extent type 5"));
+        assert!(bad(vec![p1], Extent::Gone(10_000)).contains("do not cover the whole chunk"));
+        assert!(Extent::decode(&Extent::Gone(10).encode(), "x")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown extent type 5"));
+        for n in 0..v.len() {
+            assert!(Extent::decode(&v[..n], "x").is_err(), "prefix of {n} bytes accepted");
         }
     }
 
