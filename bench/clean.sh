@@ -7,6 +7,7 @@
 #   SYSTEMS=zlogfs BLOCKS=4k DATA=random bash bench/clean.sh   # a part
 #   ZMOUNT=nopatches bash bench/clean.sh   # zlogfs mounted with -o nopatches
 #   WARM=512M bash bench/clean.sh          # overwrite 512M (not measured) first
+#   READ=1 bash bench/clean.sh             # then read the file back in order, cold
 #
 # Systems: zlogfs, btrfs (mkfs.btrfs defaults) and btrfs-mixed
 # (mkfs.btrfs --mixed, btrfs's layout for small devices). A run that fails
@@ -39,6 +40,7 @@ SYSTEMS=${SYSTEMS:-zlogfs btrfs btrfs-mixed}
 BLOCKS=${BLOCKS:-64k 4k}
 DATA=${DATA:-random half}
 WARM=${WARM:-0}
+READ=${READ:-0}
 bytes() { numfmt --from=iec "$1"; }
 size=$(bytes "$SIZE")
 fill=$((size * 7 / 10 / 1048576))M
@@ -90,7 +92,7 @@ written() { # system: bytes the device has taken
     esac
 }
 
-declare -A bw wa clean_line
+declare -A bw wa rd clean_line
 for data in $DATA; do
 dopt=(--refill_buffers)
 [ $data = half ] && dopt=(--refill_buffers --buffer_compress_percentage=50)
@@ -119,13 +121,23 @@ for sys in $SYSTEMS; do
             io_bytes=$(echo "$out" | json "d['jobs'][0]['write']['io_bytes']")
             bw[$data.$sys.$bs]=$(echo "$out" | json "round(d['jobs'][0]['write']['bw_bytes'] / 1e6, 1)")
             wa[$data.$sys.$bs]=$(python3 -c "print(round(($after - $before) / $io_bytes, 2))")
+            if [ "$READ" = 1 ]; then
+                # What the overwrite left for readers: the whole file read
+                # in order, from a cold cache.
+                mnt_sys $sys
+                sync
+                echo 3 >/proc/sys/vm/drop_caches
+                rd[$data.$sys.$bs]=$(fio --name=rd --filename="$mnt/f" --size="$fill" --rw=read --bs=1M \
+                    --ioengine=psync --output-format=json 2>/dev/null | json "round(d['jobs'][0]['read']['bw_bytes'] / 1e6, 1)")
+                umnt_sys $sys
+            fi
         else
             umnt_sys $sys
             grep -q 'No space' "$work/fio.err" && bw[$data.$sys.$bs]=ENOSPC || bw[$data.$sys.$bs]=failed
             wa[$data.$sys.$bs]="—"
             head -n 3 "$work/fio.err" >&2
         fi
-        echo "$data $sys $bs: ${bw[$data.$sys.$bs]} MB/s, write amplification ${wa[$data.$sys.$bs]}" >&2
+        echo "$data $sys $bs: ${bw[$data.$sys.$bs]} MB/s, write amplification ${wa[$data.$sys.$bs]}${rd[$data.$sys.$bs]:+, read after ${rd[$data.$sys.$bs]} MB/s}" >&2
         if [ $sys = zlogfs ] && [ $bs = 64k ]; then
             t0=$(date +%s.%N)
             rep=$("$bin" clean "$work/z.img" --max-live 0.95 --json 2>/dev/null)
@@ -150,6 +162,7 @@ if [ "$SYSTEMS $BLOCKS $DATA" != "zlogfs btrfs btrfs-mixed 64k 4k random half" ]
     part=" SYSTEMS='$SYSTEMS' BLOCKS='$BLOCKS' DATA='$DATA'"
 fi
 [ -n "${ZMOUNT:-}" ] && part="$part ZMOUNT='$ZMOUNT'"
+[ "$READ" = 1 ] && part="$part READ=1"
 [ "$WARM" != 0 ] && part="$part WARM=$WARM" && warm_note=" (measured after a warm-up randwrite of $WARM, same block size)"
 {
     echo "# Cleaner: random overwrite of an image kept 70% full ($date)"
@@ -157,14 +170,14 @@ fi
     echo "Command: \`SIZE=$SIZE IO64=$IO64 IO4=$IO4$part bash bench/clean.sh\`, commit $(git rev-parse --short HEAD)."
     echo "Image $SIZE, file of $fill (random: incompressible; half: buffer_compress_percentage=50), then fio randwrite over it${warm_note:-}."
     echo
-    echo "| data | workload | system | MB/s | zlogfs / this | write amplification |"
-    echo "|---|---|---|---:|---:|---:|"
+    echo "| data | workload | system | MB/s | zlogfs / this | write amplification | read after, MB/s |"
+    echo "|---|---|---|---:|---:|---:|---:|"
     for data in $DATA; do
     for bs in $BLOCKS; do
         io=$IO64
         [ "$bs" = 4k ] && io=$IO4
         for sys in $SYSTEMS; do
-            echo "| $data | randwrite $bs, $io | $sys | ${bw[$data.$sys.$bs]} | $(ratio "${bw[$data.zlogfs.$bs]}" "${bw[$data.$sys.$bs]}") | ${wa[$data.$sys.$bs]} |"
+            echo "| $data | randwrite $bs, $io | $sys | ${bw[$data.$sys.$bs]} | $(ratio "${bw[$data.zlogfs.$bs]}" "${bw[$data.$sys.$bs]}") | ${wa[$data.$sys.$bs]} | ${rd[$data.$sys.$bs]:-—} |"
         done
     done
     done

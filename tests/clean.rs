@@ -538,10 +538,8 @@ fn overwrite_breakdown() {
     let g = Geometry { segment_size: 4 << 20, segment_count: env("SEGS", 255) as u32 };
     let s: Arc<dyn Store> = Arc::new(MemStore::new(g));
     fs::mkfs(s.clone(), &MkfsOptions::default()).expect("mkfs");
-    let o = FsOptions {
-        engine: Options { cache_bytes: 64 << 20, ..Options::default() },
-        ..FsOptions::default()
-    };
+    let o =
+        FsOptions { engine: Options { cache_bytes: 64 << 20, ..Options::default() }, ..FsOptions::default() };
     let f = Fs::open(s, o).expect("open");
     let ino = create(&f, b"f");
     let size = g.segment_count as usize * (4 << 20) * env("PCT", 70) / 100 / MIB * MIB;

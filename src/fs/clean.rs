@@ -135,6 +135,12 @@ impl State {
         self.cleaning = true;
         let r = self.clean_round_inner(opts, rep, tried, &held);
         self.cleaning = false;
+        // Moves left unstored (after an error) are dropped: nothing was
+        // committed for them, and a partial buffer is not the chunk.
+        for m in self.dirty.values_mut() {
+            m.retain(|_, b| !b.partial);
+        }
+        self.dirty.retain(|_, m| !m.is_empty());
         // The writers' changes are newer than anything the cleaner loaded
         // and did not get to store (after an error).
         self.pend.absorb(held);

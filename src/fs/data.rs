@@ -22,6 +22,14 @@ pub(super) struct Buf {
     /// stored chunk. None: the chunk is stored whole at commit (always,
     /// unless patches are on).
     pub touched: Option<Vec<u64>>,
+    /// Only the cleaner's, within a round: `data` holds the stored chunk's
+    /// bytes in the `touched` blocks only (zeros elsewhere), read from the
+    /// pieces that hold them instead of the whole chunk (a chunk of 16
+    /// patches would be read from 16 packed blocks to move one). Such a
+    /// buffer is stored as a patch, completed first by anything that needs
+    /// the whole chunk (`dirty_buf`, `store_chunks`), and dropped at the
+    /// end of the round if it was not stored.
+    pub partial: bool,
 }
 
 /// A chunk (or the patch of one) about to be stored.
@@ -242,6 +250,18 @@ impl State {
     /// `track`, tracking the blocks written, so that the commit may store
     /// only those).
     fn dirty_buf(&mut self, ino: Ino, idx: u64, track: bool) -> Result<&mut Buf> {
+        let partial = self.dirty.get(&ino).and_then(|m| m.get(&idx)).is_some_and(|b| b.partial);
+        if partial {
+            // The rest of the chunk: what is stored (the partial blocks
+            // are copies of it too).
+            let e = self.stored_extent(ino, idx)?.ok_or_else(|| {
+                Error::corrupt(format!("chunk {idx} of inode {ino}"), "a buffer to move it but no record")
+            })?;
+            let data = self.extent_bytes(ino, idx, &e)?;
+            let b = self.dirty.get_mut(&ino).and_then(|m| m.get_mut(&idx)).expect("checked");
+            b.data = data;
+            b.partial = false;
+        }
         let has = self.dirty.get(&ino).is_some_and(|m| m.contains_key(&idx));
         if !has {
             let (data, touched) = match self.stored_extent(ino, idx)? {
@@ -254,7 +274,7 @@ impl State {
             };
             self.dirty_bytes += self.cfg.chunk_size as usize;
             self.dirty_chunks += 1;
-            self.dirty.entry(ino).or_default().insert(idx, Buf { data, touched });
+            self.dirty.entry(ino).or_default().insert(idx, Buf { data, touched, partial: false });
         }
         Ok(self.dirty.get_mut(&ino).and_then(|m| m.get_mut(&idx)).expect("just inserted"))
     }
@@ -265,7 +285,38 @@ impl State {
     /// rewriting the whole chunk. A chunk already buffered whole is left
     /// as it is (it is stored whole).
     pub(super) fn move_patch(&mut self, ino: Ino, idx: u64, runs: &[(u32, u32)]) -> Result<()> {
-        if let Some(t) = &mut self.dirty_buf(ino, idx, true)?.touched {
+        let has = self.dirty.get(&ino).is_some_and(|m| m.contains_key(&idx));
+        if !has && self.cleaning {
+            // Read only the blocks moved (a partial buffer).
+            let Some(e) = self.stored_extent(ino, idx)? else {
+                return Err(Error::corrupt(
+                    format!("chunk {idx} of inode {ino}"),
+                    "moved but it has no record",
+                ));
+            };
+            let words = (self.cfg.chunk_size / PATCH_BLOCK).div_ceil(64) as usize;
+            let buf =
+                Buf { data: vec![0; e.len() as usize], touched: Some(vec![0u64; words]), partial: true };
+            self.dirty_bytes += self.cfg.chunk_size as usize;
+            self.dirty_chunks += 1;
+            self.dirty.entry(ino).or_default().insert(idx, buf);
+        }
+        let partial = self.dirty.get(&ino).and_then(|m| m.get(&idx)).is_some_and(|b| b.partial);
+        if partial {
+            let e = self.stored_extent(ino, idx)?.expect("checked above");
+            let mut bytes = Vec::new();
+            for (lo, hi) in spans(runs, e.len()) {
+                bytes.clear();
+                self.copy_extent(ino, idx, &e, lo as usize, hi as usize, &mut bytes)?;
+                let b = self.dirty.get_mut(&ino).and_then(|m| m.get_mut(&idx)).expect("inserted");
+                b.data[lo as usize..hi as usize].copy_from_slice(&bytes);
+            }
+        }
+        let b = match self.dirty.get_mut(&ino).and_then(|m| m.get_mut(&idx)) {
+            Some(b) => b,
+            None => self.dirty_buf(ino, idx, true)?,
+        };
+        if let Some(t) = &mut b.touched {
             for &(s, n) in runs {
                 mark(t, s as usize..(s + n) as usize);
             }
@@ -295,7 +346,7 @@ impl State {
             let idx = pos / cs;
             let from = (pos - idx * cs) as usize;
             let to = ((end - idx * cs).min(cs)) as usize;
-            let dirty = self.dirty.get(&i.ino).and_then(|m| m.get(&idx));
+            let dirty = self.dirty.get(&i.ino).and_then(|m| m.get(&idx)).filter(|b| !b.partial);
             if let Some(b) = dirty {
                 let b = &b.data;
                 let have = b.len().min(to);
@@ -705,20 +756,48 @@ impl State {
             let spec = i.policy.unwrap_or(self.cfg.codec);
             let chunks = dirty.remove(&i.ino).unwrap_or_default();
             for (idx, buf) in chunks {
-                let Buf { mut data, touched } = buf;
+                let Buf { mut data, touched, partial } = buf;
                 let lim = i.size.saturating_sub(idx * cs).min(cs) as usize;
                 let counted = data.len();
                 data.truncate(lim);
-                let zero = data.is_empty() || is_zero(&data);
-                let plan = match &touched {
-                    Some(t) if !zero => {
-                        // An unreadable record: store the chunk whole (its
-                        // install meets the error, as any chunk's would).
+                let mut plan = match (&touched, partial) {
+                    // Zeros outside its blocks are not the chunk's.
+                    (Some(t), true) => {
                         let stored = self.stored_extent(i.ino, idx).ok().flatten();
                         self.plan_patch(stored.as_ref(), data.len(), t)
                     }
                     _ => None,
                 };
+                if partial && plan.is_none() {
+                    // Not a patch after all: the whole chunk. Partial
+                    // buffers are the cleaner's only, and all its buffers
+                    // may be dropped (nothing was committed for them).
+                    let e = match self.stored_extent(i.ino, idx) {
+                        Ok(Some(e)) => e,
+                        Ok(None) => {
+                            let what = format!("chunk {idx} of inode {ino}", ino = i.ino);
+                            return Err((Error::corrupt(what, "moved but it has no record"), None));
+                        }
+                        Err(e) => return Err((e, None)),
+                    };
+                    data = match self.extent_bytes(i.ino, idx, &e) {
+                        Ok(d) => d,
+                        Err(e) => return Err((e, None)),
+                    };
+                    data.truncate(lim);
+                }
+                let zero = plan.is_none() && (data.is_empty() || is_zero(&data));
+                if !partial {
+                    plan = match &touched {
+                        Some(t) if !zero => {
+                            // An unreadable record: store the chunk whole (its
+                            // install meets the error, as any chunk's would).
+                            let stored = self.stored_extent(i.ino, idx).ok().flatten();
+                            self.plan_patch(stored.as_ref(), data.len(), t)
+                        }
+                        _ => None,
+                    };
+                }
                 if let Some(runs) = plan {
                     // A patch per block: a later write of a block hides a
                     // whole patch, which is dropped and released, so no
@@ -744,7 +823,7 @@ impl State {
                             counted = len;
                         }
                     }
-                    patched.insert((i.ino, idx), Buf { data, touched });
+                    patched.insert((i.ino, idx), Buf { data, touched, partial });
                     continue;
                 }
                 let len = data.len();
@@ -791,7 +870,7 @@ impl State {
                             Some(b) => b,
                             // Another patch of a chunk already put back.
                             None if p.patch.is_some() => continue,
-                            None => Buf { data: p.data, touched: None },
+                            None => Buf { data: p.data, touched: None, partial: false },
                         };
                         back.entry(p.ino).or_default().insert(p.idx, b);
                     }
