@@ -22,13 +22,13 @@ pub(super) struct Buf {
     /// stored chunk. None: the chunk is stored whole at commit (always,
     /// unless patches are on).
     pub touched: Option<Vec<u64>>,
-    /// Only the cleaner's, within a round: `data` holds the stored chunk's
-    /// bytes in the `touched` blocks only (zeros elsewhere), read from the
-    /// pieces that hold them instead of the whole chunk (a chunk of 16
-    /// patches would be read from 16 packed blocks to move one). Such a
-    /// buffer is stored as a patch, completed first by anything that needs
-    /// the whole chunk (`dirty_buf`, `store_chunks`), and dropped at the
-    /// end of the round if it was not stored.
+    /// `data` is the chunk's only in the `touched` blocks (zeros elsewhere,
+    /// and its length is the chunk's): the rest was never read, because a
+    /// chunk of 16 patches is read from 16 packed blocks. Writers of whole
+    /// blocks and the cleaner's moves make such buffers; they are stored as
+    /// patches, and completed from the stored chunk (`complete`) by
+    /// anything that needs the whole chunk. The cleaner drops its own at
+    /// the end of a round if they were not stored.
     pub partial: bool,
 }
 
@@ -250,18 +250,7 @@ impl State {
     /// `track`, tracking the blocks written, so that the commit may store
     /// only those).
     fn dirty_buf(&mut self, ino: Ino, idx: u64, track: bool) -> Result<&mut Buf> {
-        let partial = self.dirty.get(&ino).and_then(|m| m.get(&idx)).is_some_and(|b| b.partial);
-        if partial {
-            // The rest of the chunk: what is stored (the partial blocks
-            // are copies of it too).
-            let e = self.stored_extent(ino, idx)?.ok_or_else(|| {
-                Error::corrupt(format!("chunk {idx} of inode {ino}"), "a buffer to move it but no record")
-            })?;
-            let data = self.extent_bytes(ino, idx, &e)?;
-            let b = self.dirty.get_mut(&ino).and_then(|m| m.get_mut(&idx)).expect("checked");
-            b.data = data;
-            b.partial = false;
-        }
+        self.complete(ino, idx)?;
         let has = self.dirty.get(&ino).is_some_and(|m| m.contains_key(&idx));
         if !has {
             let (data, touched) = match self.stored_extent(ino, idx)? {
@@ -277,6 +266,89 @@ impl State {
             self.dirty.entry(ino).or_default().insert(idx, Buf { data, touched, partial: false });
         }
         Ok(self.dirty.get_mut(&ino).and_then(|m| m.get_mut(&idx)).expect("just inserted"))
+    }
+
+    /// Make a partial buffer whole: the stored chunk, with the buffer's
+    /// touched blocks over it.
+    fn complete(&mut self, ino: Ino, idx: u64) -> Result<()> {
+        let Some(mut b) = self.dirty.get_mut(&ino).and_then(|m| m.remove(&idx)) else {
+            return Ok(());
+        };
+        let r = self.complete_buf(ino, idx, &mut b);
+        self.dirty.entry(ino).or_default().insert(idx, b);
+        r
+    }
+
+    fn complete_buf(&mut self, ino: Ino, idx: u64, b: &mut Buf) -> Result<()> {
+        if !b.partial {
+            return Ok(());
+        }
+        let runs = runs_of(b.touched.as_deref().unwrap_or(&[]), (self.cfg.chunk_size / PATCH_BLOCK) as u32);
+        let e = self.stored_extent(ino, idx)?.ok_or_else(|| {
+            Error::corrupt(format!("chunk {idx} of inode {ino}"), "a partial buffer but no record")
+        })?;
+        let mut full = self.extent_bytes(ino, idx, &e)?;
+        full.resize(b.data.len(), 0);
+        for (lo, hi) in spans(&runs, b.data.len() as u64) {
+            full[lo as usize..hi as usize].copy_from_slice(&b.data[lo as usize..hi as usize]);
+        }
+        b.data = full;
+        b.partial = false;
+        Ok(())
+    }
+
+    /// The buffer for a write of `[from, from + n)` of a chunk. With
+    /// patches on, a stored chunk is not read whole: the buffer is partial,
+    /// and only the blocks the write covers in part are read.
+    fn write_buf(&mut self, ino: Ino, idx: u64, from: usize, n: usize) -> Result<&mut Buf> {
+        let has = self.dirty.get(&ino).is_some_and(|m| m.contains_key(&idx));
+        if !has && self.patches && !self.cleaning {
+            if let Some(e @ (Extent::Own(..) | Extent::Shared { .. } | Extent::Patched { .. })) =
+                self.stored_extent(ino, idx)?
+            {
+                let words = (self.cfg.chunk_size / PATCH_BLOCK).div_ceil(64) as usize;
+                let buf =
+                    Buf { data: vec![0; e.len() as usize], touched: Some(vec![0u64; words]), partial: true };
+                self.dirty_bytes += self.cfg.chunk_size as usize;
+                self.dirty_chunks += 1;
+                self.dirty.entry(ino).or_default().insert(idx, buf);
+            }
+        }
+        let partial = self.dirty.get(&ino).and_then(|m| m.get(&idx)).is_some_and(|b| b.partial);
+        if partial {
+            // Blocks the write covers only in part, not yet in the buffer:
+            // their stored bytes first.
+            let pb = PATCH_BLOCK as usize;
+            let mut need = Vec::new();
+            for blk in [from / pb, (from + n).saturating_sub(1) / pb] {
+                let b = self.dirty.get(&ino).and_then(|m| m.get(&idx)).expect("buffered");
+                let (lo, hi) = (blk * pb, ((blk + 1) * pb).min(b.data.len()));
+                let whole = from <= lo && from + n >= hi;
+                let had = b
+                    .touched
+                    .as_ref()
+                    .and_then(|t| t.get(blk / 64))
+                    .is_some_and(|w| w >> (blk % 64) & 1 == 1);
+                if lo < hi && !whole && !had && !need.contains(&(lo, hi)) {
+                    need.push((lo, hi));
+                }
+            }
+            if !need.is_empty() {
+                let e = self.stored_extent(ino, idx)?.ok_or_else(|| {
+                    Error::corrupt(format!("chunk {idx} of inode {ino}"), "a partial buffer but no record")
+                })?;
+                for (lo, hi) in need {
+                    let mut bytes = Vec::new();
+                    self.copy_extent(ino, idx, &e, lo, hi, &mut bytes)?;
+                    let b = self.dirty.get_mut(&ino).and_then(|m| m.get_mut(&idx)).expect("buffered");
+                    b.data[lo..hi].copy_from_slice(&bytes);
+                }
+            }
+        }
+        if partial {
+            return Ok(self.dirty.get_mut(&ino).and_then(|m| m.get_mut(&idx)).expect("buffered"));
+        }
+        self.dirty_buf(ino, idx, self.patches)
     }
 
     /// For the cleaner: store the blocks `runs` of a stored chunk again,
@@ -346,7 +418,8 @@ impl State {
             let idx = pos / cs;
             let from = (pos - idx * cs) as usize;
             let to = ((end - idx * cs).min(cs)) as usize;
-            let dirty = self.dirty.get(&i.ino).and_then(|m| m.get(&idx)).filter(|b| !b.partial);
+            self.complete(i.ino, idx)?;
+            let dirty = self.dirty.get(&i.ino).and_then(|m| m.get(&idx));
             if let Some(b) = dirty {
                 let b = &b.data;
                 let have = b.len().min(to);
@@ -375,7 +448,7 @@ impl State {
             let from = (at - idx * cs) as usize;
             let n = (cs as usize - from).min(data.len() - pos);
             // Blocks are tracked only when they may become patches.
-            let b = self.dirty_buf(i.ino, idx, self.patches)?;
+            let b = self.write_buf(i.ino, idx, from, n)?;
             if let Some(t) = &mut b.touched {
                 let pb = PATCH_BLOCK as usize;
                 mark(t, from / pb..(from + n).div_ceil(pb));
@@ -749,6 +822,27 @@ impl State {
             }
         }
         let mut dirty = dirty;
+        // Partial buffers that will not be patches are made whole first,
+        // while a failure can still put every buffer back.
+        for i in &inodes {
+            let Some(mut m) = dirty.remove(&i.ino) else { continue };
+            let mut r = Ok(());
+            for (&idx, b) in m.iter_mut().filter(|(_, b)| b.partial) {
+                let lim = i.size.saturating_sub(idx * cs).min(cs) as usize;
+                let stored = self.stored_extent(i.ino, idx).ok().flatten();
+                let t = b.touched.as_deref().unwrap_or(&[]);
+                if self.plan_patch(stored.as_ref(), b.data.len().min(lim), t).is_none() {
+                    r = self.complete_buf(i.ino, idx, b);
+                    if r.is_err() {
+                        break;
+                    }
+                }
+            }
+            dirty.insert(i.ino, m);
+            if let Err(e) = r {
+                return Err((e, Some(dirty)));
+            }
+        }
         let (mut own, mut pack, mut inline, mut holes) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         // Buffers stored as patches, to put back if storing fails.
         let mut patched: HashMap<(Ino, u64), Buf> = HashMap::new();
@@ -769,21 +863,13 @@ impl State {
                     _ => None,
                 };
                 if partial && plan.is_none() {
-                    // Not a patch after all: the whole chunk. Partial
-                    // buffers are the cleaner's only, and all its buffers
-                    // may be dropped (nothing was committed for them).
-                    let e = match self.stored_extent(i.ino, idx) {
-                        Ok(Some(e)) => e,
-                        Ok(None) => {
-                            let what = format!("chunk {idx} of inode {ino}", ino = i.ino);
-                            return Err((Error::corrupt(what, "moved but it has no record"), None));
-                        }
-                        Err(e) => return Err((e, None)),
-                    };
-                    data = match self.extent_bytes(i.ino, idx, &e) {
-                        Ok(d) => d,
-                        Err(e) => return Err((e, None)),
-                    };
+                    // Made whole above unless the plan changed since, which
+                    // nothing in between does.
+                    let mut b = Buf { data, touched: touched.clone(), partial };
+                    if let Err(e) = self.complete_buf(i.ino, idx, &mut b) {
+                        return Err((e, None));
+                    }
+                    data = b.data;
                     data.truncate(lim);
                 }
                 let zero = plan.is_none() && (data.is_empty() || is_zero(&data));
