@@ -283,7 +283,7 @@ impl State {
         if !b.partial {
             return Ok(());
         }
-        let runs = runs_of(b.touched.as_deref().unwrap_or(&[]), (self.cfg.chunk_size / PATCH_BLOCK) as u32);
+        let runs = runs_of(b.touched.as_deref().unwrap_or(&[]), self.cfg.chunk_size / PATCH_BLOCK);
         let e = self.stored_extent(ino, idx)?.ok_or_else(|| {
             Error::corrupt(format!("chunk {idx} of inode {ino}"), "a partial buffer but no record")
         })?;
@@ -297,6 +297,16 @@ impl State {
         Ok(())
     }
 
+    /// Buffer chunk `idx`, stored as `e`, as a partial buffer with no block
+    /// in it yet.
+    fn add_partial(&mut self, ino: Ino, idx: u64, e: &Extent) {
+        let words = (self.cfg.chunk_size / PATCH_BLOCK).div_ceil(64) as usize;
+        let buf = Buf { data: vec![0; e.len() as usize], touched: Some(vec![0u64; words]), partial: true };
+        self.dirty_bytes += self.cfg.chunk_size as usize;
+        self.dirty_chunks += 1;
+        self.dirty.entry(ino).or_default().insert(idx, buf);
+    }
+
     /// The buffer for a write of `[from, from + n)` of a chunk. With
     /// patches on, a stored chunk is not read whole: the buffer is partial,
     /// and only the blocks the write covers in part are read.
@@ -306,12 +316,7 @@ impl State {
             if let Some(e @ (Extent::Own(..) | Extent::Shared { .. } | Extent::Patched { .. })) =
                 self.stored_extent(ino, idx)?
             {
-                let words = (self.cfg.chunk_size / PATCH_BLOCK).div_ceil(64) as usize;
-                let buf =
-                    Buf { data: vec![0; e.len() as usize], touched: Some(vec![0u64; words]), partial: true };
-                self.dirty_bytes += self.cfg.chunk_size as usize;
-                self.dirty_chunks += 1;
-                self.dirty.entry(ino).or_default().insert(idx, buf);
+                self.add_partial(ino, idx, &e);
             }
         }
         let partial = self.dirty.get(&ino).and_then(|m| m.get(&idx)).is_some_and(|b| b.partial);
@@ -366,12 +371,7 @@ impl State {
                     "moved but it has no record",
                 ));
             };
-            let words = (self.cfg.chunk_size / PATCH_BLOCK).div_ceil(64) as usize;
-            let buf =
-                Buf { data: vec![0; e.len() as usize], touched: Some(vec![0u64; words]), partial: true };
-            self.dirty_bytes += self.cfg.chunk_size as usize;
-            self.dirty_chunks += 1;
-            self.dirty.entry(ino).or_default().insert(idx, buf);
+            self.add_partial(ino, idx, &e);
         }
         let partial = self.dirty.get(&ino).and_then(|m| m.get(&idx)).is_some_and(|b| b.partial);
         if partial {
