@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use super::data::{shown, MAX_PATCH_SHARE};
+use super::data::{shown, shows, MAX_PATCH_SHARE};
 use super::*;
 use crate::engine::{Room, SegBlock};
 use crate::log::format::BlockKind;
@@ -285,12 +285,8 @@ impl State {
                             let mut runs = Vec::new();
                             for (i, p) in patches.iter().enumerate() {
                                 if p.piece.addr() == Some(b.addr) {
-                                    let over: Vec<(u32, u32)> = patches[i + 1..]
-                                        .iter()
-                                        .flat_map(|p| p.runs.iter().copied())
-                                        .collect();
-                                    let shows = shown(&p.runs, &over);
-                                    runs.extend(if shows.is_empty() { p.runs.clone() } else { shows });
+                                    let s = shows(patches, i);
+                                    runs.extend(if s.is_empty() { p.runs.clone() } else { s });
                                 }
                             }
                             (!runs.is_empty()).then_some(runs)
@@ -338,10 +334,8 @@ impl State {
                                 patches.iter().flat_map(|p| p.runs.iter().copied()).collect();
                             runs = shown(&[(0, blocks)], &over);
                         }
-                        for (i, p) in patches.iter().enumerate().filter(|(_, p)| here(&p.piece)) {
-                            let over: Vec<(u32, u32)> =
-                                patches[i + 1..].iter().flat_map(|p| p.runs.iter().copied()).collect();
-                            runs.extend(shown(&p.runs, &over));
+                        for (i, _) in patches.iter().enumerate().filter(|(_, p)| here(&p.piece)) {
+                            runs.extend(shows(patches, i));
                         }
                         runs
                     }

@@ -32,6 +32,17 @@ pub(super) struct Buf {
     pub partial: bool,
 }
 
+/// How a chunk is loaded into a new buffer.
+#[derive(Clone, Copy)]
+enum Load {
+    /// Whole, to be stored whole.
+    Whole,
+    /// Whole, tracking the blocks written (they may become patches).
+    Track,
+    /// Only the blocks written, tracked (`Buf::partial`).
+    Partial,
+}
+
 /// A chunk (or the patch of one) about to be stored.
 struct Piece {
     ino: Ino,
@@ -96,6 +107,13 @@ fn visible<'a>(patches: &'a [Patch], over: &[(u32, u32)]) -> Vec<&'a Patch> {
     }
     out.reverse();
     out
+}
+
+/// The blocks of patch `i` of `patches` (oldest first) that no later
+/// patch hides, as runs.
+pub(super) fn shows(patches: &[Patch], i: usize) -> Vec<(u32, u32)> {
+    let over: Vec<(u32, u32)> = patches[i + 1..].iter().flat_map(|p| p.runs.iter().copied()).collect();
+    shown(&patches[i].runs, &over)
 }
 
 /// The blocks of `runs` that no run of `over` hides, as runs.
@@ -251,21 +269,61 @@ impl State {
     /// only those).
     fn dirty_buf(&mut self, ino: Ino, idx: u64, track: bool) -> Result<&mut Buf> {
         self.complete(ino, idx)?;
-        let has = self.dirty.get(&ino).is_some_and(|m| m.contains_key(&idx));
-        if !has {
-            let (data, touched) = match self.stored_extent(ino, idx)? {
-                Some(e @ (Extent::Own(..) | Extent::Shared { .. } | Extent::Patched { .. })) if track => {
-                    let words = (self.cfg.chunk_size / PATCH_BLOCK).div_ceil(64) as usize;
-                    (self.extent_bytes(ino, idx, &e)?, Some(vec![0u64; words]))
-                }
-                Some(e) => (self.extent_bytes(ino, idx, &e)?, None),
-                None => (Vec::new(), None),
-            };
-            self.dirty_bytes += self.cfg.chunk_size as usize;
-            self.dirty_chunks += 1;
-            self.dirty.entry(ino).or_default().insert(idx, Buf { data, touched, partial: false });
+        if self.buffered(ino, idx).is_none() {
+            let e = self.stored_extent(ino, idx)?;
+            self.insert_buf(ino, idx, e, if track { Load::Track } else { Load::Whole })?;
         }
-        Ok(self.dirty.get_mut(&ino).and_then(|m| m.get_mut(&idx)).expect("just inserted"))
+        Ok(self.buffered_mut(ino, idx).expect("just inserted"))
+    }
+
+    fn buffered(&self, ino: Ino, idx: u64) -> Option<&Buf> {
+        self.dirty.get(&ino).and_then(|m| m.get(&idx))
+    }
+
+    fn buffered_mut(&mut self, ino: Ino, idx: u64) -> Option<&mut Buf> {
+        self.dirty.get_mut(&ino).and_then(|m| m.get_mut(&idx))
+    }
+
+    /// Buffer chunk `idx`, stored as `e`, loaded as `load` says (a chunk
+    /// not stored in a block is always loaded whole and not tracked).
+    fn insert_buf(&mut self, ino: Ino, idx: u64, e: Option<Extent>, load: Load) -> Result<()> {
+        let words = (self.cfg.chunk_size / PATCH_BLOCK).div_ceil(64) as usize;
+        let buf = match e {
+            Some(e @ (Extent::Own(..) | Extent::Shared { .. } | Extent::Patched { .. })) => match load {
+                Load::Partial => {
+                    Buf { data: vec![0; e.len() as usize], touched: Some(vec![0; words]), partial: true }
+                }
+                Load::Track => Buf {
+                    data: self.extent_bytes(ino, idx, &e)?,
+                    touched: Some(vec![0; words]),
+                    partial: false,
+                },
+                Load::Whole => Buf { data: self.extent_bytes(ino, idx, &e)?, touched: None, partial: false },
+            },
+            Some(e) => Buf { data: self.extent_bytes(ino, idx, &e)?, touched: None, partial: false },
+            None => Buf { data: Vec::new(), touched: None, partial: false },
+        };
+        self.dirty_bytes += self.cfg.chunk_size as usize;
+        self.dirty_chunks += 1;
+        self.dirty.entry(ino).or_default().insert(idx, buf);
+        Ok(())
+    }
+
+    /// Copy the stored chunk's bytes of `ranges` into its partial buffer.
+    fn fill_partial(&mut self, ino: Ino, idx: u64, ranges: &[(usize, usize)]) -> Result<()> {
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        let e = self.stored_extent(ino, idx)?.ok_or_else(|| {
+            Error::corrupt(format!("chunk {idx} of inode {ino}"), "a partial buffer but no record")
+        })?;
+        let mut bytes = Vec::new();
+        for &(lo, hi) in ranges {
+            bytes.clear();
+            self.copy_extent(ino, idx, &e, lo, hi, &mut bytes)?;
+            self.buffered_mut(ino, idx).expect("buffered").data[lo..hi].copy_from_slice(&bytes);
+        }
+        Ok(())
     }
 
     /// Make a partial buffer whole: the stored chunk, with the buffer's
@@ -297,63 +355,38 @@ impl State {
         Ok(())
     }
 
-    /// Buffer chunk `idx`, stored as `e`, as a partial buffer with no block
-    /// in it yet.
-    fn add_partial(&mut self, ino: Ino, idx: u64, e: &Extent) {
-        let words = (self.cfg.chunk_size / PATCH_BLOCK).div_ceil(64) as usize;
-        let buf = Buf { data: vec![0; e.len() as usize], touched: Some(vec![0u64; words]), partial: true };
-        self.dirty_bytes += self.cfg.chunk_size as usize;
-        self.dirty_chunks += 1;
-        self.dirty.entry(ino).or_default().insert(idx, buf);
-    }
-
     /// The buffer for a write of `[from, from + n)` of a chunk. With
     /// patches on, a stored chunk is not read whole: the buffer is partial,
     /// and only the blocks the write covers in part are read.
     fn write_buf(&mut self, ino: Ino, idx: u64, from: usize, n: usize) -> Result<&mut Buf> {
-        let has = self.dirty.get(&ino).is_some_and(|m| m.contains_key(&idx));
-        if !has && self.patches && !self.cleaning {
-            if let Some(e @ (Extent::Own(..) | Extent::Shared { .. } | Extent::Patched { .. })) =
-                self.stored_extent(ino, idx)?
-            {
-                self.add_partial(ino, idx, &e);
+        if self.buffered(ino, idx).is_none() {
+            let e = self.stored_extent(ino, idx)?;
+            let load = match (self.patches, self.cleaning) {
+                (true, false) => Load::Partial,
+                (true, true) => Load::Track,
+                (false, _) => Load::Whole,
+            };
+            self.insert_buf(ino, idx, e, load)?;
+        }
+        let b = self.buffered(ino, idx).expect("buffered");
+        if !b.partial {
+            return self.dirty_buf(ino, idx, self.patches);
+        }
+        // Blocks the write covers only in part, not yet in the buffer:
+        // their stored bytes first.
+        let pb = PATCH_BLOCK as usize;
+        let mut need = Vec::new();
+        for blk in [from / pb, (from + n).saturating_sub(1) / pb] {
+            let (lo, hi) = (blk * pb, ((blk + 1) * pb).min(b.data.len()));
+            let whole = from <= lo && from + n >= hi;
+            let had =
+                b.touched.as_ref().and_then(|t| t.get(blk / 64)).is_some_and(|w| w >> (blk % 64) & 1 == 1);
+            if lo < hi && !whole && !had && !need.contains(&(lo, hi)) {
+                need.push((lo, hi));
             }
         }
-        let partial = self.dirty.get(&ino).and_then(|m| m.get(&idx)).is_some_and(|b| b.partial);
-        if partial {
-            // Blocks the write covers only in part, not yet in the buffer:
-            // their stored bytes first.
-            let pb = PATCH_BLOCK as usize;
-            let mut need = Vec::new();
-            for blk in [from / pb, (from + n).saturating_sub(1) / pb] {
-                let b = self.dirty.get(&ino).and_then(|m| m.get(&idx)).expect("buffered");
-                let (lo, hi) = (blk * pb, ((blk + 1) * pb).min(b.data.len()));
-                let whole = from <= lo && from + n >= hi;
-                let had = b
-                    .touched
-                    .as_ref()
-                    .and_then(|t| t.get(blk / 64))
-                    .is_some_and(|w| w >> (blk % 64) & 1 == 1);
-                if lo < hi && !whole && !had && !need.contains(&(lo, hi)) {
-                    need.push((lo, hi));
-                }
-            }
-            if !need.is_empty() {
-                let e = self.stored_extent(ino, idx)?.ok_or_else(|| {
-                    Error::corrupt(format!("chunk {idx} of inode {ino}"), "a partial buffer but no record")
-                })?;
-                for (lo, hi) in need {
-                    let mut bytes = Vec::new();
-                    self.copy_extent(ino, idx, &e, lo, hi, &mut bytes)?;
-                    let b = self.dirty.get_mut(&ino).and_then(|m| m.get_mut(&idx)).expect("buffered");
-                    b.data[lo..hi].copy_from_slice(&bytes);
-                }
-            }
-        }
-        if partial {
-            return Ok(self.dirty.get_mut(&ino).and_then(|m| m.get_mut(&idx)).expect("buffered"));
-        }
-        self.dirty_buf(ino, idx, self.patches)
+        self.fill_partial(ino, idx, &need)?;
+        Ok(self.buffered_mut(ino, idx).expect("buffered"))
     }
 
     /// For the cleaner: store the blocks `runs` of a stored chunk again,
@@ -362,33 +395,25 @@ impl State {
     /// rewriting the whole chunk. A chunk already buffered whole is left
     /// as it is (it is stored whole).
     pub(super) fn move_patch(&mut self, ino: Ino, idx: u64, runs: &[(u32, u32)]) -> Result<()> {
-        let has = self.dirty.get(&ino).is_some_and(|m| m.contains_key(&idx));
-        if !has && self.cleaning {
+        if self.buffered(ino, idx).is_none() {
             // Read only the blocks moved (a partial buffer).
-            let Some(e) = self.stored_extent(ino, idx)? else {
+            let e = self.stored_extent(ino, idx)?;
+            if e.is_none() {
                 return Err(Error::corrupt(
                     format!("chunk {idx} of inode {ino}"),
                     "moved but it has no record",
                 ));
-            };
-            self.add_partial(ino, idx, &e);
-        }
-        let partial = self.dirty.get(&ino).and_then(|m| m.get(&idx)).is_some_and(|b| b.partial);
-        if partial {
-            let e = self.stored_extent(ino, idx)?.expect("checked above");
-            let mut bytes = Vec::new();
-            for (lo, hi) in spans(runs, e.len()) {
-                bytes.clear();
-                self.copy_extent(ino, idx, &e, lo as usize, hi as usize, &mut bytes)?;
-                let b = self.dirty.get_mut(&ino).and_then(|m| m.get_mut(&idx)).expect("inserted");
-                b.data[lo as usize..hi as usize].copy_from_slice(&bytes);
             }
+            self.insert_buf(ino, idx, e, if self.cleaning { Load::Partial } else { Load::Track })?;
         }
-        let b = match self.dirty.get_mut(&ino).and_then(|m| m.get_mut(&idx)) {
-            Some(b) => b,
-            None => self.dirty_buf(ino, idx, true)?,
-        };
-        if let Some(t) = &mut b.touched {
+        let b = self.buffered(ino, idx).expect("buffered");
+        if b.partial {
+            let len = b.data.len() as u64;
+            let ranges: Vec<(usize, usize)> =
+                spans(runs, len).map(|(lo, hi)| (lo as usize, hi as usize)).collect();
+            self.fill_partial(ino, idx, &ranges)?;
+        }
+        if let Some(t) = &mut self.buffered_mut(ino, idx).expect("buffered").touched {
             for &(s, n) in runs {
                 mark(t, s as usize..(s + n) as usize);
             }
@@ -476,14 +501,7 @@ impl State {
         match e {
             Extent::Inline(_) | Extent::Gone(_) => {}
             Extent::Patched { base, patches, freed } => {
-                match **base {
-                    // The rest of what the patches did not release.
-                    Extent::Own(a, _) => {
-                        self.pend.free(BlockAddr { len: a.len - freed, ..a });
-                        self.cache.remove(&a);
-                    }
-                    ref b => self.release(ino, idx, b)?,
-                }
+                self.release_base(ino, idx, base, *freed)?;
                 for p in patches {
                     self.release(ino, idx, &p.piece)?;
                 }
@@ -527,6 +545,19 @@ impl State {
             }
         }
         Ok(())
+    }
+
+    /// Release a patched chunk's base, of which the patches released
+    /// `freed` bytes already (an own base's; the rest goes now).
+    fn release_base(&mut self, ino: Ino, idx: u64, base: &Extent, freed: u32) -> Result<()> {
+        match *base {
+            Extent::Own(a, _) => {
+                self.pend.free(BlockAddr { len: a.len - freed, ..a });
+                self.cache.remove(&a);
+                Ok(())
+            }
+            ref b => self.release(ino, idx, b),
+        }
     }
 
     /// Make chunk `idx` a hole: drop its buffer and its stored extent. A
@@ -854,9 +885,13 @@ impl State {
                 let lim = i.size.saturating_sub(idx * cs).min(cs) as usize;
                 let counted = data.len();
                 data.truncate(lim);
-                let mut plan = match (&touched, partial) {
-                    // Zeros outside its blocks are not the chunk's.
-                    (Some(t), true) => {
+                // A partial buffer's zeros outside its blocks are not the
+                // chunk's: it is never a hole.
+                let mut zero = !partial && (data.is_empty() || is_zero(&data));
+                let plan = match &touched {
+                    Some(t) if !zero => {
+                        // An unreadable record: store the chunk whole (its
+                        // install meets the error, as any chunk's would).
                         let stored = self.stored_extent(i.ino, idx).ok().flatten();
                         self.plan_patch(stored.as_ref(), data.len(), t)
                     }
@@ -871,18 +906,7 @@ impl State {
                     }
                     data = b.data;
                     data.truncate(lim);
-                }
-                let zero = plan.is_none() && (data.is_empty() || is_zero(&data));
-                if !partial {
-                    plan = match &touched {
-                        Some(t) if !zero => {
-                            // An unreadable record: store the chunk whole (its
-                            // install meets the error, as any chunk's would).
-                            let stored = self.stored_extent(i.ino, idx).ok().flatten();
-                            self.plan_patch(stored.as_ref(), data.len(), t)
-                        }
-                        _ => None,
-                    };
+                    zero = data.is_empty() || is_zero(&data);
                 }
                 if let Some(runs) = plan {
                     // A patch per block: a later write of a block hides a
@@ -1048,13 +1072,7 @@ impl State {
         if covers_all(&patches, len.div_ceil(u64::from(PATCH_BLOCK)) as u32) {
             // Nothing of the base shows: release it (the rest of it, for an
             // own base) and keep the chunk as its patches.
-            match *base {
-                Extent::Own(a, _) => {
-                    self.pend.free(BlockAddr { len: a.len - freed, ..a });
-                    self.cache.remove(&a);
-                }
-                ref b => self.release(ino, idx, b)?,
-            }
+            self.release_base(ino, idx, &base, freed)?;
             base = Box::new(Extent::Gone(len as u32));
             freed = 0;
         } else if let Extent::Own(a, len) = *base {
