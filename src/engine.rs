@@ -437,6 +437,9 @@ pub struct EngineStats {
     pub live_bytes: u64,
     /// Bytes written to the device since open.
     pub device_bytes_written: u64,
+    /// Stored bytes of blocks written since open, by block kind (indexed
+    /// by the kind byte of FORMAT.md: 1 journal ... 6 data).
+    pub kind_bytes: [u64; 8],
     /// Number of index runs.
     pub runs: usize,
     /// Entries in all runs.
@@ -1336,6 +1339,7 @@ impl Engine {
             reserve_segments: core.log.reserve_segments,
             live_bytes: core.log.usage.iter().map(|u| u64::from(u.live)).sum(),
             device_bytes_written: core.log.device_bytes,
+            kind_bytes: core.log.kind_bytes,
             runs: ver.runs.len(),
             run_entries: ver.runs.iter().map(|r| r.meta.entries).sum(),
             run_bytes: ver.runs.iter().map(|r| r.meta.bytes).sum(),

@@ -415,6 +415,9 @@ fn crash_while_cleaning() {
     let (syncs, ops) = (st.sync_count() - syncs0, st.op_count());
     eprintln!("a pass: {rep:?}, {syncs} syncs, {ops} device operations");
     assert!(rep.freed >= 4 && rep.chunks > 0, "the pass must move data and free segments: {rep:?}");
+    // Victims older than the replay start are freed by a sync alone; the
+    // cuts below must fall in rounds of that kind.
+    assert!(rep.rounds > rep.flushes, "no round freed its victims without a flush: {rep:?}");
     assert!(tree(&f) == model, "the tree changed in a pass");
     fsck(&f, "after a clean pass");
     drop(f);
@@ -553,6 +556,7 @@ fn overwrite_breakdown() {
         [("first 256 MiB", 256 * MIB), ("512 MiB more", 512 * MIB), ("256 MiB more", 256 * MIB)]
     {
         let (d0, s0, c0) = (f.engine().device_bytes_written(), f.stats(), f.engine().stats().checkpoint);
+        let k0 = f.engine().stats().kind_bytes;
         for _ in 0..total / bs {
             let off = r.gen_range(0..size / bs) * bs;
             r.fill_bytes(&mut model[off..off + bs]);
@@ -562,6 +566,22 @@ fn overwrite_breakdown() {
         let (d, s1) = (f.engine().device_bytes_written() - d0, f.stats());
         let es = f.engine().stats();
         eprintln!("checkpoints {}, runs {}, run bytes {}", es.checkpoint - c0, es.runs, es.run_bytes);
+        let kb = |k: usize| (es.kind_bytes[k] - k0[k]) as f64 / total as f64;
+        eprintln!(
+            "journal {:.3}, run data {:.3}, run index {:.3}, filter {:.3}, checkpoint {:.3}, data {:.3}, headers and padding {:.3}",
+            kb(1), kb(2), kb(3), kb(4), kb(5), kb(6),
+            (d as f64 - (1..7).map(|k| (es.kind_bytes[k] - k0[k]) as f64).sum::<f64>()) / total as f64
+        );
+        let freed = s1.clean_freed - s0.clean_freed;
+        eprintln!(
+            "segments cleaned {freed}, live when picked {:.3}; live {:.1} MiB of {} MiB in files, {} free, {} pinned, {} reserved",
+            (s1.clean_live - s0.clean_live) as f64 / (freed.max(1) * u64::from(g.segment_size)) as f64,
+            es.live_bytes as f64 / MIB as f64,
+            size / MIB,
+            es.free_segments,
+            es.pinned_segments,
+            es.reserve_segments,
+        );
         let x = |a: u64, b: u64| (a - b) as f64 / total as f64;
         let blocks = (s1.whole_stored + s1.pack_stored + s1.clean_stored)
             - (s0.whole_stored + s0.pack_stored + s0.clean_stored);

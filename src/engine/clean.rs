@@ -9,8 +9,10 @@
 //!
 //! - run blocks, when their run is rewritten: [`Engine::reclaim`] merges the
 //!   runs that have blocks in the victims;
-//! - journal blocks, when a checkpoint moves the replay start past them: the
-//!   memtable is flushed and two checkpoints are written;
+//! - journal blocks, when a checkpoint moves the replay start past them:
+//!   when a victim is newer than the older checkpoint's replay start, the
+//!   memtable is flushed and two checkpoints are written (older victims
+//!   need neither, and their frees only have to be made durable);
 //! - checkpoint bodies, two checkpoints later: the same two checkpoints.
 //!
 //! After that, a victim whose every block is dead is free. Its usage count
@@ -59,6 +61,9 @@ pub struct Reclaimed {
     pub leaked: u64,
     /// Victims still holding live blocks, with what holds them.
     pub busy: Vec<(u32, String)>,
+    /// Whether the memtable was flushed and checkpoints written (some
+    /// victim was newer than the replay start).
+    pub flushed: bool,
 }
 
 impl Engine {
@@ -178,9 +183,11 @@ impl Engine {
     /// Free `segs` once the layer above has moved every live data block out
     /// of them (the caller's promise: no data block in `segs` is referenced
     /// any more, and its frees were committed). Rewrites the index runs
-    /// with blocks there, flushes the memtable and writes two checkpoints,
-    /// so that the engine's own blocks there die; then drops the counts of
-    /// any leaked blocks left in victims that hold nothing live.
+    /// with blocks there and, when a victim is newer than the replay start,
+    /// flushes the memtable and writes two checkpoints, so that the
+    /// engine's own blocks there die; makes the frees durable; then drops
+    /// the counts of any leaked blocks left in victims that hold nothing
+    /// live.
     pub fn reclaim(&self, segs: &[u32]) -> Result<Reclaimed> {
         self.check_ok()?;
         let set: HashSet<u32> = segs.iter().copied().collect();
@@ -198,12 +205,28 @@ impl Engine {
                 self.merge_window(&ver, lo, hi + 1)?;
             }
         }
-        // Flush (a checkpoint moves the replay start to the tail), then one
-        // more checkpoint so that the older slot moves past too, and the
-        // bodies written before both are freed.
-        self.flush()?;
-        self.checkpoint()?;
-        let mut out = Reclaimed::default();
+        // A victim written after the older checkpoint's replay start holds
+        // journal blocks recovery reads, or blocks freed only by the next
+        // checkpoints: flush (a checkpoint moves the replay start to the
+        // tail), then one more checkpoint so that the older slot moves past
+        // too, and the bodies written before both are freed. Older victims
+        // need only their frees made durable. (A flush rewrites the
+        // memtable into a run, and the runs it feeds are merged later: with
+        // one per cleaning round, the index outgrew the journal.)
+        let pinned = {
+            let core = lock(&self.sh.core);
+            segs.iter().any(|&s| {
+                core.log.usage[s as usize].last_batch >= core.log.keep_from_batch
+                    || core.ckpt.deferred.iter().any(|&(_, a)| a.seg == s)
+            })
+        };
+        if pinned {
+            self.flush()?;
+            self.checkpoint()?;
+        } else {
+            self.sync()?;
+        }
+        let mut out = Reclaimed { flushed: pinned, ..Reclaimed::default() };
         // Victims whose count is not zero: look at what is left in them.
         let mut left = Vec::new();
         for &s in segs {

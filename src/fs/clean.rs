@@ -51,6 +51,11 @@ pub struct CleanReport {
     pub moved_bytes: u64,
     /// Counted bytes that nothing referenced (leaks dropped).
     pub leaked_bytes: u64,
+    /// Rounds that reclaimed segments.
+    pub rounds: u32,
+    /// Of those, rounds that flushed the index and wrote checkpoints
+    /// (a victim held journal blocks recovery still reads).
+    pub flushes: u32,
     /// Segments left as they were, and why.
     pub skipped: Vec<(u32, String)>,
 }
@@ -61,6 +66,7 @@ impl CleanReport {
         serde_json::json!({
             "examined": self.examined, "freed": self.freed, "chunks": self.chunks, "patches": self.patches,
             "moved_bytes": self.moved_bytes, "leaked_bytes": self.leaked_bytes,
+            "rounds": self.rounds, "flushes": self.flushes,
             "skipped": self.skipped.iter().map(|(s, why)| serde_json::json!({"segment": s, "why": why})).collect::<Vec<_>>(),
         })
     }
@@ -241,6 +247,11 @@ impl State {
         }
         let r = self.eng.reclaim(&ok)?;
         rep.freed += r.freed;
+        rep.rounds += 1;
+        rep.flushes += u32::from(r.flushed);
+        self.stats.clean_freed += u64::from(r.freed);
+        self.stats.clean_live +=
+            victims.iter().filter(|v| ok.contains(&v.seg)).map(|v| u64::from(v.live)).sum::<u64>();
         rep.leaked_bytes += r.leaked;
         rep.skipped.extend(r.busy);
         self.space_hint = self.eng.free_bytes();

@@ -248,6 +248,10 @@ pub struct FsStats {
     pub pack_stored: u64,
     /// Stored bytes of blocks the cleaner wrote.
     pub clean_stored: u64,
+    /// Segments the cleaner freed.
+    pub clean_freed: u64,
+    /// Counted live bytes of the segments the cleaner freed, when picked.
+    pub clean_live: u64,
 }
 
 /// Decompressed blocks, evicted first-in first-out.

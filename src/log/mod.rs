@@ -132,6 +132,8 @@ pub struct LogWriter {
     pub failed: bool,
     /// Bytes written to the device (batches, padding included).
     pub device_bytes: u64,
+    /// Stored bytes of blocks written, by kind (indexed by the kind byte).
+    pub kind_bytes: [u64; 8],
     /// Journal blocks written since the replay start: (position, seg, len).
     pub journal_blocks: Vec<(u64, u32, u32)>,
     /// Drawn at open; written into every batch header.
@@ -194,6 +196,7 @@ impl LogWriter {
             reserve_segments: 2,
             failed: false,
             device_bytes: 0,
+            kind_bytes: [0; 8],
             journal_blocks: Vec::new(),
             epoch: rand::random(),
         }
@@ -494,6 +497,9 @@ impl LogWriter {
             ));
         }
         self.device_bytes += p.buf.len() as u64;
+        for e in &p.entries {
+            self.kind_bytes[usize::from(e.kind & 7)] += u64::from(e.len);
+        }
         let u = &mut self.usage[self.pos.seg as usize];
         u.last_batch = h.seq;
         for e in &p.entries {
