@@ -9,6 +9,7 @@ mod common;
 use std::sync::Arc;
 
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::{Rng, RngCore, SeedableRng};
 use zlogfs::engine::Options;
 use zlogfs::fs::{self, CleanOptions, Fs, FsOptions, Ino, MkfsOptions, ROOT};
@@ -557,8 +558,14 @@ fn overwrite_breakdown() {
     {
         let (d0, s0, c0) = (f.engine().device_bytes_written(), f.stats(), f.engine().stats().checkpoint);
         let k0 = f.engine().stats().kind_bytes;
-        for _ in 0..total / bs {
-            let off = r.gen_range(0..size / bs) * bs;
+        // PERM=1: each phase writes distinct blocks in random order, as
+        // fio's randwrite does (its random map); otherwise uniformly at
+        // random, with repeats.
+        let mut order: Vec<usize> = (0..size / bs).collect();
+        order.shuffle(&mut r);
+        for i in 0..total / bs {
+            let off =
+                if env("PERM", 0) == 1 { order[i % order.len()] } else { r.gen_range(0..size / bs) } * bs;
             r.fill_bytes(&mut model[off..off + bs]);
             f.write(ino, off as u64, &model[off..off + bs]).expect("overwrite");
         }

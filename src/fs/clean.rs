@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use super::data::{shown, shows, MAX_PATCH_SHARE};
+use super::data::{shown, shows};
 use super::*;
 use crate::engine::{Room, SegBlock};
 use crate::log::format::BlockKind;
@@ -206,12 +206,13 @@ impl State {
         if victims.is_empty() {
             return Ok(false);
         }
-        // A patched chunk's own base counts only the part its patches did
-        // not replace, but moving the chunk moves all of it: up to
-        // 1 / (1 - MAX_PATCH_SHARE) times what counts. So past the first
-        // victim, what was really moved decides whether the next one still
-        // fits, at its worst.
-        let worst = if self.cfg.version >= 3 { (1.0 / (1.0 - MAX_PATCH_SHARE)).ceil() as u64 } else { 1 };
+        // What is stored again may be more than what counted: a chunk
+        // recompressed, or blocks stored as patches compress worse than
+        // their base did. So past the first victim, what was really moved
+        // decides whether the next one still fits, at twice its count.
+        // (Patched own bases, which count only what their patches do not
+        // replace, are not moved whole but stored as patches: what shows.)
+        let worst = 2;
         let start = rep.moved_bytes;
         let mut ok = Vec::new();
         for (n, v) in victims.iter().enumerate() {
