@@ -532,7 +532,11 @@ fn small_overwrites_are_patches() {
 /// patches and packs, what the cleaner wrote, and the rest (index and
 /// journal). Three phases: the first 256 MiB after the fill, 512 MiB
 /// more, then 256 MiB nearer steady state. The data still verifies.
-/// `SEGS` and `PCT` change the image and its fill.
+/// `SEGS` and `PCT` change the image and its fill; `PERM=1` writes each
+/// phase's blocks without repeats, in random order (as fio's randwrite
+/// does), instead of uniformly at random. Also printed: the device bytes by
+/// block kind, and the segments cleaned with how live they were when
+/// picked.
 #[test]
 #[ignore]
 fn overwrite_breakdown() {
