@@ -565,11 +565,11 @@ fn overwrite_breakdown() {
         // PERM=1: each phase writes distinct blocks in random order, as
         // fio's randwrite does (its random map); otherwise uniformly at
         // random, with repeats.
+        let perm = env("PERM", 0) == 1;
         let mut order: Vec<usize> = (0..size / bs).collect();
         order.shuffle(&mut r);
         for i in 0..total / bs {
-            let off =
-                if env("PERM", 0) == 1 { order[i % order.len()] } else { r.gen_range(0..size / bs) } * bs;
+            let off = if perm { order[i % order.len()] } else { r.gen_range(0..size / bs) } * bs;
             r.fill_bytes(&mut model[off..off + bs]);
             f.write(ino, off as u64, &model[off..off + bs]).expect("overwrite");
         }

@@ -215,10 +215,8 @@ impl Engine {
         // one per cleaning round, the index outgrew the journal.)
         let pinned = {
             let core = lock(&self.sh.core);
-            segs.iter().any(|&s| {
-                core.log.usage[s as usize].last_batch >= core.log.keep_from_batch
-                    || core.ckpt.deferred.iter().any(|&(_, a)| a.seg == s)
-            })
+            segs.iter()
+                .any(|&s| core.log.recovery_reads(s) || core.ckpt.deferred.iter().any(|&(_, a)| a.seg == s))
         };
         if pinned {
             self.flush()?;

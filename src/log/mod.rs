@@ -222,10 +222,14 @@ impl LogWriter {
     /// Segments that hold nothing live and are not needed by recovery.
     pub fn is_free(&self, seg: u32) -> bool {
         let u = self.usage[seg as usize];
-        seg != self.pos.seg
-            && seg != self.pos.next_seg
-            && u.live == 0
-            && (u.last_batch == 0 || u.last_batch < self.keep_from_batch)
+        seg != self.pos.seg && seg != self.pos.next_seg && u.live == 0 && !self.recovery_reads(seg)
+    }
+
+    /// Whether recovery may read segment `seg`: it was written at or after
+    /// the older checkpoint's replay start.
+    pub fn recovery_reads(&self, seg: u32) -> bool {
+        let u = self.usage[seg as usize];
+        u.last_batch != 0 && u.last_batch >= self.keep_from_batch
     }
 
     /// Number of free segments.
@@ -239,12 +243,10 @@ impl LogWriter {
     pub fn pinned_segments(&self) -> u32 {
         (0..self.geometry.segment_count)
             .filter(|&s| {
-                let u = self.usage[s as usize];
                 s != self.pos.seg
                     && s != self.pos.next_seg
-                    && u.live == 0
-                    && u.last_batch != 0
-                    && u.last_batch >= self.keep_from_batch
+                    && self.usage[s as usize].live == 0
+                    && self.recovery_reads(s)
             })
             .count() as u32
     }
@@ -497,12 +499,10 @@ impl LogWriter {
             ));
         }
         self.device_bytes += p.buf.len() as u64;
-        for e in &p.entries {
-            self.kind_bytes[usize::from(e.kind & 7)] += u64::from(e.len);
-        }
         let u = &mut self.usage[self.pos.seg as usize];
         u.last_batch = h.seq;
         for e in &p.entries {
+            self.kind_bytes[usize::from(e.kind & 7)] += u64::from(e.len);
             u.live = u.live.saturating_add(e.len);
         }
         self.next_named = self.pos.next_seg != NO_SEGMENT;
