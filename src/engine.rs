@@ -52,7 +52,7 @@ impl Default for Options {
             max_runs: 6,
             run_block_bytes: 16 << 10,
             index_codec: CodecSpec::new(CodecId::Zstd, 3),
-            journal_codec: CodecSpec::new(CodecId::Lz4, 0),
+            journal_codec: CodecSpec::new(CodecId::Zstd, 1),
             background: true,
             cache_bytes: 256 << 20,
         }
