@@ -122,7 +122,7 @@ fn journals_of_every_codec_replay() {
         let mut r = rng(seed.wrapping_add(i as u64));
         let store = fresh_store();
         let mut model = Model::new();
-        let mut write = |e: &zlogfs::Engine, model: &mut Model, r: &mut rand::rngs::StdRng| {
+        let write = |e: &zlogfs::Engine, model: &mut Model, r: &mut rand::rngs::StdRng| {
             for _ in 0..20 {
                 let mut b = WriteBatch::new();
                 let (k, v) = (key(r), value(r));
