@@ -557,9 +557,11 @@ fn overwrite_breakdown() {
     }
     f.sync().expect("sync");
     let bs = 4 * KIB;
-    for (name, total) in
-        [("first 256 MiB", 256 * MIB), ("512 MiB more", 512 * MIB), ("256 MiB more", 256 * MIB)]
-    {
+    for (name, total) in [
+        ("first 256 MiB", 256 * MIB),
+        ("512 MiB more", 512 * MIB),
+        ("more (LAST MiB, 256 unless set)", env("LAST", 256) * MIB),
+    ] {
         let (d0, s0, c0) = (f.engine().device_bytes_written(), f.stats(), f.engine().stats().checkpoint);
         let k0 = f.engine().stats().kind_bytes;
         // PERM=1: each phase writes distinct blocks in random order, as
@@ -569,6 +571,9 @@ fn overwrite_breakdown() {
         let mut order: Vec<usize> = (0..size / bs).collect();
         order.shuffle(&mut r);
         for i in 0..total / bs {
+            if perm && i > 0 && i % order.len() == 0 {
+                order.shuffle(&mut r); // the next pass
+            }
             let off = if perm { order[i % order.len()] } else { r.gen_range(0..size / bs) } * bs;
             r.fill_bytes(&mut model[off..off + bs]);
             f.write(ino, off as u64, &model[off..off + bs]).expect("overwrite");
