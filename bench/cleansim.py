@@ -24,6 +24,12 @@ p.add_argument("--order", choices=["uniform", "perm"], default="uniform",
                "70%% of the blocks once, in random order (as fio's randwrite)")
 p.add_argument("--heads", type=int, choices=[1, 2], default=1,
                help="2: the cleaner's copies go to their own log head")
+p.add_argument("--pass-frac", type=float, default=0.7,
+               help="with --order perm: the share of the live blocks each pass writes "
+               "(1.0: every block once per pass, as fio over a whole file)")
+p.add_argument("--policy", choices=["greedy", "cost-benefit"], default="greedy",
+               help="cost-benefit: (1 - u) * age / (1 + u), age in writes since the "
+               "segment was last written (as zlogfs's engine)")
 p.add_argument("--writes", type=int, default=500_000)
 p.add_argument("--seed", type=int, default=1)
 a = p.parse_args()
@@ -35,6 +41,8 @@ rng = random.Random(a.seed)
 print(f"seed {a.seed}")
 loc = [None] * N            # block -> (segment, slot)
 live = [0] * S
+last = [0] * S            # segment -> clock at its last append
+clock = 0
 slots = [[] for _ in range(S)]
 free = list(range(S))
 heads = {"user": [free.pop(), 0], "clean": [free.pop(), 0]}
@@ -47,6 +55,7 @@ def append(b, who):
     loc[b] = (h[0], h[1])
     slots[h[0]].append(b)
     live[h[0]] += 1
+    last[h[0]] = clock
     h[1] += 1
 
 
@@ -59,7 +68,11 @@ moved = writes = cleaned = victim_live = 0
 def clean():
     global moved, cleaned, victim_live
     busy = {h[0] for h in heads.values()} | set(free)
-    v = min((s for s in range(S) if s not in busy), key=lambda s: live[s])
+    if a.policy == "greedy":
+        score = lambda s: live[s]
+    else:
+        score = lambda s: -((B - live[s]) * max(clock - last[s], 1) / (B + live[s]))
+    v = min((s for s in range(S) if s not in busy), key=score)
     victim_live += live[v]
     cleaned += 1
     keep = [b for i, b in enumerate(slots[v]) if loc[b] == (v, i)]
@@ -71,6 +84,7 @@ def clean():
 
 
 order = []
+clock = 0
 for i in range(a.writes):
     if len(free) < a.keep:
         while len(free) < a.keep + a.burst:
@@ -79,7 +93,7 @@ for i in range(a.writes):
         if not order:
             order = list(range(N))
             rng.shuffle(order)
-            order = order[: int(N * 0.7)]
+            order = order[: int(N * a.pass_frac)]
         b = order.pop()
     else:
         b = rng.randrange(N)
@@ -88,6 +102,7 @@ for i in range(a.writes):
     loc[b] = None
     append(b, "user")
     writes += 1
+    clock += 1
     if i == a.writes // 2:
         moved = writes = cleaned = victim_live = 0
 

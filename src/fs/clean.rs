@@ -82,13 +82,13 @@ impl CleanReport {
 /// reached yet): kept together, their segments empty together and are
 /// cheap to clean. Mixed with new data, every segment is left half live.
 /// In-process, 4 KiB overwrites in fio's order at 72% live, the GiB after
-/// 768 MiB of them: write amplification 1.95 cleaning as needed, 1.76 with
+/// 768 MiB of them: write amplification 1.95 cleaning as needed, 1.74-1.76 with
 /// bursts of 8 (`LAST=1024 PERM=1` `overwrite_breakdown`, seed 1);
 /// `bench/cleansim.py` gives 1.90 and 1.57 for a model without index
-/// bytes. The burst is the writer's (`clean_for`), which holds the file
-/// system for all of it; the background cleaner lets requests in between
-/// its rounds, and a burst there interleaves again (its target stays two
-/// segments past its trigger).
+/// bytes. Both the writer that must clean (`clean_for`) and the
+/// background cleaner (up to this many segments past its trigger) clean in
+/// bursts. Through FUSE, after 4 GiB of them, the next GiB: 2.05 without
+/// bursts, 1.80 with the writer's, 1.81 with both (docs/BENCHMARKS.md).
 pub(super) const CLEAN_BURST: u32 = 8;
 
 /// Victims cleaned per round: their data is moved in one group, then the

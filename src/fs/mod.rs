@@ -574,10 +574,15 @@ fn commit_loop(w: Weak<Inner>, eng: Arc<Engine>, iv: Duration) {
         // 4 KiB random overwrites of a 70%-full image wrote 5.0 device
         // bytes per byte against 3.8 with 6 segments (docs/BENCHMARKS.md).
         // A writer that finds no room cleans for itself (`clean_for`).
+        // Both clean in bursts (`CLEAN_BURST`).
         let low = (g.segment_count / 64).max(6);
         let es = eng.stats();
         if es.free_segments + es.pinned_segments < low {
-            let opts = CleanOptions { max_live: 0.8, target_free: Some(low + 2), ..CleanOptions::default() };
+            let opts = CleanOptions {
+                max_live: 0.8,
+                target_free: Some(low + clean::CLEAN_BURST),
+                ..CleanOptions::default()
+            };
             let (mut rep, mut tried) = (CleanReport::default(), std::collections::HashSet::new());
             while !*lock(&inner.stop) {
                 match lock(&inner.st).clean_round(&opts, &mut rep, &mut tried) {
