@@ -95,3 +95,34 @@ fn cli_mkfs_and_stats() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a zlogfs image"));
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// A command run while another process is letting go of the image (as
+/// the daemon is right after `fusermount3 -u` returns) waits for it and
+/// succeeds; one that holds on gets "in use" after a few seconds.
+#[test]
+fn cli_waits_for_an_image_being_closed() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let d = tmpdir("wait");
+    let img = d.join("a.img");
+    let bin = env!("CARGO_BIN_EXE_zlogfs");
+    let out = Command::new(bin).args(["mkfs", img.to_str().unwrap(), "--size", "64M"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let held = FileStore::open(&img).unwrap();
+    let child = Command::new(bin)
+        .args(["fsck", img.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    drop(held);
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "fsck after the holder closed: {err}");
+    assert!(err.contains("waiting for the process"), "{err}");
+    let _held = FileStore::open(&img).unwrap();
+    let out = Command::new(bin).args(["fsck", img.to_str().unwrap()]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("in use by another process"));
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -295,8 +295,37 @@ fn mkfs(image: &Path, f: &FormatArgs, force: bool) -> Result<(), String> {
     Ok(())
 }
 
+/// Open an image file for writing, taking its lock. A process that has it
+/// open gets a few seconds to let go: `fusermount3 -u` returns before the
+/// daemon has finished closing the image, and a command run right after
+/// it should not fail for that.
+fn open_store(image: &Path) -> Result<FileStore, String> {
+    let start = std::time::Instant::now();
+    let mut told = false;
+    loop {
+        match FileStore::open(image) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let waited = start.elapsed();
+                if waited >= std::time::Duration::from_secs(5) {
+                    return Err(format!(
+                        "{} is in use by another process (mounted, or open in another zlogfs command); \
+                         unmount it first",
+                        image.display()
+                    ));
+                }
+                if !told && waited >= std::time::Duration::from_millis(500) {
+                    eprintln!("waiting for the process that has {} open to close it...", image.display());
+                    told = true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            r => return r.map_err(|e| format!("cannot open {}: {e}", image.display())),
+        }
+    }
+}
+
 fn open_fs(image: &Path, atime: zfs::Atime) -> Result<Fs, String> {
-    let f = FileStore::open(image).map_err(|e| format!("cannot open {}: {e}", image.display()))?;
+    let f = open_store(image)?;
     let sb = engine::read_superblock(&f).map_err(|e| format!("{}: {e}", image.display()))?;
     let f = f.with_geometry(sb.geometry).map_err(|e| format!("{}: {e}", image.display()))?;
     let opts = FsOptions {

@@ -10,7 +10,6 @@ use std::time::Duration;
 use zlogfs::engine::Options;
 use zlogfs::frontends::fuse::{self, MountOptions};
 use zlogfs::fs::{Atime, Fs, FsOptions};
-use zlogfs::store::FileStore;
 use zlogfs::{engine, Error};
 
 use super::Res;
@@ -133,14 +132,7 @@ fn preflight(dir: &Path) -> Result<(), String> {
 }
 
 fn open_for_mount(image: &Path, atime: Atime, patches: bool) -> Result<Fs, String> {
-    let f = FileStore::open(image).map_err(|e| match e.kind() {
-        std::io::ErrorKind::WouldBlock => format!(
-            "{} is in use by another process (mounted, or open in another zlogfs command); \
-             unmount it first",
-            image.display()
-        ),
-        _ => format!("cannot open {}: {e}", image.display()),
-    })?;
+    let f = super::open_store(image)?;
     let sb = engine::read_superblock(&f).map_err(|e| format!("{}: {e}", image.display()))?;
     let f = f.with_geometry(sb.geometry).map_err(|e| format!("{}: {e}", image.display()))?;
     let opts = FsOptions { engine: Options::default(), atime, patches, ..FsOptions::default() };
