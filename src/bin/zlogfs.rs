@@ -300,24 +300,25 @@ fn mkfs(image: &Path, f: &FormatArgs, force: bool) -> Result<(), String> {
 /// daemon has finished closing the image, and a command run right after
 /// it should not fail for that.
 fn open_store(image: &Path) -> Result<FileStore, String> {
-    let start = std::time::Instant::now();
+    use std::time::{Duration, Instant};
+    let start = Instant::now();
     let mut told = false;
     loop {
         match FileStore::open(image) {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 let waited = start.elapsed();
-                if waited >= std::time::Duration::from_secs(5) {
+                if waited >= Duration::from_secs(5) {
                     return Err(format!(
                         "{} is in use by another process (mounted, or open in another zlogfs command); \
                          unmount it first",
                         image.display()
                     ));
                 }
-                if !told && waited >= std::time::Duration::from_millis(500) {
+                if !told && waited >= Duration::from_millis(500) {
                     eprintln!("waiting for the process that has {} open to close it...", image.display());
                     told = true;
                 }
-                std::thread::sleep(std::time::Duration::from_millis(50));
+                std::thread::sleep(Duration::from_millis(50));
             }
             r => return r.map_err(|e| format!("cannot open {}: {e}", image.display())),
         }

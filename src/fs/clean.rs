@@ -189,26 +189,25 @@ impl State {
         if self.futile_at == Some(self.stats.commits) {
             return Ok(());
         }
-        let opts = CleanOptions { max_live: 0.95, ..CleanOptions::default() };
+        let fit = CleanOptions { max_live: 0.95, ..CleanOptions::default() };
         let (mut rep, mut tried) = (CleanReport::default(), HashSet::new());
-        while need > self.space_hint && self.clean_round(&opts, &mut rep, &mut tried)? {}
+        while need > self.space_hint && self.clean_round(&fit, &mut rep, &mut tried)? {}
         if need <= self.space_hint {
-            // A burst more, from segments worth cleaning (CLEAN_BURST).
+            // A burst more (CLEAN_BURST), only from segments that give back
+            // more than they cost, and only while each round gains room.
             let seg = u64::from(self.eng.superblock().geometry.segment_size);
             let more = need + u64::from(CLEAN_BURST) * seg;
-            // Only segments that give back more than they cost, and only
-            // while each round gains room: a burst must never take the
-            // room this write was cleaning for.
-            let opts = CleanOptions { max_live: 0.6, ..CleanOptions::default() };
+            let burst = CleanOptions { max_live: 0.6, ..CleanOptions::default() };
             while more > self.space_hint {
                 let before = self.space_hint;
-                if !self.clean_round(&opts, &mut rep, &mut tried)? || self.space_hint <= before {
+                if !self.clean_round(&burst, &mut rep, &mut tried)? || self.space_hint <= before {
                     break;
                 }
             }
+            // A burst's last round may have cost room after all: the write
+            // it was cleaning for must still fit.
+            while need > self.space_hint && self.clean_round(&fit, &mut rep, &mut tried)? {}
         }
-        // (Should a burst's last round have cost room after all.)
-        while need > self.space_hint && self.clean_round(&opts, &mut rep, &mut tried)? {}
         self.futile_at = (need > self.space_hint).then_some(self.stats.commits);
         Ok(())
     }
