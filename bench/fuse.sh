@@ -14,8 +14,15 @@
 # data + metadata used; ext4: blocks used; zlogfs: live bytes of the log).
 # ROUNDS rounds (default 3); prints a Markdown table of medians with their
 # spread, each also as a ratio to btrfs zstd:1, and writes it to
-# bench/results/fuse-DATE.md. Needs root; installs
+# bench/results/fuse-DATE.md (or OUT). Needs root; installs
 # btrfs-progs, fio, fuse3 and linux-source when missing.
+#
+# HALT_POLL_NS=N sets the guest's haltpoll knob
+# (/sys/module/haltpoll/parameters/guest_halt_poll_ns) for the run and
+# restores it after: on a KVM guest that halts an idle vCPU at once (N=0),
+# every wakeup of a process on the other vCPU is a VM exit, and a FUSE
+# request makes two of them. Every system runs under the same setting;
+# the header of the results names it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -27,7 +34,13 @@ name=$(basename "$tree")
 work=$(mktemp -d /var/tmp/zlogfs-fusebench.XXXXXX)
 mnt="$work/mnt"
 mkdir -p "$mnt"
-trap 'mountpoint -q "$mnt" && umount "$mnt"; rm -rf "$work"' EXIT
+poll_knob=/sys/module/haltpoll/parameters/guest_halt_poll_ns
+poll_was=$(cat "$poll_knob" 2>/dev/null || echo none)
+trap 'mountpoint -q "$mnt" && umount "$mnt"; rm -rf "$work"; [ -n "${HALT_POLL_NS:-}" ] && [ -w "$poll_knob" ] && echo "$poll_was" >"$poll_knob"' EXIT
+if [ -n "${HALT_POLL_NS:-}" ]; then
+    [ -w "$poll_knob" ] || { echo "HALT_POLL_NS: $poll_knob is missing or not writable (not a KVM guest with haltpoll?)" >&2; exit 1; }
+    echo "$HALT_POLL_NS" >"$poll_knob"
+fi
 
 now() { date +%s.%N; }
 drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
@@ -118,11 +131,12 @@ done
 
 # The median of the rounds; the spread (min-max) beside it.
 med() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR]=$1} END {m = (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2; printf "%s %s %s", m, v[1], v[NR]}'; }
-out="bench/results/fuse-$(date +%Y-%m-%d).md"
+out=${OUT:-bench/results/fuse-$(date +%Y-%m-%d).md}
 mkdir -p bench/results
 {
     echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r); $(date -u +%Y-%m-%dT%H:%MZ); commit $(git rev-parse --short HEAD)"
-    echo "Tree: $name, $files entries, $logical bytes of file data. Command: bash bench/fuse.sh ($rounds rounds: median, and min-max)"
+    echo "Tree: $name, $files entries, $logical bytes of file data. Command: ${HALT_POLL_NS:+HALT_POLL_NS=$HALT_POLL_NS }bash bench/fuse.sh ($rounds rounds: median, and min-max)"
+    echo "cpuidle: $(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none), guest_halt_poll_ns $(cat "$poll_knob" 2>/dev/null || echo none) during the run"
     echo
     echo "| measure | zlogfs | btrfs zstd:1 | ext4 | zlogfs / btrfs (medians) |"
     echo "|---|---:|---:|---:|---:|"
