@@ -484,6 +484,75 @@ fn posix_acls_are_enforced_and_inherited() {
     fsck_clean(&d);
 }
 
+/// Set-ID bits go where Linux's VFS takes them, through the mount: a write
+/// or truncate by a user without CAP_FSETID, and any chown of a file;
+/// set-group-ID only with group execute; root's writes and a directory's
+/// chown keep them.
+#[test]
+fn set_id_bits_go_on_write_truncate_and_chown() {
+    if !usable() {
+        return;
+    }
+    let d = Dir::new("setid");
+    mkfs(&d, "64M");
+    let mut child = mount_fg(&d, "allow_other");
+    let m = d.mnt();
+    fs::set_permissions(&m, fs::Permissions::from_mode(0o777)).expect("chmod root");
+    let as_nobody = |script: &str| {
+        let s = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", script])
+            .status()
+            .expect("setpriv");
+        assert!(s.success(), "as nobody: {script}");
+    };
+    let mode = |p: &Path| fs::metadata(p).expect("stat").mode() & 0o7777;
+    let make = |name: &str, bits: u32| {
+        let p = m.join(name);
+        fs::write(&p, b"0123456789").expect("write");
+        fs::set_permissions(&p, fs::Permissions::from_mode(bits)).expect("chmod");
+        assert_eq!(mode(&p), bits);
+        p
+    };
+    // A write by nobody: both bits go (group execute is set).
+    let w = make("w", 0o6777);
+    as_nobody(&format!("printf x >> {}", w.display()));
+    assert_eq!(mode(&w), 0o777, "a write without CAP_FSETID");
+    // Without group execute, set-group-ID stays.
+    let g = make("g", 0o6766);
+    as_nobody(&format!("printf x >> {}", g.display()));
+    assert_eq!(mode(&g), 0o2766, "set-group-ID without group execute");
+    // A truncate by nobody.
+    let t = make("t", 0o4777);
+    as_nobody(&format!("truncate -s 3 {}", t.display()));
+    assert_eq!(mode(&t), 0o777, "a truncate without CAP_FSETID");
+    // Root keeps them on write and truncate.
+    let r = make("r", 0o6777);
+    fs::OpenOptions::new().append(true).open(&r).expect("open").write_all(b"y").expect("write");
+    fs::OpenOptions::new().write(true).open(&r).expect("open").set_len(2).expect("truncate");
+    assert_eq!(mode(&r), 0o6777, "root has CAP_FSETID");
+    // A chown takes them, even by root, even to the same owner.
+    let c = make("c", 0o6755);
+    std::os::unix::fs::chown(&c, Some(0), Some(0)).expect("chown");
+    assert_eq!(mode(&c), 0o755, "chown of a file");
+    std::os::unix::fs::chown(&c, Some(65534), None).expect("chown");
+    fs::set_permissions(&c, fs::Permissions::from_mode(0o4755)).expect("chmod");
+    std::os::unix::fs::chown(&c, None, Some(65534)).expect("chgrp");
+    assert_eq!(mode(&c), 0o755, "chgrp of a file");
+    let dir = m.join("d");
+    fs::create_dir(&dir).expect("mkdir");
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o2775)).expect("chmod");
+    std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).expect("chown dir");
+    assert_eq!(mode(&dir), 0o2775, "a directory keeps set-group-ID");
+    // And after a remount, the same.
+    unmount(&d);
+    child.wait().expect("wait");
+    fsck_clean(&d);
+    let mut child = mount_fg(&d, "");
+    assert_eq!((mode(&d.mnt().join("w")), mode(&d.mnt().join("g"))), (0o777, 0o2766));
+    unmount(&d);
+    child.wait().expect("wait");
+}
+
 /// A full file system: the writer gets ENOSPC (never EIO), deleting works
 /// and gives the space back, compressible data still fits, fsck is clean.
 #[test]
