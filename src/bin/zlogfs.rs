@@ -177,7 +177,8 @@ struct FormatArgs {
     #[arg(long, default_value = "512", value_parser = parse_size)]
     inline_max: u64,
     /// Default codec of file data: zstd:N (1-19), lz4, deflate:N, pred1, pred2, none.
-    #[arg(long, default_value = "zstd:3")]
+    /// zstd:3 stores about 4% less and writes about a third slower.
+    #[arg(long, default_value = "zstd:2")]
     codec: CodecSpec,
 }
 
