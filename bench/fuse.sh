@@ -130,7 +130,7 @@ done
 done
 
 # The median of the rounds; the spread (min-max) beside it.
-med() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR]=$1} END {m = (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2; printf "%s %s %s", m, v[1], v[NR]}'; }
+med() { median_spread; }
 out=${OUT:-bench/results/fuse-$(date +%Y-%m-%d).md}
 mkdir -p bench/results
 {

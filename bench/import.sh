@@ -32,7 +32,7 @@ for t in "${trees[@]}"; do
     e=$(date +%s.%N)
     stored=$("$bin" stats "$work/z.img" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["live_bytes"])')
     awk -v n="$name" -v l="$logical" -v st="$stored" -v s="$s" -v e="$e" -v f="$files" \
-        'BEGIN {printf "| %s | zlogfs (zstd:3, 64 KiB chunks) | %d | %d | %.2f | %.1f | %.0f |\n", n, l, st, l/st, e-s, f/(e-s)}'
+        'BEGIN {printf "| %s | zlogfs (zstd:2, 64 KiB chunks) | %d | %d | %.2f | %.1f | %.0f |\n", n, l, st, l/st, e-s, f/(e-s)}'
     rm -f "$work/z.img"
     # btrfs compress=zstd:1: stored = data + metadata used after sync.
     sync; echo 3 > /proc/sys/vm/drop_caches

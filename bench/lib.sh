@@ -75,3 +75,8 @@ run_bench() {
     mv "$tmp" "$out"
     echo "written: $out" >&2
 }
+
+# median_spread: numbers on stdin (spaces or lines); print "median min max".
+median_spread() {
+    tr ' ' '\n' | grep . | sort -g | awk '{v[NR]=$1} END {m = (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2; printf "%s %s %s", m, v[1], v[NR]}'
+}

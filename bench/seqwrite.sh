@@ -29,7 +29,7 @@ trap 'mountpoint -q "$mnt" && umount "$mnt"; rm -rf "$work"' EXIT
 closed() { # wait until the daemon has closed the image
     for _ in $(seq 300); do "$BIN" stats "$work/z.img" >/dev/null 2>&1 && return; sleep 0.1; done
 }
-med() { sort -g | awk '{v[NR]=$1} END {m = (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2; printf "%s (%s-%s)", m, v[1], v[NR]}'; }
+med() { median_spread | awk '{printf "%s (%s-%s)", $1, $2, $3}'; }
 
 rows=()
 for codec in $codecs; do

@@ -103,7 +103,7 @@ for round in $(seq "$rounds"); do
 done
 [ -w "$knob" ] && echo "$knob_was" >"$knob"
 
-med() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR]=$1} END {m = (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2; printf "%s %s %s", m, v[1], v[NR]}'; }
+med() { median_spread; }
 out=${OUT:-bench/results/wakeups-$(date +%Y-%m-%d).md}
 mkdir -p "$(dirname "$out")"
 {

@@ -415,6 +415,16 @@ fn run_ok(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// Run a shell script as nobody (65534, no groups), through the kernel's
+/// permission checks; whether it succeeded.
+fn as_nobody(script: &str) -> bool {
+    Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", script])
+        .status()
+        .expect("setpriv")
+        .success()
+}
+
 /// POSIX ACLs: the kernel enforces them, a directory's default ACL is
 /// inherited (and replaces the umask), chmod keeps the ACL in step.
 #[test]
@@ -432,14 +442,6 @@ fn posix_acls_are_enforced_and_inherited() {
     let mut child = mount_fg(&d, "allow_other");
     let m = d.mnt();
     fs::set_permissions(&m, fs::Permissions::from_mode(0o755)).expect("chmod root");
-    // As nobody (65534), through the kernel's permission checks.
-    let as_nobody = |script: &str| {
-        Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", script])
-            .status()
-            .expect("setpriv")
-            .success()
-    };
     let f = m.join("secret");
     fs::write(&f, b"x").expect("write");
     fs::set_permissions(&f, fs::Permissions::from_mode(0o600)).expect("chmod");
@@ -498,13 +500,7 @@ fn set_id_bits_go_on_write_truncate_and_chown() {
     let mut child = mount_fg(&d, "allow_other");
     let m = d.mnt();
     fs::set_permissions(&m, fs::Permissions::from_mode(0o777)).expect("chmod root");
-    let as_nobody = |script: &str| {
-        let s = Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", script])
-            .status()
-            .expect("setpriv");
-        assert!(s.success(), "as nobody: {script}");
-    };
+    let as_nobody = |script: &str| assert!(as_nobody(script), "as nobody: {script}");
     let mode = |p: &Path| fs::metadata(p).expect("stat").mode() & 0o7777;
     let make = |name: &str, bits: u32| {
         let p = m.join(name);
