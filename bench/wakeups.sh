@@ -13,6 +13,19 @@
 #   one-cpu    every process of the run on CPU 0 (taskset -c 0): the
 #              command and the zlogfs daemon, so that a request and its
 #              reply wake a process on the same vCPU
+#   threads1   zlogfs mounted with -o threads=1 (default 4). Up to
+#              commit 92263a2: one daemon thread takes every request,
+#              instead of four taking them in turn (the kernel wakes the
+#              one that waited longest). Since: one reader always, and
+#              one worker for the long requests instead of four
+#   spin       a busy loop at SCHED_IDLE priority on every CPU while the
+#              commands run, so that no vCPU ever halts (what the kernel's
+#              idle=poll would do); any real work preempts it
+#
+# SETTINGS="..." picks settings (default: as-is, halt-poll where it
+# applies, one-cpu). For the copy, the CPU time of cp itself and of the
+# zlogfs daemon are reported too: on a machine where both add up to the
+# wall time, the gap is work done on the request path, not idle waiting.
 #
 # A FUSE request wakes the daemon, and its reply wakes the caller: two
 # wakeups per request, each of a process that may sit on another vCPU,
@@ -37,19 +50,45 @@ knob_was=$(cat "$knob" 2>/dev/null || echo none)
 work=$(mktemp -d /var/tmp/zlogfs-wakeups.XXXXXX)
 mnt=$work/mnt
 mkdir -p "$mnt"
-trap 'mountpoint -q "$mnt" && umount "$mnt"; rm -rf "$work"; [ -w "$knob" ] && echo "$knob_was" >"$knob"' EXIT
+trap 'spin_stop; mountpoint -q "$mnt" && umount "$mnt"; rm -rf "$work"; [ -w "$knob" ] && echo "$knob_was" >"$knob"' EXIT
 
-settings="as-is one-cpu"
 # The knob does something only under the haltpoll cpuidle driver.
 driver=$(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none)
-[ -w "$knob" ] && [ "$driver" = haltpoll ] && settings="as-is halt-poll one-cpu"
+if [ -n "${SETTINGS:-}" ]; then
+    settings=$SETTINGS
+elif [ -w "$knob" ] && [ "$driver" = haltpoll ]; then
+    settings="as-is halt-poll one-cpu"
+else
+    settings="as-is one-cpu"
+fi
+for setting in $settings; do
+    case $setting in
+    as-is | one-cpu | threads1 | spin) ;;
+    halt-poll) [ -w "$knob" ] && [ "$driver" = haltpoll ] || { echo "halt-poll needs the haltpoll cpuidle driver (have: $driver)" >&2; exit 1; } ;;
+    *) echo "unknown setting $setting (as-is, halt-poll, one-cpu, threads1, spin)" >&2; exit 1 ;;
+    esac
+done
+spinners=""
+spin_start() {
+    for c in $(seq 0 $(($(nproc) - 1))); do
+        taskset -c "$c" chrt -i 0 sh -c 'while :; do :; done' &
+        spinners="$spinners $!"
+    done
+}
+spin_stop() {
+    [ -z "$spinners" ] && return
+    # shellcheck disable=SC2086 # one word per pid
+    kill $spinners 2>/dev/null || true
+    wait $spinners 2>/dev/null || true
+    spinners=""
+}
 
 now() { date +%s%N; }
 drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 daemon_gone() { ! pgrep -f "^$bin mount $work/z.img" >/dev/null; }
 mount_sys() { # sys
     case $1 in
-    zlogfs) $pin "$bin" mount "$work/z.img" "$mnt" ;;
+    zlogfs) $pin "$bin" mount "$work/z.img" "$mnt" $zopts ;;
     btrfs) mount -o loop,compress=zstd:1 "$work/b.img" "$mnt" ;;
     esac
 }
@@ -65,36 +104,52 @@ make_sys() { # sys
     esac
 }
 ms() { awk -v s="$1" -v e="$2" 'BEGIN {printf "%.0f", (e - s) / 1e6}'; }
+# daemon_cpu: CPU time (user + system, ms) the zlogfs daemon used so far.
+daemon_cpu() {
+    local pid
+    pid=$(pgrep -f "^$bin mount $work/z.img" | head -n 1)
+    awk -v hz="$(getconf CLK_TCK)" '{printf "%.0f", ($14 + $15) * 1000 / hz}' "/proc/$pid/stat"
+}
 
 declare -A R
 for round in $(seq "$rounds"); do
     for setting in $settings; do
         pin=""
+        zopts=""
         [ -w "$knob" ] && echo "$knob_was" >"$knob"
         case $setting in
         halt-poll) echo 200000 >"$knob" ;;
         one-cpu) pin="taskset -c 0" ;;
+        threads1) zopts="-o threads=1" ;;
         esac
         for sys in zlogfs btrfs; do
             echo "== round $round: $setting, $sys" >&2
             make_sys $sys
             mount_sys $sys
             drop
+            [ "$setting" = spin ] && spin_start
+            d0=0
+            [ $sys = zlogfs ] && d0=$(daemon_cpu)
             s=$(now)
-            $pin cp -a "$tree/." "$mnt/"
+            $pin /usr/bin/time -o "$work/time" -f "%U %S" cp -a "$tree/." "$mnt/"
             sync
             e=$(now)
             R[$setting,$sys,cp]+=" $(ms "$s" "$e")"
+            R[$setting,$sys,cpcpu]+=" $(awk '{printf "%.0f", ($1 + $2) * 1000}' "$work/time")"
+            [ $sys = zlogfs ] && R[$setting,$sys,dcpu]+=" $(($(daemon_cpu) - d0))"
+            spin_stop
             umount_sys
             for what in find read; do
                 drop
                 mount_sys $sys
+                [ "$setting" = spin ] && spin_start
                 s=$(now)
                 case $what in
                 find) $pin find "$mnt" >/dev/null ;;
                 read) $pin tar -C "$mnt" -cf - . | $pin cat >/dev/null ;;
                 esac
                 e=$(now)
+                spin_stop
                 R[$setting,$sys,$what]+=" $(ms "$s" "$e")"
                 umount_sys
             done
@@ -105,6 +160,8 @@ done
 
 med() { median_spread; }
 out=${OUT:-bench/results/wakeups-$(date +%Y-%m-%d).md}
+# A second run on the same day does not overwrite the first.
+[ -z "${OUT:-}" ] && [ -e "$out" ] && out=${out%.md}-$(date +%H%M).md
 mkdir -p "$(dirname "$out")"
 {
     echo "Machine: $(nproc) cores, kernel $(uname -r), cpuidle $(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none), guest_halt_poll_ns as-is $knob_was; $(date -u +%Y-%m-%dT%H:%MZ); commit $(git rev-parse --short HEAD)"
@@ -113,13 +170,18 @@ mkdir -p "$(dirname "$out")"
     echo "| setting | measure | zlogfs (ms) | btrfs zstd:1 (ms) | zlogfs / btrfs |"
     echo "|---|---|---:|---:|---:|"
     for setting in $settings; do
-        for what in cp find read; do
+        for what in cp cpcpu dcpu find read; do
             z=$(med <<<"${R[$setting,zlogfs,$what]}")
-            b=$(med <<<"${R[$setting,btrfs,$what]}")
+            b=""
+            [ -n "${R[$setting,btrfs,$what]:-}" ] && b=$(med <<<"${R[$setting,btrfs,$what]}")
             awk -v st="$setting" -v w="$what" -v z="$z" -v b="$b" 'BEGIN {
                 split(z, Z, " "); split(b, B, " ")
                 label["cp"] = "cp -a in + sync"; label["find"] = "find, cold"; label["read"] = "read all back (tar), cold"
-                printf "| %s | %s | %d (%d-%d) | %d (%d-%d) | %.2f |\n", st, label[w], Z[1], Z[2], Z[3], B[1], B[2], B[3], Z[1] / B[1]
+                label["cpcpu"] = "cp -a: CPU time of cp (user + sys)"; label["dcpu"] = "cp -a: CPU time of the zlogfs daemon"
+                if (b == "")
+                    printf "| %s | %s | %d (%d-%d) | | |\n", st, label[w], Z[1], Z[2], Z[3]
+                else
+                    printf "| %s | %s | %d (%d-%d) | %d (%d-%d) | %.2f |\n", st, label[w], Z[1], Z[2], Z[3], B[1], B[2], B[3], Z[1] / B[1]
             }'
         done
     done

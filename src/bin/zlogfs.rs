@@ -45,7 +45,8 @@ enum Cmd {
         /// Comma-separated options: ro, rw, allow_other, noatime, relatime,
         /// attr_timeout=S, entry_timeout=S, negative_timeout=S (seconds the
         /// kernel caches attributes, names and missing names; defaults 1, 1,
-        /// 0), threads=N (default 4), nopatches (rewrite a whole chunk on
+        /// 0), threads=N (threads for the requests that may take long:
+        /// fsync and large reads and writes; default 4), nopatches (rewrite a whole chunk on
         /// a small overwrite instead of storing a patch beside it).
         /// Permissions are always checked by the kernel
         /// (default_permissions).

@@ -1,9 +1,16 @@
 //! The FUSE mount: a thin adapter from kernel requests to [`Fs`] calls.
 //!
 //! Binding: `fuser` (pure Rust, no libfuse to link; mounts through
-//! `mount(2)` as root and through `fusermount3` otherwise; serves requests
-//! on several threads, each with its own cloned `/dev/fuse` descriptor).
+//! `mount(2)` as root and through `fusermount3` otherwise).
 //! docs/ARCHITECTURE.md says why this binding.
+//!
+//! Threads: one thread reads the requests and serves the quick ones
+//! itself; the ones that may take long (fsync, reads and writes of
+//! [`LARGE_IO`] bytes or more, fallocate, copy_file_range) go to
+//! [`Workers`]. A request and its reply each wake a thread, and a lone
+//! reader is the one the kernel wakes every time: it stays hot on its CPU,
+//! where several readers would be woken in turn, each the one that waited
+//! longest (docs/BENCHMARKS.md measured both).
 //!
 //! What the adapter decides, and nothing else:
 //! - permission checks are the kernel's (`default_permissions` is always
@@ -23,7 +30,8 @@ use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -50,7 +58,8 @@ pub struct MountOptions {
     pub entry_timeout: Duration,
     /// How long the kernel may cache "no such name" (0: not at all).
     pub negative_timeout: Duration,
-    /// Threads serving requests.
+    /// Threads serving the requests that may take long (the quick ones
+    /// are served by the one thread that reads them).
     pub threads: usize,
     /// The source shown in /proc/mounts (the image path).
     pub fsname: String,
@@ -78,6 +87,73 @@ const OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_KEEP_CACHE.union(FopenFlags::FO
 
 /// Largest write the kernel may send in one request.
 const MAX_WRITE: u32 = 1 << 20;
+/// Reads and writes of this many bytes or more are served by a worker.
+const LARGE_IO: usize = 128 << 10;
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Threads that serve the requests that may take long, so that the thread
+/// reading requests stays free for the others.
+struct Workers {
+    queue: Mutex<Option<mpsc::Sender<Job>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Workers {
+    fn new(n: usize) -> Workers {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        let threads = (0..n.max(1))
+            .filter_map(|i| {
+                let rx = Arc::clone(&rx);
+                std::thread::Builder::new()
+                    .name(format!("zlogfs-worker-{i}"))
+                    .spawn(move || loop {
+                        // The lock is held only while waiting for a job.
+                        let job = match rx.lock() {
+                            Ok(q) => q.recv(),
+                            Err(_) => return,
+                        };
+                        match job {
+                            Ok(job) => job(),
+                            Err(_) => return,
+                        }
+                    })
+                    .ok()
+            })
+            .collect();
+        Workers { queue: Mutex::new(Some(tx)), threads: Mutex::new(threads) }
+    }
+
+    /// Run `job` on a worker; on the calling thread if there is none (no
+    /// thread could be started, or the workers were stopped).
+    fn run(&self, job: impl FnOnce() + Send + 'static) {
+        let job: Job = Box::new(job);
+        let job = match self.queue.lock() {
+            Ok(q) => match q.as_ref() {
+                Some(tx) => match tx.send(job) {
+                    Ok(()) => return,
+                    Err(mpsc::SendError(job)) => job,
+                },
+                None => job,
+            },
+            Err(_) => job,
+        };
+        job();
+    }
+
+    /// Let the queued jobs finish and end the threads.
+    fn stop(&self) {
+        if let Ok(mut q) = self.queue.lock() {
+            q.take();
+        }
+        let threads = self.threads.lock().map(|mut t| std::mem::take(&mut *t)).unwrap_or_default();
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
 /// Directory entries loaded from the index at a time.
 const DIR_BATCH: usize = 4096;
 /// Bytes of directory listings kept between readdir requests.
@@ -87,6 +163,7 @@ const LISTING_BYTES: usize = 32 << 20;
 pub struct ZlogFuse {
     fs: Arc<Fs>,
     opts: MountOptions,
+    workers: Workers,
     listings: Listings,
     /// The kernel lets OPENDIR be refused with ENOSYS and then sends no
     /// OPENDIR or RELEASEDIR at all (Linux 5.1 and later).
@@ -152,7 +229,8 @@ fn time_or_now(t: Option<TimeOrNow>) -> Option<Option<Time>> {
 impl ZlogFuse {
     /// An adapter serving `fs`.
     pub fn new(fs: Arc<Fs>, opts: MountOptions) -> ZlogFuse {
-        ZlogFuse { fs, opts, listings: Listings::new(LISTING_BYTES), no_opendir: false }
+        let workers = Workers::new(opts.threads);
+        ZlogFuse { fs, opts, workers, listings: Listings::new(LISTING_BYTES), no_opendir: false }
     }
 
     fn entry(&self, r: Result<Attr, Error>, reply: ReplyEntry) {
@@ -268,6 +346,7 @@ impl Filesystem for ZlogFuse {
     }
 
     fn destroy(&mut self) {
+        self.workers.stop();
         if let Err(e) = self.fs.sync() {
             eprintln!("zlogfs: sync at unmount: {e}");
         }
@@ -424,9 +503,15 @@ impl Filesystem for ZlogFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.fs.read(ino.0, offset, size as usize) {
+        let fs = Arc::clone(&self.fs);
+        let serve = move || match fs.read(ino.0, offset, size as usize) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(errno(e)),
+        };
+        if size as usize >= LARGE_IO {
+            self.workers.run(serve);
+        } else {
+            serve();
         }
     }
 
@@ -442,6 +527,16 @@ impl Filesystem for ZlogFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        if data.len() >= LARGE_IO {
+            // The request's buffer is the reader's: a worker needs a copy.
+            let fs = Arc::clone(&self.fs);
+            let data = data.to_vec();
+            self.workers.run(move || match fs.write(ino.0, offset, &data) {
+                Ok(n) => reply.written(n as u32),
+                Err(e) => reply.error(errno(e)),
+            });
+            return;
+        }
         match self.fs.write(ino.0, offset, data) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(e)),
@@ -473,7 +568,8 @@ impl Filesystem for ZlogFuse {
     }
 
     fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
-        empty(self.fs.fsync(ino.0, datasync), reply);
+        let fs = Arc::clone(&self.fs);
+        self.workers.run(move || empty(fs.fsync(ino.0, datasync), reply));
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -534,7 +630,8 @@ impl Filesystem for ZlogFuse {
     }
 
     fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
-        empty(self.fs.fsync(ino.0, datasync), reply);
+        let fs = Arc::clone(&self.fs);
+        self.workers.run(move || empty(fs.fsync(ino.0, datasync), reply));
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -624,7 +721,8 @@ impl Filesystem for ZlogFuse {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        empty(self.fs.fallocate(ino.0, mode as u32, offset, length), reply);
+        let fs = Arc::clone(&self.fs);
+        self.workers.run(move || empty(fs.fallocate(ino.0, mode as u32, offset, length), reply));
     }
 
     fn lseek(
@@ -664,10 +762,11 @@ impl Filesystem for ZlogFuse {
         // The reply counts bytes in 32 bits: copy at most 1 GiB per call
         // (callers loop on short copies).
         let len = len.min(1 << 30);
-        match self.fs.copy_file_range(ino_in.0, offset_in, ino_out.0, offset_out, len) {
+        let fs = Arc::clone(&self.fs);
+        self.workers.run(move || match fs.copy_file_range(ino_in.0, offset_in, ino_out.0, offset_out, len) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(e)),
-        }
+        });
     }
 }
 
@@ -729,8 +828,8 @@ fn cstring(what: &str, b: &[u8]) -> io::Result<std::ffi::CString> {
 pub fn mount(fs: Arc<Fs>, dir: &Path, opts: &MountOptions) -> io::Result<(Session<ZlogFuse>, Unmounter)> {
     let mut cfg = Config::default();
     cfg.acl = if opts.allow_other { SessionACL::All } else { SessionACL::Owner };
-    cfg.n_threads = Some(opts.threads.max(1));
-    cfg.clone_fd = true;
+    // One thread reads every request (see the module's doc).
+    cfg.n_threads = Some(1);
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         cfg.mount_options = vec![
