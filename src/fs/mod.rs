@@ -524,11 +524,12 @@ impl Fs {
         self.sync()
     }
 
-    /// Commit, sync, checkpoint and close.
+    /// Commit, sync, flush the index and checkpoint ([`Engine::settle`]),
+    /// and close: the next open replays nothing.
     pub fn close(mut self) -> Result<()> {
         self.stop_worker();
         self.sync()?;
-        self.eng.checkpoint()
+        self.eng.settle()
     }
 
     fn stop_worker(&mut self) {
