@@ -27,8 +27,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 need_tools mkfs.btrfs:btrfs-progs fio:fio fusermount3:fuse3
-cargo build --release -q
-bin=$PWD/target/release/zlogfs
+# BIN=path/to/zlogfs measures another build (default: this tree's, built).
+if [ -n "${BIN:-}" ]; then
+    bin=$(realpath "$BIN")
+else
+    cargo build --release -q
+    bin=$PWD/target/release/zlogfs
+fi
 tree=${1:-$(linux_tree /var/tmp/zlogfs-bench)}
 name=$(basename "$tree")
 work=$(mktemp -d /var/tmp/zlogfs-fusebench.XXXXXX)
@@ -134,7 +139,7 @@ med() { median_spread; }
 out=${OUT:-bench/results/fuse-$(date +%Y-%m-%d).md}
 mkdir -p bench/results
 {
-    echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r); $(date -u +%Y-%m-%dT%H:%MZ); commit $(git rev-parse --short HEAD)"
+    echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r); $(date -u +%Y-%m-%dT%H:%MZ); commit $(git rev-parse --short HEAD)${BIN:+, zlogfs binary $BIN}"
     echo "Tree: $name, $files entries, $logical bytes of file data. Command: ${HALT_POLL_NS:+HALT_POLL_NS=$HALT_POLL_NS }bash bench/fuse.sh ($rounds rounds: median, and min-max)"
     echo "cpuidle: $(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none), guest_halt_poll_ns $(cat "$poll_knob" 2>/dev/null || echo none) during the run"
     echo

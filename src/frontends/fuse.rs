@@ -877,3 +877,49 @@ pub fn mount(fs: Arc<Fs>, dir: &Path, opts: &MountOptions) -> io::Result<(Sessio
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::mpsc::channel;
+
+    #[test]
+    fn workers_run_jobs_beside_the_caller_and_stop_after_the_queued_ones() {
+        let w = Workers::new(2);
+        let caller = std::thread::current().id();
+        // A job that blocks does not hold up the next one (two workers).
+        let (release_tx, release_rx) = channel::<()>();
+        let (done_tx, done_rx) = channel();
+        let d = done_tx.clone();
+        w.run(move || {
+            release_rx.recv().unwrap();
+            d.send("blocked").unwrap();
+        });
+        let d = done_tx.clone();
+        w.run(move || {
+            d.send(if std::thread::current().id() == caller { "inline" } else { "worker" }).unwrap()
+        });
+        assert_eq!(done_rx.recv().unwrap(), "worker");
+        release_tx.send(()).unwrap();
+        assert_eq!(done_rx.recv().unwrap(), "blocked");
+
+        // stop() waits for every queued job.
+        let count = Arc::new(AtomicUsize::new(0));
+        for _ in 0..100 {
+            let c = Arc::clone(&count);
+            w.run(move || {
+                std::thread::sleep(Duration::from_micros(100));
+                c.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+        w.stop();
+        assert_eq!(count.load(Ordering::SeqCst), 100);
+
+        // After stop, a job runs on the caller's thread.
+        w.run(move || {
+            done_tx.send(if std::thread::current().id() == caller { "inline" } else { "worker" }).unwrap()
+        });
+        assert_eq!(done_rx.recv().unwrap(), "inline");
+    }
+}
