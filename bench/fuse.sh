@@ -17,6 +17,11 @@
 # bench/results/fuse-DATE.md (or OUT). Needs root; installs
 # btrfs-progs, fio, fuse3 and linux-source when missing.
 #
+# URING=Y|N sets the fuse module's enable_uring for the run (and restores
+# it after): zlogfs mounts with its default, -o uring=auto, so Y measures
+# FUSE over io_uring and N the /dev/fuse transport. Without URING, the
+# machine's setting stands; the header of the results names it.
+#
 # HALT_POLL_NS=N sets the guest's haltpoll knob
 # (/sys/module/haltpoll/parameters/guest_halt_poll_ns) for the run and
 # restores it after: on a KVM guest that halts an idle vCPU at once (N=0),
@@ -41,7 +46,13 @@ mnt="$work/mnt"
 mkdir -p "$mnt"
 poll_knob=/sys/module/haltpoll/parameters/guest_halt_poll_ns
 poll_was=$(cat "$poll_knob" 2>/dev/null || echo none)
-trap 'mountpoint -q "$mnt" && umount "$mnt"; rm -rf "$work"; [ -n "${HALT_POLL_NS:-}" ] && [ -w "$poll_knob" ] && echo "$poll_was" >"$poll_knob"' EXIT
+uring_knob=/sys/module/fuse/parameters/enable_uring
+uring_was=$(cat "$uring_knob" 2>/dev/null || echo none)
+trap 'mountpoint -q "$mnt" && umount "$mnt"; rm -rf "$work"; [ -n "${HALT_POLL_NS:-}" ] && [ -w "$poll_knob" ] && echo "$poll_was" >"$poll_knob"; [ -n "${URING:-}" ] && [ -w "$uring_knob" ] && echo "$uring_was" >"$uring_knob"' EXIT
+if [ -n "${URING:-}" ]; then
+    [ -w "$uring_knob" ] || { echo "URING: $uring_knob is missing (no FUSE over io_uring in this kernel: Linux 6.14+)" >&2; exit 1; }
+    echo "$URING" >"$uring_knob"
+fi
 if [ -n "${HALT_POLL_NS:-}" ]; then
     [ -w "$poll_knob" ] || { echo "HALT_POLL_NS: $poll_knob is missing or not writable (not a KVM guest with haltpoll?)" >&2; exit 1; }
     echo "$HALT_POLL_NS" >"$poll_knob"
@@ -140,8 +151,8 @@ out=${OUT:-bench/results/fuse-$(date +%Y-%m-%d).md}
 mkdir -p bench/results
 {
     echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r); $(date -u +%Y-%m-%dT%H:%MZ); commit $(git rev-parse --short HEAD)${BIN:+, zlogfs binary $BIN}"
-    echo "Tree: $name, $files entries, $logical bytes of file data. Command: ${HALT_POLL_NS:+HALT_POLL_NS=$HALT_POLL_NS }bash bench/fuse.sh ($rounds rounds: median, and min-max)"
-    echo "cpuidle: $(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none), guest_halt_poll_ns $(cat "$poll_knob" 2>/dev/null || echo none) during the run"
+    echo "Tree: $name, $files entries, $logical bytes of file data. Command: ${URING:+URING=$URING }${HALT_POLL_NS:+HALT_POLL_NS=$HALT_POLL_NS }bash bench/fuse.sh ($rounds rounds: median, and min-max)"
+    echo "cpuidle: $(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none), guest_halt_poll_ns $(cat "$poll_knob" 2>/dev/null || echo none), fuse enable_uring $(cat "$uring_knob" 2>/dev/null || echo none) during the run"
     echo
     echo "| measure | zlogfs | btrfs zstd:1 | ext4 | zlogfs / btrfs (medians) |"
     echo "|---|---:|---:|---:|---:|"

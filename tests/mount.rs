@@ -30,6 +30,21 @@ fn usable() -> bool {
     false
 }
 
+/// The transports to test a mount with: `/dev/fuse` always, and FUSE
+/// over io_uring where the kernel has it (`-o uring` turns the fuse
+/// module's enable_uring on; CI's kernel must have it).
+fn transports() -> Vec<&'static str> {
+    if Path::new("/sys/module/fuse/parameters/enable_uring").exists() {
+        return vec!["nouring", "uring"];
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "this kernel has no FUSE over io_uring (Linux 6.14+): CI must test it"
+    );
+    eprintln!("no FUSE over io_uring in this kernel: testing /dev/fuse only");
+    vec!["nouring"]
+}
+
 struct Dir(PathBuf);
 
 impl Dir {
@@ -125,11 +140,17 @@ fn posix_operations_through_the_kernel_and_a_clean_image_after_unmount() {
     if !usable() {
         return;
     }
-    let d = Dir::new("ops");
+    for t in transports() {
+        posix_operations(t);
+    }
+}
+
+fn posix_operations(transport: &str) {
+    let d = Dir::new(&format!("ops-{transport}"));
     mkfs(&d, "256M");
     let img = d.img();
     // The daemon form: returns once mounted.
-    ok(&["mount", img.to_str().expect("utf8"), d.mnt().to_str().expect("utf8")]);
+    ok(&["mount", "-o", transport, img.to_str().expect("utf8"), d.mnt().to_str().expect("utf8")]);
     assert!(is_mounted(&d.mnt()));
     let m = d.mnt();
 
@@ -220,7 +241,7 @@ fn posix_operations_through_the_kernel_and_a_clean_image_after_unmount() {
     fsck_clean(&d);
 
     // Everything is there after a remount.
-    let mut child = mount_fg(&d, "ro");
+    let mut child = mount_fg(&d, &format!("ro,{transport}"));
     for (k, &n) in sizes.iter().enumerate().filter(|(_, &n)| n != 1 && n != 65537) {
         assert_eq!(fs::read(m.join(format!("f{n}"))).expect("read back"), pattern(n, k as u8), "f{n}");
     }
@@ -314,12 +335,18 @@ fn kill_9_keeps_everything_fsynced() {
     if !usable() {
         return;
     }
-    let d = Dir::new("kill");
+    for t in transports() {
+        kill_9(t);
+    }
+}
+
+fn kill_9(transport: &str) {
+    let d = Dir::new(&format!("kill-{transport}"));
     mkfs(&d, "512M");
     let m = d.mnt();
     let mut synced: Vec<(PathBuf, Vec<u8>)> = Vec::new();
     for round in 0..3u8 {
-        let mut child = mount_fg(&d, "");
+        let mut child = mount_fg(&d, transport);
         for i in 0..20 {
             let p = m.join(format!("r{round}-{i}"));
             let data = pattern(1000 + i * 20_000, round ^ i as u8);
@@ -346,7 +373,7 @@ fn kill_9_keeps_everything_fsynced() {
         let _ = writer.join();
         unmount(&d);
         fsck_clean(&d);
-        let mut child = mount_fg(&d, "");
+        let mut child = mount_fg(&d, transport);
         for (p, data) in &synced {
             assert_eq!(&fs::read(p).expect("read back"), data, "{} after kill -9", p.display());
         }
@@ -423,6 +450,67 @@ fn as_nobody(script: &str) -> bool {
         .status()
         .expect("setpriv")
         .success()
+}
+
+/// A user other than root mounts through fusermount3 (which passes the
+/// /dev/fuse descriptor back over a socket), uses the mount and unmounts
+/// it, on each transport.
+#[test]
+fn a_user_mounts_through_fusermount3() {
+    if !usable() {
+        return;
+    }
+    // A standard install (udev) makes /dev/fuse 0666, which fusermount3
+    // needs: it opens the device as the user. Make it so while this runs.
+    struct Mode(u32);
+    impl Drop for Mode {
+        fn drop(&mut self) {
+            let _ = fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(self.0));
+        }
+    }
+    let _restore = Mode(fs::metadata("/dev/fuse").expect("stat /dev/fuse").mode() & 0o7777);
+    fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(0o666)).expect("chmod /dev/fuse");
+    for t in transports() {
+        let d = Dir::new(&format!("user-{t}"));
+        mkfs(&d, "64M");
+        let (img, mnt) = (d.img(), d.mnt());
+        let (ip, mp) = (img.to_str().expect("utf8"), mnt.to_str().expect("utf8"));
+        // nobody owns the file system's root (given by root, mounted)...
+        let mut child = mount_fg(&d, "");
+        std::os::unix::fs::chown(&mnt, Some(65534), Some(65534)).expect("chown the root");
+        unmount(&d);
+        child.wait().expect("wait");
+        // ...the image and the mount point, and reaches both.
+        std::os::unix::fs::chown(&img, Some(65534), Some(65534)).expect("chown image");
+        std::os::unix::fs::chown(&mnt, Some(65534), Some(65534)).expect("chown mount point");
+        fs::set_permissions(&d.0, fs::Permissions::from_mode(0o755)).expect("chmod");
+        // Only root may turn the module's switch on; with it on, a user's
+        // -o uring mount must get io_uring or fail.
+        if t == "uring" {
+            fs::write("/sys/module/fuse/parameters/enable_uring", "Y").expect("enable_uring");
+        }
+        let opt = t;
+        let zl = fs::canonicalize(ZLOGFS).expect("binary path");
+        let script = format!(
+            "{z} mount -o {opt} {ip} {mp} && echo hello > {mp}/f && cat {mp}/f && \
+             grep -q ' {mp} fuse.zlogfs ' /proc/mounts && fusermount3 -u {mp}",
+            z = zl.display()
+        );
+        let out = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", &script])
+            .output()
+            .expect("setpriv");
+        assert!(
+            out.status.success(),
+            "user mount ({t}): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n");
+        wait_for("the daemon to close the image", || zlogfs(&["fsck", ip]).status.code() != Some(2));
+        fsck_clean(&d);
+        assert_eq!(ok(&["cat", ip, "/f"]), "hello\n");
+    }
 }
 
 /// POSIX ACLs: the kernel enforces them, a directory's default ACL is

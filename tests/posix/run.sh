@@ -10,6 +10,13 @@
 #   clean      fio randwrite with verify, 4 loops of 88 MiB on a 128 MiB
 #              image (70% full), `zlogfs clean` on the mount, verify again
 #
+# pjdfstest and fsx run on each transport: FUSE over io_uring (-o uring,
+# which turns the fuse module's enable_uring on) and /dev/fuse
+# (-o nouring); fsx with other seeds on the second. fio writes through
+# io_uring and verifies through /dev/fuse after the remount, and the
+# cleaner's run is on io_uring. A kernel without FUSE over io_uring
+# (before Linux 6.14) tests /dev/fuse only, with a note; CI insists.
+#
 # Needs root, /dev/fuse, fusermount3 and the tools (.ci/run installs them:
 # fuse3, fio, attr, and `cargo install pjdfstest fsx`). Without them it says
 # what is missing and exits 0, except under CI=true, where it fails.
@@ -37,6 +44,18 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "note: posix suites skipped, missing: ${missing[*]} (see .ci/run)"
     exit 0
 fi
+
+if [ -e /sys/module/fuse/parameters/enable_uring ]; then
+    transports=(uring nouring)
+elif [ "${CI:-}" = true ]; then
+    echo "posix suites: this kernel has no FUSE over io_uring (Linux 6.14+), which CI must test" >&2
+    exit 1
+else
+    echo "note: no FUSE over io_uring in this kernel: the suites test /dev/fuse only"
+    transports=(nouring)
+fi
+first=${transports[0]}
+last=${transports[${#transports[@]} - 1]}
 
 cargo build --release --quiet
 zlogfs="$PWD/target/release/zlogfs"
@@ -92,50 +111,55 @@ if [[ " $suites " == *" pjdfstest "* ]]; then
     # remounts allowed, after the rest.
     sed 's/^allow_remount = .*/allow_remount = true/' "$here/pjdfstest.toml" >"$work/pjdfstest-remount.toml"
     for cache in "allow_other" "allow_other,attr_timeout=0,entry_timeout=0,negative_timeout=0"; do
-        echo "== pjdfstest, -o $cache"
-        fresh 2G "$cache"
+    for t in "${transports[@]}"; do
+        cache_t="$cache,$t"
+        echo "== pjdfstest, -o $cache_t"
+        fresh 2G "$cache_t"
         chmod 777 "$mnt"
         for pass in all erofs; do
             if [ $pass = all ]; then conf="$PWD/$here/pjdfstest.toml"; pat=(); else conf="$work/pjdfstest-remount.toml"; pat=(erofs); fi
             if (cd "$mnt" && pjdfstest -c "$conf" -p "$mnt" -s "$sec" "${pat[@]}") >"$work/pjd.log" 2>&1; then
-                ok "pjdfstest ($pass, $cache): $(grep -o 'Summary:.*' "$work/pjd.log")"
+                ok "pjdfstest ($pass, $cache_t): $(grep -o 'Summary:.*' "$work/pjd.log")"
             else
-                bad "pjdfstest ($pass, $cache): $(grep -o 'Summary:.*' "$work/pjd.log" || echo 'did not finish')"
+                bad "pjdfstest ($pass, $cache_t): $(grep -o 'Summary:.*' "$work/pjd.log" || echo 'did not finish')"
                 grep -v -E '^\s+([0-9]+:|at )' "$work/pjd.log" | grep -A4 -E 'FAILED' | head -60
             fi
             # Skips other than the EROFS cases (which the erofs pass runs).
             grep -E 'skipped$' -A1 "$work/pjd.log" | grep -v -- '^--' | paste - - | grep -v allow_remount \
                 | sed 's/^/    skipped: /' || true
         done
-        unmount_and_check "pjdfstest ($cache)"
+        unmount_and_check "pjdfstest ($cache_t)"
+    done
     done
 fi
 
 if [[ " $suites " == *" fsx "* ]]; then
-    echo "== fsx: 4 seeds x $fsx_ops operations"
-    # No cleaner yet: overwritten data is reclaimed only from segments that
-    # die whole, so the image is large (a sparse file).
-    fresh 24G ""
     seed=1
-    for codec in zstd:3 lz4 none zstd:19; do
-        d="$mnt/${codec/:/-}"
-        mkdir "$d"
-        setfattr -n user.zlogfs.codec -v "$codec" "$d"
-        if fsx -q -f "$PWD/$here/fsx.toml" -N "$fsx_ops" -S "$seed" -P "$work" "$d/fsx" >"$work/fsx.log" 2>&1 \
-            && grep -q 'A-OK' "$work/fsx.log"; then
-            ok "fsx seed $seed, codec $codec: $(tail -n 1 "$work/fsx.log")"
-        else
-            bad "fsx seed $seed, codec $codec"
-            tail -n 40 "$work/fsx.log"
-        fi
-        seed=$((seed + 1))
+    for t in "${transports[@]}"; do
+        echo "== fsx: 4 seeds x $fsx_ops operations, -o $t"
+        # A large image (a sparse file): fsx rewrites its file for a long
+        # time, and this is not a test of the cleaner.
+        fresh 24G "$t"
+        for codec in zstd:3 lz4 none zstd:19; do
+            d="$mnt/${codec/:/-}"
+            mkdir "$d"
+            setfattr -n user.zlogfs.codec -v "$codec" "$d"
+            if fsx -q -f "$PWD/$here/fsx.toml" -N "$fsx_ops" -S "$seed" -P "$work" "$d/fsx" >"$work/fsx.log" 2>&1 \
+                && grep -q 'A-OK' "$work/fsx.log"; then
+                ok "fsx seed $seed, codec $codec, $t: $(tail -n 1 "$work/fsx.log")"
+            else
+                bad "fsx seed $seed, codec $codec, $t"
+                tail -n 40 "$work/fsx.log"
+            fi
+            seed=$((seed + 1))
+        done
+        unmount_and_check "fsx ($t)"
     done
-    unmount_and_check "fsx"
 fi
 
 if [[ " $suites " == *" fio "* ]]; then
-    echo "== fio verify=crc32c across a remount"
-    fresh 4G ""
+    echo "== fio verify=crc32c across a remount: written with -o $first, verified with -o $last"
+    fresh 4G "$first"
     # With verify on, fio fills buffers itself: zeros need verify_pattern.
     kinds=(random "" zero "--verify_pattern=0x00" half "--buffer_compress_percentage=50 --refill_buffers")
     job() { # name extra-args... : 96 MiB of random-order writes of 4 KiB to 1 MiB
@@ -153,7 +177,7 @@ if [[ " $suites " == *" fio "* ]]; then
         fi
     done
     unmount_and_check "fio writes"
-    "$zlogfs" mount "$img" "$mnt"
+    "$zlogfs" mount -o "$last" "$img" "$mnt"
     for ((i = 0; i < ${#kinds[@]}; i += 2)); do
         # shellcheck disable=SC2086
         if job "${kinds[i]}" ${kinds[i + 1]} --verify_only >"$work/fio.log" 2>&1; then
@@ -168,8 +192,8 @@ if [[ " $suites " == *" fio "* ]]; then
 fi
 
 if [[ " $suites " == *" clean "* ]]; then
-    echo "== fio overwrites, 2.75x the capacity, of an image kept 70% full (the cleaner keeps up)"
-    fresh 128M ""
+    echo "== fio overwrites, 2.75x the capacity, of an image kept 70% full (the cleaner keeps up), -o $first"
+    fresh 128M "$first"
     # 88 MiB of incompressible data in 128 MiB, rewritten in random order
     # in 64 KiB and 4 KiB blocks, each loop verified (crc32c) after it.
     ow() {
@@ -188,7 +212,7 @@ if [[ " $suites " == *" clean "* ]]; then
         cat "$work/clean.json"
     fi
     unmount_and_check "the overwrites"
-    "$zlogfs" mount "$img" "$mnt"
+    "$zlogfs" mount -o "$first" "$img" "$mnt"
     if ow --verify_only >"$work/fio.log" 2>&1; then ok "fio --verify_only after remount"; else
         bad "fio --verify_only after the overwrites and a remount"
         tail -n 30 "$work/fio.log"

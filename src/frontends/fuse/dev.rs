@@ -1,0 +1,171 @@
+//! The `/dev/fuse` transport: the INIT handshake, and a loop that reads
+//! requests with read(2) and answers them with writev(2).
+//!
+//! With io_uring (see [`super::ring`]) this loop still runs: the kernel
+//! sends FORGET and INTERRUPT this way, and any request queued before the
+//! rings were ready.
+
+use std::fs::File;
+use std::io::{self, IoSlice, Read, Write};
+use std::sync::Arc;
+
+use super::abi::{self, init, InHeader, InitIn, InitOut, Op};
+use super::{Handler, Reply};
+
+/// What the handshake settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Negotiated {
+    /// The kernel's protocol minor version.
+    pub kernel_minor: u32,
+    /// The capabilities both sides use.
+    pub flags: u64,
+    /// The kernel may leave out OPENDIR and RELEASEDIR when told ENOSYS.
+    pub no_opendir: bool,
+    /// Requests come through io_uring once its queues are registered.
+    pub uring: bool,
+    /// Largest WRITE (and READ) payload.
+    pub max_write: u32,
+    /// The size each io_uring payload buffer must have (the kernel's
+    /// `max(8192, max_write, max_pages * page size)`).
+    pub payload_size: usize,
+}
+
+/// The capabilities we ask for (each only where the kernel offers it).
+const WANT: u64 = init::ASYNC_READ
+    | init::BIG_WRITES
+    | init::MAX_PAGES
+    | init::DO_READDIRPLUS
+    | init::READDIRPLUS_AUTO
+    | init::PARALLEL_DIROPS
+    | init::CACHE_SYMLINKS
+    | init::ASYNC_DIO
+    // The kernel enforces POSIX ACLs (stored as xattrs) and leaves the
+    // umask to us, so that a directory's default ACL can replace it.
+    | init::POSIX_ACL
+    | init::DONT_MASK
+    | init::INIT_EXT;
+
+/// Read the kernel's INIT from `dev` and answer it, asking for io_uring if
+/// `uring` (and the kernel offers it).
+pub fn handshake(dev: &File, max_write: u32, uring: bool) -> io::Result<Negotiated> {
+    let mut buf = vec![0u8; read_buffer_size(max_write)];
+    loop {
+        let n = read_request(dev, &mut buf)?.ok_or_else(|| io::Error::other("unmounted before INIT"))?;
+        let (h, arg, _) = abi::split_dev(&buf[..n]).map_err(bad)?;
+        if h.opcode != abi::op::INIT {
+            send(dev, h.unique, -libc::EIO, &[]);
+            return Err(io::Error::other(format!("FUSE request {} before INIT", h.opcode)));
+        }
+        let i = InitIn::parse(arg).map_err(bad)?;
+        if i.major > abi::MAJOR {
+            // The kernel answers with an INIT in our version.
+            send(dev, h.unique, 0, &[&InitOut::version_only()]);
+            continue;
+        }
+        if i.major < abi::MAJOR || i.minor < abi::MIN_KERNEL_MINOR {
+            send(dev, h.unique, -libc::EPROTO, &[]);
+            return Err(io::Error::other(format!(
+                "the kernel speaks FUSE {}.{}; zlogfs needs {}.{} or later (Linux 4.3)",
+                i.major,
+                i.minor,
+                abi::MAJOR,
+                abi::MIN_KERNEL_MINOR
+            )));
+        }
+        let want = if uring { WANT | init::OVER_IO_URING } else { WANT };
+        let flags = want & i.flags;
+        let page = 4096u32;
+        let max_write = max_write.max(page);
+        let max_pages = max_write.div_ceil(page).min(u16::MAX as u32) as u16;
+        let out = InitOut {
+            flags,
+            max_readahead: i.max_readahead.min(max_write),
+            max_background: 16,
+            congestion_threshold: 12,
+            max_write,
+            max_pages,
+        };
+        send(dev, h.unique, 0, &[&out.encode()]);
+        return Ok(Negotiated {
+            kernel_minor: i.minor,
+            flags,
+            no_opendir: i.flags & init::NO_OPENDIR_SUPPORT != 0,
+            uring: flags & init::OVER_IO_URING != 0,
+            max_write,
+            payload_size: 8192.max(max_write as usize).max(max_pages as usize * page as usize),
+        });
+    }
+}
+
+fn bad(e: abi::Bad) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("malformed FUSE request: {}", e.0))
+}
+
+/// A read buffer the kernel accepts: room for the largest write.
+pub fn read_buffer_size(max_write: u32) -> usize {
+    max_write as usize + 8192
+}
+
+/// Read one request; `None` once the file system is unmounted.
+fn read_request(dev: &File, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    loop {
+        match (&*dev).read(buf) {
+            Ok(n) => return Ok(Some(n)),
+            // ENOENT: the request was interrupted before we read it.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::ENOENT)) => {}
+            // ENODEV: unmounted (ECONNABORTED: aborted through fusectl).
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENODEV | libc::ECONNABORTED)) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Write a reply: header and body parts in one writev.
+pub fn send(dev: &File, unique: u64, error: i32, parts: &[&[u8]]) {
+    let body: usize = parts.iter().map(|p| p.len()).sum();
+    let header = abi::out_header(unique, error, body);
+    let mut iov = Vec::with_capacity(parts.len() + 1);
+    iov.push(IoSlice::new(&header));
+    iov.extend(parts.iter().map(|p| IoSlice::new(p)));
+    match (&*dev).write_vectored(&iov) {
+        Ok(n) if n == abi::OUT_HEADER + body => {}
+        Ok(n) => eprintln!("zlogfs: FUSE reply cut short ({n} of {} bytes)", abi::OUT_HEADER + body),
+        // ENOENT: the request was interrupted and is gone; ENODEV:
+        // unmounted. Neither is ours to report.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENODEV)) => {}
+        Err(e) => eprintln!("zlogfs: FUSE reply: {e}"),
+    }
+}
+
+/// Serve requests read from `dev` until the file system is unmounted.
+pub fn serve(dev: Arc<File>, max_write: u32, handler: &dyn Handler) -> io::Result<()> {
+    let mut buf = vec![0u8; read_buffer_size(max_write)];
+    while let Some(n) = read_request(&dev, &mut buf)? {
+        let msg = &buf[..n];
+        let (h, arg, data) = match abi::split_dev(msg) {
+            Ok(x) => x,
+            Err(e) => {
+                eprintln!("zlogfs: {}", bad(e));
+                if let Ok(h) = InHeader::parse(msg) {
+                    send(&dev, h.unique, -libc::EIO, &[]);
+                }
+                continue;
+            }
+        };
+        match Op::parse(h.opcode, arg, data) {
+            Ok(op) if op.no_reply() => {}
+            Ok(Op::Interrupt) => {
+                // ENOSYS to an interrupt: the kernel sends no more of them
+                // and waits for the interrupted request's own reply. (An
+                // INTERRUPT's unique has the kernel's interrupt bit set.)
+                send(&dev, h.unique, -libc::ENOSYS, &[]);
+            }
+            Ok(op) => super::dispatch(handler, &h, op, Reply::dev(Arc::clone(&dev), h.unique)),
+            Err(e) => {
+                eprintln!("zlogfs: {} (operation {})", bad(e), h.opcode);
+                send(&dev, h.unique, -libc::EIO, &[]);
+            }
+        }
+    }
+    Ok(())
+}

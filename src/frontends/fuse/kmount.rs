@@ -1,0 +1,167 @@
+//! Making and ending the kernel mount.
+//!
+//! As root, zlogfs calls mount(2) itself, with type `fuse.zlogfs` and the
+//! image path as the source, so that /proc/mounts names both and
+//! `mount -o remount,ro` reaches the `mount.fuse.zlogfs` helper. Other
+//! users mount through the set-user-ID `fusermount3`, which opens
+//! `/dev/fuse`, mounts, and passes the descriptor back over a socket
+//! (`_FUSE_COMMFD`, libfuse's protocol).
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{self, IoSliceMut};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use nix::sys::socket::{self, AddressFamily, ControlMessageOwned, MsgFlags, SockFlag, SockType};
+
+use super::MountOptions;
+
+fn cstring(what: &str, b: &[u8]) -> io::Result<CString> {
+    CString::new(b).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("{what} contains NUL")))
+}
+
+/// Whether this process runs as root.
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Mount a FUSE file system on `dir`; the open `/dev/fuse` of the mount.
+pub fn mount(dir: &Path, opts: &MountOptions) -> io::Result<(File, Unmounter)> {
+    if is_root() {
+        mount_direct(dir, opts)
+    } else {
+        mount_fusermount(dir, opts)
+    }
+}
+
+fn mount_direct(dir: &Path, opts: &MountOptions) -> io::Result<(File, Unmounter)> {
+    let dev = std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse")?;
+    let mut data = format!("fd={},rootmode=40000,user_id=0,group_id=0,default_permissions", dev.as_raw_fd());
+    if opts.allow_other {
+        data.push_str(",allow_other");
+    }
+    let source = cstring("image path", opts.fsname.as_bytes())?;
+    let target = cstring("mount point", dir.as_os_str().as_bytes())?;
+    let data = cstring("options", data.as_bytes())?;
+    // No MS_NOSUID or MS_NODEV: root mounts behave as a disk file system.
+    // atime is the file system's own policy (-o noatime, relatime).
+    let mut flags: libc::c_ulong = 0;
+    if opts.read_only {
+        flags |= libc::MS_RDONLY;
+    }
+    // SAFETY: every pointer is a valid NUL-terminated string that outlives
+    // the call; the kernel copies them and keeps none.
+    let rc = unsafe {
+        libc::mount(source.as_ptr(), target.as_ptr(), c"fuse.zlogfs".as_ptr(), flags, data.as_ptr().cast())
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((dev, Unmounter::Direct(target)))
+}
+
+fn mount_fusermount(dir: &Path, opts: &MountOptions) -> io::Result<(File, Unmounter)> {
+    let (ours, theirs) =
+        socket::socketpair(AddressFamily::Unix, SockType::Stream, None, SockFlag::SOCK_CLOEXEC)?;
+    // fusermount3 inherits its end: a copy without close-on-exec.
+    let theirs_inherited = nix::unistd::dup(&theirs)?;
+    drop(theirs);
+    let mut o = format!(
+        "fsname={},subtype=zlogfs,default_permissions,{}",
+        opts.fsname.replace(',', "\\,"),
+        if opts.read_only { "ro" } else { "rw" }
+    );
+    if opts.allow_other {
+        o.push_str(",allow_other");
+    }
+    let out = Command::new("fusermount3")
+        .arg("-o")
+        .arg(&o)
+        .arg("--")
+        .arg(dir)
+        .env("_FUSE_COMMFD", theirs_inherited.as_raw_fd().to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| {
+            io::Error::new(e.kind(), format!("cannot run fusermount3: {e} (apt-get install fuse3)"))
+        })?;
+    drop(theirs_inherited);
+    if !out.status.success() {
+        let msg = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        return Err(io::Error::other(format!(
+            "fusermount3 failed ({}){}",
+            out.status,
+            if msg.is_empty() { String::new() } else { format!(": {msg}") }
+        )));
+    }
+    let fd = receive_fd(&ours)?;
+    Ok((File::from(fd), Unmounter::Fusermount(dir.to_path_buf())))
+}
+
+/// The descriptor fusermount3 sends over `sock` (SCM_RIGHTS).
+fn receive_fd(sock: &OwnedFd) -> io::Result<OwnedFd> {
+    let mut byte = [0u8; 1];
+    let mut iov = [IoSliceMut::new(&mut byte)];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let msg =
+        socket::recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
+    for c in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(fds) = c {
+            if let Some(&fd) = fds.first() {
+                // SAFETY: SCM_RIGHTS just installed `fd` in this process;
+                // nothing else owns it.
+                return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+            }
+        }
+    }
+    Err(io::Error::other("fusermount3 mounted but sent no /dev/fuse descriptor"))
+}
+
+/// Ends a mount from another thread (a signal handler's).
+pub enum Unmounter {
+    /// Mounted by this process with mount(2): umount2.
+    Direct(CString),
+    /// Mounted through fusermount3.
+    Fusermount(PathBuf),
+}
+
+impl Unmounter {
+    /// Unmount; the session's loop then ends.
+    pub fn unmount(&mut self) -> io::Result<()> {
+        match self {
+            Unmounter::Direct(dir) => {
+                // A plain unmount; when files are still open, a lazy one
+                // (the session ends when the last of them is closed).
+                for flags in [0, libc::MNT_DETACH] {
+                    // SAFETY: `dir` is a valid NUL-terminated path that
+                    // outlives the call; umount2 reads nothing else of ours.
+                    if unsafe { libc::umount2(dir.as_ptr(), flags) } == 0 {
+                        return Ok(());
+                    }
+                    let e = io::Error::last_os_error();
+                    if e.raw_os_error() != Some(libc::EBUSY) {
+                        return Err(e);
+                    }
+                }
+                Err(io::Error::from_raw_os_error(libc::EBUSY))
+            }
+            Unmounter::Fusermount(dir) => {
+                let st = Command::new("fusermount3")
+                    .args(["-u", "-q", "-z", "--"])
+                    .arg(&*dir)
+                    .stdin(Stdio::null())
+                    .status()?;
+                if st.success() {
+                    Ok(())
+                } else {
+                    Err(io::Error::other(format!("fusermount3 -u {} failed ({st})", dir.display())))
+                }
+            }
+        }
+    }
+}

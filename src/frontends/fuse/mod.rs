@@ -1,0 +1,813 @@
+//! The FUSE mount: a thin adapter from kernel requests to [`Fs`] calls.
+//!
+//! The protocol is spoken here, not through a binding crate
+//! (docs/ARCHITECTURE.md says why): [`abi`] parses requests and encodes
+//! replies, and two transports carry them:
+//! - [`ring`]: FUSE over io_uring (Linux 6.14+, the fuse module's
+//!   `enable_uring`), one queue per CPU, each served by a thread pinned to
+//!   that CPU, so that a request and its reply never wake a thread on
+//!   another CPU;
+//! - [`dev`]: read(2) and writev(2) on `/dev/fuse`, one thread reading
+//!   every request. It always runs: without io_uring it carries every
+//!   request, with it the few the kernel still sends this way.
+//!
+//! Either way the thread that takes a request serves it at once unless it
+//! may take long (fsync, fallocate, copy_file_range, reads and writes of
+//! [`LARGE_IO`] bytes or more): those go to [`Workers`], so that one that
+//! blocks on the device or on a commit holds up nothing else.
+//!
+//! What the adapter decides, and nothing else:
+//! - permission checks are the kernel's (`default_permissions` is always
+//!   on): the file system layer keeps modes and owners, the kernel's VFS
+//!   enforces them, including the sticky bit and the suid/sgid clearing on
+//!   chown and write;
+//! - owners of new entries come from the request's credentials, with the
+//!   group of a set-group-ID directory inherited (and its S_ISGID bit by
+//!   subdirectories), as ext4 does;
+//! - directory offsets: a hash of the entry's name, directories listed in
+//!   hash order ([`super::dirlist`]), so that no state is kept per open
+//!   directory and the kernel need not send OPENDIR and RELEASEDIR;
+//! - errors: every [`Error`] carries its errno; anything that is not a plain
+//!   POSIX error (I/O failure, damage) is also written to stderr.
+
+mod abi;
+mod dev;
+mod kmount;
+mod ring;
+
+use std::fs::File;
+use std::io;
+use std::path::Path;
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+pub use kmount::Unmounter;
+
+use self::abi::{fopen, DirBuf, FileAttr, InHeader, Op};
+use super::dirlist::{self, Listing, Listings};
+use crate::error::Error;
+use crate::fs::{Attr, DirEntry, Fs, Ino, Kind, SetAttr, Time};
+
+/// Whether requests come through io_uring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Uring {
+    /// When the kernel offers it (the fuse module's `enable_uring` is on).
+    Auto,
+    /// Always; as root, turn the module's `enable_uring` on if it is off.
+    /// The mount fails if the kernel has no FUSE over io_uring.
+    On,
+    /// Never: every request through `/dev/fuse`.
+    Off,
+}
+
+/// Options of a mount.
+#[derive(Debug, Clone)]
+pub struct MountOptions {
+    /// Mount read-only (the kernel refuses every change with EROFS).
+    pub read_only: bool,
+    /// Let users other than the mounter use the mount.
+    pub allow_other: bool,
+    /// How long the kernel may cache attributes.
+    pub attr_timeout: Duration,
+    /// How long the kernel may cache names.
+    pub entry_timeout: Duration,
+    /// How long the kernel may cache "no such name" (0: not at all).
+    pub negative_timeout: Duration,
+    /// Threads serving the requests that may take long (the quick ones
+    /// are served by the thread that takes them from the kernel).
+    pub threads: usize,
+    /// The source shown in /proc/mounts (the image path).
+    pub fsname: String,
+    /// Whether to use FUSE over io_uring.
+    pub uring: Uring,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            read_only: false,
+            allow_other: false,
+            attr_timeout: Duration::from_secs(1),
+            entry_timeout: Duration::from_secs(1),
+            negative_timeout: Duration::ZERO,
+            threads: 4,
+            fsname: "zlogfs".into(),
+            uring: Uring::Auto,
+        }
+    }
+}
+
+/// Flags of every opened file: every change passes through this mount, so
+/// the kernel's page cache stays valid across opens; and a close needs no
+/// FLUSH request (flush has nothing to do here: data is committed by the
+/// commit interval, fsync and unmount, and POSIX locks are the kernel's).
+const OPEN_FLAGS: u32 = fopen::KEEP_CACHE | fopen::NOFLUSH;
+
+/// Largest write the kernel may send in one request.
+const MAX_WRITE: u32 = 1 << 20;
+/// Reads and writes of this many bytes or more are served by a worker.
+const LARGE_IO: usize = 128 << 10;
+
+/// Serves parsed requests; each [`Reply`] must be answered (dropping one
+/// answers EIO).
+pub(crate) trait Handler: Send + Sync {
+    fn serve(&self, h: &InHeader, op: Op<'_>, reply: Reply);
+}
+
+/// Hand a request to `handler`. A panic while serving it is reported and
+/// answered with EIO (the dropped [`Reply`]), and the mount goes on.
+fn dispatch(handler: &dyn Handler, h: &InHeader, op: Op<'_>, reply: Reply) {
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler.serve(h, op, reply)));
+    if let Err(p) = r {
+        let what = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        eprintln!("zlogfs: internal error serving FUSE operation {}: {what}", h.opcode);
+    }
+}
+
+enum Channel {
+    Dev(Arc<File>),
+    Ring(Arc<ring::Queue>, u16),
+}
+
+/// The answer to one request; it may be sent from any thread.
+pub struct Reply {
+    unique: u64,
+    ch: Option<Channel>,
+}
+
+impl Reply {
+    fn dev(dev: Arc<File>, unique: u64) -> Reply {
+        Reply { unique, ch: Some(Channel::Dev(dev)) }
+    }
+
+    fn ring(q: Arc<ring::Queue>, entry: u16, unique: u64) -> Reply {
+        Reply { unique, ch: Some(Channel::Ring(q, entry)) }
+    }
+
+    fn send(mut self, error: i32, parts: &[&[u8]]) {
+        match self.ch.take() {
+            Some(Channel::Dev(f)) => dev::send(&f, self.unique, error, parts),
+            Some(Channel::Ring(q, e)) => q.reply(e, self.unique, error, parts),
+            None => {}
+        }
+    }
+
+    /// Success with no body.
+    fn ok(self) {
+        self.send(0, &[]);
+    }
+
+    /// Success with `body`.
+    fn data(self, body: &[u8]) {
+        self.send(0, &[body]);
+    }
+
+    /// Failure with a positive errno.
+    fn error(self, errno: i32) {
+        self.send(-errno, &[]);
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        if self.ch.is_some() {
+            let ch = self.ch.take();
+            Reply { unique: self.unique, ch }.send(-libc::EIO, &[]);
+        }
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Threads that serve the requests that may take long, so that the thread
+/// that takes requests from the kernel stays free for the others.
+struct Workers {
+    queue: Mutex<Option<mpsc::Sender<Job>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Workers {
+    fn new(n: usize) -> Workers {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        let threads = (0..n.max(1))
+            .filter_map(|i| {
+                let rx = Arc::clone(&rx);
+                std::thread::Builder::new()
+                    .name(format!("zlogfs-worker-{i}"))
+                    .spawn(move || loop {
+                        // The lock is held only while waiting for a job.
+                        let job = match rx.lock() {
+                            Ok(q) => q.recv(),
+                            Err(_) => return,
+                        };
+                        match job {
+                            Ok(job) => job(),
+                            Err(_) => return,
+                        }
+                    })
+                    .ok()
+            })
+            .collect();
+        Workers { queue: Mutex::new(Some(tx)), threads: Mutex::new(threads) }
+    }
+
+    /// Run `job` on a worker; on the calling thread if there is none (no
+    /// thread could be started, or the workers were stopped).
+    fn run(&self, job: impl FnOnce() + Send + 'static) {
+        let job: Job = Box::new(job);
+        let job = match self.queue.lock() {
+            Ok(q) => match q.as_ref() {
+                Some(tx) => match tx.send(job) {
+                    Ok(()) => return,
+                    Err(mpsc::SendError(job)) => job,
+                },
+                None => job,
+            },
+            Err(_) => job,
+        };
+        job();
+    }
+
+    /// Let the queued jobs finish and end the threads.
+    fn stop(&self) {
+        if let Ok(mut q) = self.queue.lock() {
+            q.take();
+        }
+        let threads = self.threads.lock().map(|mut t| std::mem::take(&mut *t)).unwrap_or_default();
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Directory entries loaded from the index at a time.
+const DIR_BATCH: usize = 4096;
+/// Bytes of directory listings kept between readdir requests.
+const LISTING_BYTES: usize = 32 << 20;
+
+/// The adapter from FUSE requests to an [`Fs`].
+pub struct ZlogFuse {
+    fs: Arc<Fs>,
+    opts: MountOptions,
+    workers: Workers,
+    listings: Listings,
+    /// The kernel lets OPENDIR be refused with ENOSYS and then sends no
+    /// OPENDIR or RELEASEDIR at all (Linux 5.1 and later).
+    no_opendir: bool,
+}
+
+fn errno(e: Error) -> i32 {
+    if !matches!(e, Error::Posix { .. }) {
+        eprintln!("zlogfs: {e}");
+    }
+    e.errno()
+}
+
+/// Reply to a request that returns nothing.
+fn empty(r: Result<(), Error>, reply: Reply) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
+fn type_bits(k: Kind) -> u32 {
+    match k {
+        Kind::File => libc::S_IFREG,
+        Kind::Dir => libc::S_IFDIR,
+        Kind::Symlink => libc::S_IFLNK,
+        Kind::Fifo => libc::S_IFIFO,
+        Kind::Socket => libc::S_IFSOCK,
+        Kind::Char => libc::S_IFCHR,
+        Kind::Block => libc::S_IFBLK,
+    }
+}
+
+fn time(t: Time) -> (i64, u32) {
+    (t.sec, t.nsec)
+}
+
+fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: a.ino,
+        size: a.size,
+        blocks: a.blocks,
+        atime: time(a.atime),
+        mtime: time(a.mtime),
+        ctime: time(a.ctime),
+        mode: type_bits(a.kind) | (a.mode & 0o7777),
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        // The kernel's 32-bit device encoding (major 12 bits, minor 20):
+        // the low half of glibc's 64-bit dev_t for such numbers.
+        rdev: a.rdev as u32,
+        blksize: a.blksize,
+    }
+}
+
+fn set_time(t: Option<Option<(i64, u32)>>) -> Option<Option<Time>> {
+    t.map(|t| t.map(|(sec, nsec)| Time { sec, nsec }))
+}
+
+impl ZlogFuse {
+    /// An adapter serving `fs`.
+    fn new(fs: Arc<Fs>, opts: MountOptions, no_opendir: bool) -> ZlogFuse {
+        let workers = Workers::new(opts.threads);
+        ZlogFuse { fs, opts, workers, listings: Listings::new(LISTING_BYTES), no_opendir }
+    }
+
+    fn entry_bytes(&self, a: &Attr) -> Vec<u8> {
+        let mut b = Vec::with_capacity(abi::ENTRY_OUT + 16);
+        abi::put_entry(&mut b, &file_attr(a), self.opts.entry_timeout, self.opts.attr_timeout);
+        b
+    }
+
+    fn entry(&self, r: Result<Attr, Error>, reply: Reply) {
+        match r {
+            Ok(a) => reply.data(&self.entry_bytes(&a)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn attr(&self, r: Result<Attr, Error>, reply: Reply) {
+        match r {
+            Ok(a) => reply.data(&abi::attr_out(&file_attr(&a), self.opts.attr_timeout)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    /// Owner, group and mode of a new entry of `parent` made by `h`'s
+    /// caller.
+    fn owner(&self, h: &InHeader, parent: Ino, mode: u32) -> Result<(u32, u32, u32), Error> {
+        let p = self.fs.getattr(parent)?;
+        if p.mode & libc::S_ISGID != 0 {
+            let dir = mode & libc::S_IFMT == libc::S_IFDIR;
+            Ok((h.uid, p.gid, if dir { mode | libc::S_ISGID } else { mode }))
+        } else {
+            Ok((h.uid, h.gid, mode))
+        }
+    }
+
+    fn make(&self, h: &InHeader, name: &[u8], mode: u32, umask: u32, rdev: u64) -> Result<Attr, Error> {
+        let parent = h.nodeid;
+        let (uid, gid, mode) = self.owner(h, parent, mode)?;
+        let r = self.fs.mknod_umask(parent, name, mode, umask, (uid, gid), rdev);
+        self.changed(&[parent]);
+        r
+    }
+
+    /// The listing of directory `ino`.
+    fn listing(&self, ino: Ino) -> Result<Arc<Listing>, Error> {
+        self.listings.get(ino, || {
+            let mut all = Vec::new();
+            loop {
+                let after = all.last().map(|e: &DirEntry| e.name.clone());
+                let batch = self.fs.readdir(ino, after.as_deref(), DIR_BATCH)?;
+                let done = batch.len() < DIR_BATCH;
+                all.extend(batch);
+                if done {
+                    return Ok(all);
+                }
+            }
+        })
+    }
+
+    /// Entries of directory `ino` after readdir offset `off`, each with its
+    /// offset, "." and ".." first; `f` takes them until it returns false
+    /// (the reply is full).
+    fn list(
+        &self,
+        ino: Ino,
+        off: u64,
+        mut f: impl FnMut(Ino, u64, Kind, &[u8]) -> bool,
+    ) -> Result<(), Error> {
+        let l = self.listing(ino)?;
+        if off < dirlist::DOT && !f(ino, dirlist::DOT, Kind::Dir, b".") {
+            return Ok(());
+        }
+        if off < dirlist::DOTDOT {
+            let parent = self.fs.lookup(ino, b"..")?.ino;
+            if !f(parent, dirlist::DOTDOT, Kind::Dir, b"..") {
+                return Ok(());
+            }
+        }
+        for e in l.after(off) {
+            if !f(e.ino, e.off, e.kind, &e.name) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// The entries of `dirs` changed: forget their listings.
+    fn changed(&self, dirs: &[Ino]) {
+        for &d in dirs {
+            self.listings.changed(d);
+        }
+    }
+
+    fn readdir(&self, ino: Ino, offset: u64, size: u32, plus: bool, reply: Reply) {
+        let mut buf = DirBuf::new(size);
+        let (et, at) = (self.opts.entry_timeout, self.opts.attr_timeout);
+        let r = self.list(ino, offset, |child, off, kind, name| {
+            if !plus {
+                return buf.add(child, off, type_bits(kind), name);
+            }
+            // An entry removed since it was listed is left out.
+            match self.fs.getattr(child) {
+                Ok(a) => buf.add_plus(&file_attr(&a), off, name, et, at),
+                Err(_) => true,
+            }
+        });
+        match r {
+            Ok(()) => reply.data(&buf.into_bytes()),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn lookup(&self, parent: Ino, name: &[u8], reply: Reply) {
+        match self.fs.lookup(parent, name) {
+            Err(e) if e.errno() == libc::ENOENT && !self.opts.negative_timeout.is_zero() => {
+                // A node id of 0 is a negative entry the kernel may cache.
+                let mut b = Vec::with_capacity(abi::ENTRY_OUT);
+                let a = FileAttr { blksize: 4096, ..FileAttr::default() };
+                abi::put_entry(&mut b, &a, self.opts.negative_timeout, Duration::ZERO);
+                reply.data(&b);
+            }
+            r => self.entry(r, reply),
+        }
+    }
+
+    fn xattr(v: &[u8], size: u32, reply: Reply) {
+        if size == 0 {
+            reply.data(&abi::xattr_size(v.len() as u32));
+        } else if v.len() > size as usize {
+            reply.error(libc::ERANGE);
+        } else {
+            reply.data(v);
+        }
+    }
+}
+
+impl Handler for ZlogFuse {
+    fn serve(&self, h: &InHeader, op: Op<'_>, reply: Reply) {
+        let ino = h.nodeid;
+        match op {
+            Op::Lookup { name } => self.lookup(ino, name, reply),
+            Op::Getattr => self.attr(self.fs.getattr(ino), reply),
+            Op::Setattr(s) => {
+                let a = SetAttr {
+                    mode: s.mode,
+                    uid: s.uid,
+                    gid: s.gid,
+                    size: s.size,
+                    atime: set_time(s.atime),
+                    mtime: set_time(s.mtime),
+                    ctime: None,
+                    btime: None,
+                };
+                self.attr(self.fs.setattr(ino, &a), reply)
+            }
+            Op::Readlink => match self.fs.readlink(ino) {
+                Ok(t) => reply.data(&t),
+                Err(e) => reply.error(errno(e)),
+            },
+            Op::Mknod { name, mode, rdev, umask } => {
+                self.entry(self.make(h, name, mode, umask, u64::from(rdev)), reply)
+            }
+            Op::Mkdir { name, mode, umask } => {
+                self.entry(self.make(h, name, libc::S_IFDIR | (mode & 0o7777), umask, 0), reply)
+            }
+            Op::Symlink { name, target } => {
+                let r = self
+                    .owner(h, ino, libc::S_IFLNK)
+                    .and_then(|(uid, gid, _)| self.fs.symlink(ino, name, target, uid, gid));
+                self.changed(&[ino]);
+                self.entry(r, reply)
+            }
+            Op::Unlink { name } => {
+                let r = self.fs.unlink(ino, name);
+                self.changed(&[ino]);
+                empty(r, reply)
+            }
+            Op::Rmdir { name } => {
+                let r = self.fs.rmdir(ino, name);
+                self.changed(&[ino]);
+                empty(r, reply)
+            }
+            Op::Rename { name, newdir, newname, flags } => {
+                let r = self.fs.rename(ino, name, newdir, newname, flags);
+                self.changed(&[ino, newdir]);
+                empty(r, reply)
+            }
+            Op::Link { ino: target, newname } => {
+                let r = self.fs.link(target, ino, newname);
+                self.changed(&[ino]);
+                self.entry(r, reply)
+            }
+            Op::Open => match self.fs.open_file(ino) {
+                Ok(_) => {
+                    let mut b = Vec::with_capacity(16);
+                    abi::put_open(&mut b, OPEN_FLAGS);
+                    reply.data(&b)
+                }
+                Err(e) => reply.error(errno(e)),
+            },
+            Op::Read { offset, size } => {
+                let fs = Arc::clone(&self.fs);
+                let serve = move || match fs.read(ino, offset, size as usize) {
+                    Ok(d) => reply.data(&d),
+                    Err(e) => reply.error(errno(e)),
+                };
+                if size as usize >= LARGE_IO {
+                    self.workers.run(serve);
+                } else {
+                    serve();
+                }
+            }
+            Op::Write { offset, data } => {
+                if data.len() >= LARGE_IO {
+                    // The request's buffer is the transport's: a worker
+                    // needs a copy.
+                    let fs = Arc::clone(&self.fs);
+                    let data = data.to_vec();
+                    self.workers.run(move || match fs.write(ino, offset, &data) {
+                        Ok(n) => reply.data(&abi::write_out(n as u32)),
+                        Err(e) => reply.error(errno(e)),
+                    });
+                    return;
+                }
+                match self.fs.write(ino, offset, data) {
+                    Ok(n) => reply.data(&abi::write_out(n as u32)),
+                    Err(e) => reply.error(errno(e)),
+                }
+            }
+            Op::Statfs => match self.fs.statfs() {
+                Ok(s) => reply.data(&abi::statfs_out(
+                    s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize,
+                )),
+                Err(e) => reply.error(errno(e)),
+            },
+            Op::Release => empty(self.fs.release_file(ino), reply),
+            Op::Flush | Op::Releasedir | Op::Destroy => reply.ok(),
+            Op::Fsync { datasync } | Op::Fsyncdir { datasync } => {
+                let fs = Arc::clone(&self.fs);
+                self.workers.run(move || empty(fs.fsync(ino, datasync), reply));
+            }
+            Op::Syncfs => {
+                let fs = Arc::clone(&self.fs);
+                self.workers.run(move || empty(fs.sync(), reply));
+            }
+            Op::Setxattr { name, value, flags } => empty(self.fs.setxattr(ino, name, value, flags), reply),
+            Op::Getxattr { name, size } => match self.fs.getxattr(ino, name) {
+                Ok(v) => Self::xattr(&v, size, reply),
+                Err(e) => reply.error(errno(e)),
+            },
+            Op::Listxattr { size } => match self.fs.listxattr(ino) {
+                Ok(names) => {
+                    let mut v = Vec::new();
+                    for n in names {
+                        v.extend_from_slice(&n);
+                        v.push(0);
+                    }
+                    Self::xattr(&v, size, reply)
+                }
+                Err(e) => reply.error(errno(e)),
+            },
+            Op::Removexattr { name } => empty(self.fs.removexattr(ino, name), reply),
+            Op::Opendir => {
+                // Offsets need no per-handle state (see dirlist): where the
+                // kernel allows, it is told so once and then opens
+                // directories itself, caching their listings
+                // (FOPEN_CACHE_DIR is its default then).
+                if self.no_opendir {
+                    return reply.error(libc::ENOSYS);
+                }
+                match self.fs.getattr(ino) {
+                    Ok(a) if a.kind == Kind::Dir => {
+                        let mut b = Vec::with_capacity(16);
+                        abi::put_open(&mut b, fopen::KEEP_CACHE | fopen::CACHE_DIR);
+                        reply.data(&b)
+                    }
+                    Ok(_) => reply.error(libc::ENOTDIR),
+                    Err(e) => reply.error(errno(e)),
+                }
+            }
+            Op::Readdir { offset, size, plus } => self.readdir(ino, offset, size, plus, reply),
+            // The kernel checks permissions (default_permissions); this
+            // only says whether the inode exists.
+            Op::Access => empty(self.fs.getattr(ino).map(|_| ()), reply),
+            Op::Create { name, mode, umask } => {
+                let r = self
+                    .make(h, name, libc::S_IFREG | (mode & 0o7777), umask, 0)
+                    .and_then(|a| self.fs.open_file(a.ino));
+                match r {
+                    Ok(a) => {
+                        let mut b = self.entry_bytes(&a);
+                        abi::put_open(&mut b, OPEN_FLAGS);
+                        reply.data(&b)
+                    }
+                    Err(e) => reply.error(errno(e)),
+                }
+            }
+            Op::Fallocate { offset, length, mode } => {
+                let fs = Arc::clone(&self.fs);
+                self.workers.run(move || empty(fs.fallocate(ino, mode, offset, length), reply));
+            }
+            Op::Lseek { offset, whence } => {
+                let data = match whence as i32 {
+                    libc::SEEK_DATA => true,
+                    libc::SEEK_HOLE => false,
+                    _ => return reply.error(libc::EINVAL),
+                };
+                if (offset as i64) < 0 {
+                    return reply.error(libc::ENXIO);
+                }
+                match self.fs.lseek(ino, offset, data) {
+                    Ok(o) => reply.data(&abi::lseek_out(o)),
+                    Err(e) => reply.error(errno(e)),
+                }
+            }
+            Op::CopyFileRange { off_in, ino_out, off_out, len } => {
+                // The reply counts bytes in 32 bits: copy at most 1 GiB per
+                // call (callers loop on short copies).
+                let len = len.min(1 << 30);
+                let fs = Arc::clone(&self.fs);
+                self.workers.run(move || match fs.copy_file_range(ino, off_in, ino_out, off_out, len) {
+                    Ok(n) => reply.data(&abi::write_out(n as u32)),
+                    Err(e) => reply.error(errno(e)),
+                });
+            }
+            // Answered by the transports themselves.
+            Op::Forget | Op::Interrupt => reply.ok(),
+            Op::Unsupported(_) => reply.error(libc::ENOSYS),
+        }
+    }
+}
+
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Whether the fuse module lets file systems use io_uring: `None` if this
+/// kernel has no FUSE over io_uring at all.
+fn uring_enabled() -> Option<bool> {
+    std::fs::read_to_string(ENABLE_URING).ok().map(|s| matches!(s.trim(), "Y" | "y" | "1"))
+}
+
+/// Whether this kernel has FUSE over io_uring but the fuse module keeps it
+/// off (so `-o uring`, as root, would turn it on).
+pub fn uring_off_in_kernel() -> bool {
+    uring_enabled() == Some(false)
+}
+
+/// Decide whether to ask for io_uring, and set up its queues if so.
+fn prepare_rings(opt: Uring) -> io::Result<Option<ring::Rings>> {
+    match (opt, uring_enabled()) {
+        (Uring::Off, _) | (Uring::Auto, None | Some(false)) => return Ok(None),
+        (Uring::On, None) => {
+            return Err(io::Error::other(
+                "this kernel has no FUSE over io_uring (Linux 6.14 or later, built with \
+                 CONFIG_FUSE_IO_URING): mount without -o uring",
+            ))
+        }
+        (Uring::On, Some(false)) => {
+            if !kmount::is_root() {
+                return Err(io::Error::other(format!(
+                    "FUSE over io_uring is off in this kernel: as root, echo Y > {ENABLE_URING} \
+                     (or mount without -o uring)"
+                )));
+            }
+            std::fs::write(ENABLE_URING, "Y")
+                .map_err(|e| io::Error::new(e.kind(), format!("cannot turn on {ENABLE_URING}: {e}")))?;
+        }
+        (Uring::On | Uring::Auto, Some(true)) => {}
+    }
+    match ring::Rings::prepare() {
+        Ok(r) => Ok(Some(r)),
+        Err(e) if opt == Uring::On => Err(io::Error::new(e.kind(), format!("cannot set up io_uring: {e}"))),
+        Err(_) => Ok(None),
+    }
+}
+
+/// A mounted file system, ready to be served.
+pub struct Session {
+    dev: Arc<File>,
+    handler: Arc<ZlogFuse>,
+    max_write: u32,
+    queues: Vec<JoinHandle<()>>,
+}
+
+impl Session {
+    /// How requests reach the file system, for messages.
+    pub fn transport(&self) -> String {
+        if self.queues.is_empty() {
+            "/dev/fuse".into()
+        } else {
+            format!("io_uring, {} queues", self.queues.len())
+        }
+    }
+
+    /// Serve until the file system is unmounted; then finish the
+    /// requests in progress and sync.
+    pub fn run(self) -> io::Result<()> {
+        let served = dev::serve(Arc::clone(&self.dev), self.max_write, &*self.handler);
+        for q in self.queues {
+            let _ = q.join();
+        }
+        self.handler.workers.stop();
+        if let Err(e) = self.handler.fs.sync() {
+            eprintln!("zlogfs: sync at unmount: {e}");
+        }
+        served
+    }
+}
+
+/// Mount `fs` on `dir`: the kernel mount is in place when this returns;
+/// [`Session::run`] serves it until it is unmounted (by `fusermount3 -u`,
+/// `umount`, or the [`Unmounter`]).
+pub fn mount(fs: Arc<Fs>, dir: &Path, opts: &MountOptions) -> io::Result<(Session, Unmounter)> {
+    let rings = prepare_rings(opts.uring)?;
+    let (dev, mut unmounter) = kmount::mount(dir, opts)?;
+    let dev = Arc::new(dev);
+    let negotiated = match dev::handshake(&dev, MAX_WRITE, rings.is_some()) {
+        Ok(n) if opts.uring == Uring::On && !n.uring => {
+            Err(io::Error::other("the kernel did not take FUSE over io_uring"))
+        }
+        r => r,
+    };
+    let n = match negotiated {
+        Ok(n) => n,
+        Err(e) => {
+            if let Some(r) = rings {
+                r.stop();
+            }
+            let _ = unmounter.unmount();
+            return Err(e);
+        }
+    };
+    let handler = Arc::new(ZlogFuse::new(fs, opts.clone(), n.no_opendir));
+    let queues = match rings {
+        Some(r) if n.uring => {
+            let h: Arc<dyn Handler> = handler.clone();
+            r.start(&dev, n.payload_size, &h)
+        }
+        Some(r) => {
+            r.stop();
+            Vec::new()
+        }
+        None => Vec::new(),
+    };
+    Ok((Session { dev, handler, max_write: n.max_write, queues }, unmounter))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::mpsc::channel;
+
+    #[test]
+    fn workers_run_jobs_beside_the_caller_and_stop_after_the_queued_ones() {
+        let w = Workers::new(2);
+        let caller = std::thread::current().id();
+        // A job that blocks does not hold up the next one (two workers).
+        let (release_tx, release_rx) = channel::<()>();
+        let (done_tx, done_rx) = channel();
+        let d = done_tx.clone();
+        w.run(move || {
+            release_rx.recv().unwrap();
+            d.send("blocked").unwrap();
+        });
+        let d = done_tx.clone();
+        w.run(move || {
+            d.send(if std::thread::current().id() == caller { "inline" } else { "worker" }).unwrap()
+        });
+        assert_eq!(done_rx.recv().unwrap(), "worker");
+        release_tx.send(()).unwrap();
+        assert_eq!(done_rx.recv().unwrap(), "blocked");
+
+        // stop() waits for every queued job.
+        let count = Arc::new(AtomicUsize::new(0));
+        for _ in 0..100 {
+            let c = Arc::clone(&count);
+            w.run(move || {
+                std::thread::sleep(Duration::from_micros(100));
+                c.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+        w.stop();
+        assert_eq!(count.load(Ordering::SeqCst), 100);
+
+        // After stop, a job runs on the caller's thread.
+        w.run(move || {
+            done_tx.send(if std::thread::current().id() == caller { "inline" } else { "worker" }).unwrap()
+        });
+        assert_eq!(done_rx.recv().unwrap(), "inline");
+    }
+}
