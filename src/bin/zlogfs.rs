@@ -1,5 +1,11 @@
 //! The zlogfs command-line tool.
 
+/// The allocator: mimalloc keeps freed memory for reuse where glibc's
+/// malloc gave it back to the kernel and faulted it in again (7% of the
+/// daemon's CPU in a sequential write); docs/ARCHITECTURE.md has the figures.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
