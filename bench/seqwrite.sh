@@ -84,7 +84,7 @@ mkdir -p "$(dirname "$out")"
     echo "Machine: $(nproc) cores ($(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)), kernel $(uname -r); $(date -u +%Y-%m-%dT%H:%MZ); commit $(git rev-parse --short HEAD)"
     echo "Command: ${BINS:+BINS=\"$BINS\" }${IMPORT:+IMPORT=$IMPORT }${CODECS:+CODECS=\"$CODECS\" }N=$n bash bench/seqwrite.sh${1:+ $1}"
     echo
-    echo "| codec | fio seq write 1 GiB, end_fsync (MiB/s, median of $n) | import of $(basename "$tree"): live bytes | import (s) |"
+    echo "| codec | fio seq write 1 GiB, end_fsync (MiB/s, median of $n) | import of $(basename "$tree"): live bytes | import (s) |" | sed "s/import of none/import (not run)/"
     echo "|---|---:|---:|---:|"
     printf '%s\n' "${rows[@]}"
 } | tee "$out"

@@ -454,6 +454,10 @@ pub struct EngineStats {
     pub seq: u64,
 }
 
+/// A data block compressed and checksummed ahead of its write
+/// ([`Engine::encode_data`]).
+pub struct EncodedBlock(NewBlock);
+
 /// An open image.
 pub struct Engine {
     sh: Arc<Shared>,
@@ -946,19 +950,43 @@ impl Engine {
     /// [`Engine::write_blocks_each`], allowed to use `room` of the reserve
     /// (the cleaner's copies).
     pub fn write_blocks_in(&self, room: Room, blocks: &[(u64, CodecSpec, &[u8])]) -> Result<Vec<BlockAddr>> {
+        self.write_blocks_ready(room, blocks, Vec::new())
+    }
+
+    /// [`Engine::write_blocks_in`], where `ready[i]`, when there is one and
+    /// it is `Some`, is block `i` already encoded ([`Engine::encode_data`]
+    /// of the same owner, codec and bytes): only the others are compressed.
+    pub fn write_blocks_ready(
+        &self,
+        room: Room,
+        blocks: &[(u64, CodecSpec, &[u8])],
+        mut ready: Vec<Option<EncodedBlock>>,
+    ) -> Result<Vec<BlockAddr>> {
         self.check_ok()?;
         let max = max_block_raw(self.sh.sb.geometry);
         if let Some((_, _, r)) = blocks.iter().find(|(_, _, r)| r.len() > max) {
             return Err(Error::Invalid(format!("block of {} bytes exceeds {max}", r.len())));
         }
+        ready.resize_with(blocks.len(), || None);
         let blocks: Vec<NewBlock> = blocks
             .par_iter()
-            .map(|(owner, spec, r)| NewBlock::encode(BlockKind::Data, *owner, *spec, r))
+            .zip(ready.into_par_iter())
+            .map(|((owner, spec, r), e)| match e {
+                Some(EncodedBlock(b)) => b,
+                None => NewBlock::encode(BlockKind::Data, *owner, *spec, r),
+            })
             .collect();
         self.relieve(blocks.iter().map(|b| b.bytes().len()).sum())?;
         let mut core = lock(&self.sh.core);
         let r = core.log.add_blocks(blocks, room);
         self.latch(&core, r)
+    }
+
+    /// Encode a data block now (compress and checksum it), to be written
+    /// later by [`Engine::write_blocks_ready`]: what that would make of
+    /// the same owner, codec and bytes.
+    pub fn encode_data(owner: u64, spec: CodecSpec, raw: &[u8]) -> EncodedBlock {
+        EncodedBlock(NewBlock::encode(BlockKind::Data, owner, spec, raw))
     }
 
     /// Read and verify a data block.

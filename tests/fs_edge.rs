@@ -1310,3 +1310,59 @@ fn seek_on_largest_sparse_file() {
     assert_eq!(d2.expect("SEEK_DATA at the last byte"), max - 1);
     fsck(&f);
 }
+
+/// Full chunks are compressed on the pool as sequential writes fill them
+/// (`FsStats::ahead_used`), and a chunk changed after that, in any way
+/// (a write into it, a truncate, a punched hole, a codec change), is
+/// stored as it is at the commit, never as it was compressed.
+#[test]
+fn chunks_compressed_ahead_are_used_only_for_the_same_bytes() {
+    let (s, f) = fresh();
+    let cs = 64 * KIB as usize;
+    let text = |n: usize, seed: u8| -> Vec<u8> {
+        (0..n).map(|i| b"abcdefgh"[(i / 7 + seed as usize) % 8] ^ ((i / 4096) as u8 & seed)).collect()
+    };
+    // 8 MiB written a chunk at a time: the pool gets some of them.
+    let a = create(&f, ROOT, b"seq");
+    let data = text(128 * cs, 3);
+    for c in data.chunks(cs) {
+        let off = (c.as_ptr() as usize - data.as_ptr() as usize) as u64;
+        f.write(a, off, c).expect("write");
+        // Let the pool's threads take the job, as a real writer's next
+        // request would.
+        std::thread::sleep(std::time::Duration::from_micros(300));
+    }
+    f.sync().expect("sync");
+    assert!(f.stats().ahead_used > 0, "no chunk was stored from a block compressed ahead");
+    // Chunks changed after they were filled: a byte written, cut short,
+    // holed, and a file whose codec changed.
+    let b = create(&f, ROOT, b"changed");
+    let mut want = text(6 * cs, 5);
+    for k in 0..6 {
+        f.write(b, (k * cs) as u64, &want[k * cs..(k + 1) * cs]).expect("write");
+    }
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    f.write(b, (cs + 100) as u64, b"CHANGED").expect("write into a full chunk");
+    want[cs + 100..cs + 107].copy_from_slice(b"CHANGED");
+    f.fallocate(b, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (3 * cs) as u64, 4096).expect("punch");
+    want[3 * cs..3 * cs + 4096].fill(0);
+    f.setattr(b, &SetAttr { size: Some((5 * cs + 1000) as u64), ..SetAttr::default() }).expect("truncate");
+    want.truncate(5 * cs + 1000);
+    let c = create(&f, ROOT, b"codec");
+    let cdata = text(2 * cs, 7);
+    f.write(c, 0, &cdata).expect("write");
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    f.setxattr(c, XATTR_CODEC, b"lz4", 0).expect("codec");
+    // The same bytes in a file that was lz4 from the start.
+    let d = create(&f, ROOT, b"lz4");
+    f.setxattr(d, XATTR_CODEC, b"lz4", 0).expect("codec");
+    f.write(d, 0, &cdata).expect("write");
+    f.sync().expect("sync");
+    let f = reopen(&s, f);
+    assert_eq!(f.read(a, 0, data.len()).expect("read"), data);
+    assert_eq!(f.read(b, 0, want.len() + 10).expect("read"), want);
+    assert_eq!(f.read(c, 0, cdata.len()).expect("read"), cdata);
+    let physical = |ino| f.getxattr(ino, XATTR_PHYSICAL).expect("physical");
+    assert_eq!(physical(c), physical(d), "a codec change after the chunks filled is the codec stored");
+    fsck(&f);
+}

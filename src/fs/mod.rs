@@ -247,6 +247,9 @@ pub struct FsStats {
     pub patches: u64,
     /// Stored bytes of blocks written by writers: chunks written whole.
     pub whole_stored: u64,
+    /// Whole chunks stored from a block compressed ahead, as a write
+    /// filled them (the rest of `whole_stored` was compressed at commit).
+    pub ahead_used: u64,
     /// Stored bytes of blocks written by writers: packs of small chunks
     /// and patches.
     pub pack_stored: u64,
@@ -303,6 +306,8 @@ struct State {
     /// Buffered chunks: the full logical content of each, from the chunk's
     /// start (shorter than a chunk at the end of a file).
     dirty: HashMap<Ino, std::collections::BTreeMap<u64, data::Buf>>,
+    /// Full chunks compressed on the pool as writes fill them.
+    ahead: data::Ahead,
     dirty_bytes: usize,
     dirty_chunks: usize,
     triples: HashMap<(u32, u32, u32), u32>,
@@ -450,6 +455,7 @@ impl Fs {
             cfg_dirty: false,
             pend: Pending::default(),
             dirty: HashMap::new(),
+            ahead: data::Ahead::default(),
             dirty_bytes: 0,
             dirty_chunks: 0,
             triples,
