@@ -120,13 +120,16 @@ pub(crate) trait Handler: Send + Sync {
 fn dispatch(handler: &dyn Handler, h: &InHeader, op: Op<'_>, reply: Reply) {
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler.serve(h, op, reply)));
     if let Err(p) = r {
-        let what = p
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| p.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        eprintln!("zlogfs: internal error serving FUSE operation {}: {what}", h.opcode);
+        eprintln!("zlogfs: internal error serving FUSE operation {}: {}", h.opcode, panic_text(&*p));
     }
+}
+
+/// What a panic said.
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
 }
 
 enum Channel {
@@ -207,7 +210,13 @@ impl Workers {
                             Err(_) => return,
                         };
                         match job {
-                            Ok(job) => job(),
+                            // A job that panics answers EIO (its Reply is
+                            // dropped); the worker goes on.
+                            Ok(job) => {
+                                if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)) {
+                                    eprintln!("zlogfs: internal error in a worker: {}", panic_text(&*p));
+                                }
+                            }
                             Err(_) => return,
                         }
                     })
