@@ -21,6 +21,12 @@
 #   spin       a busy loop at SCHED_IDLE priority on every CPU while the
 #              commands run, so that no vCPU ever halts (what the kernel's
 #              idle=poll would do); any real work preempts it
+#   uring      zlogfs mounted with -o uring: FUSE over io_uring, a queue
+#              per CPU (Linux 6.14+; turns the fuse module's enable_uring
+#              on, and the run puts it back as it was)
+#   dev        -o nouring: /dev/fuse, whose reader spins up to 200 us for
+#              the next request during a burst (the default there)
+#   dev-nospin -o nouring,spin=0: /dev/fuse, the reader sleeps at once
 #
 # SETTINGS="..." picks settings (default: as-is, halt-poll where it
 # applies, one-cpu). For the copy, the CPU time of cp itself and of the
@@ -47,10 +53,12 @@ tree=${1:-/usr/include}
 rounds=${ROUNDS:-3}
 knob=/sys/module/haltpoll/parameters/guest_halt_poll_ns
 knob_was=$(cat "$knob" 2>/dev/null || echo none)
+uring_knob=/sys/module/fuse/parameters/enable_uring
+uring_was=$(cat "$uring_knob" 2>/dev/null || echo none)
 work=$(mktemp -d /var/tmp/zlogfs-wakeups.XXXXXX)
 mnt=$work/mnt
 mkdir -p "$mnt"
-trap 'spin_stop; mountpoint -q "$mnt" && umount "$mnt"; rm -rf "$work"; [ -w "$knob" ] && echo "$knob_was" >"$knob"' EXIT
+trap 'spin_stop; mountpoint -q "$mnt" && umount "$mnt"; rm -rf "$work"; [ -w "$knob" ] && echo "$knob_was" >"$knob"; [ -w "$uring_knob" ] && echo "$uring_was" >"$uring_knob"' EXIT
 
 # The knob does something only under the haltpoll cpuidle driver.
 driver=$(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none)
@@ -63,9 +71,10 @@ else
 fi
 for setting in $settings; do
     case $setting in
-    as-is | one-cpu | threads1 | spin) ;;
+    as-is | one-cpu | threads1 | spin | dev | dev-nospin) ;;
+    uring) [ -e "$uring_knob" ] || { echo "uring needs FUSE over io_uring (Linux 6.14+)" >&2; exit 1; } ;;
     halt-poll) [ -w "$knob" ] && [ "$driver" = haltpoll ] || { echo "halt-poll needs the haltpoll cpuidle driver (have: $driver)" >&2; exit 1; } ;;
-    *) echo "unknown setting $setting (as-is, halt-poll, one-cpu, threads1, spin)" >&2; exit 1 ;;
+    *) echo "unknown setting $setting (as-is, halt-poll, one-cpu, threads1, spin, uring, dev, dev-nospin)" >&2; exit 1 ;;
     esac
 done
 spinners=""
@@ -117,10 +126,14 @@ for round in $(seq "$rounds"); do
         pin=""
         zopts=""
         [ -w "$knob" ] && echo "$knob_was" >"$knob"
+        [ -w "$uring_knob" ] && echo "$uring_was" >"$uring_knob"
         case $setting in
         halt-poll) echo 200000 >"$knob" ;;
         one-cpu) pin="taskset -c 0" ;;
         threads1) zopts="-o threads=1" ;;
+        uring) zopts="-o uring" ;;
+        dev) zopts="-o nouring" ;;
+        dev-nospin) zopts="-o nouring,spin=0" ;;
         esac
         for sys in zlogfs btrfs; do
             echo "== round $round: $setting, $sys" >&2
@@ -164,8 +177,8 @@ out=${OUT:-bench/results/wakeups-$(date +%Y-%m-%d).md}
 [ -z "${OUT:-}" ] && [ -e "$out" ] && out=${out%.md}-$(date +%H%M).md
 mkdir -p "$(dirname "$out")"
 {
-    echo "Machine: $(nproc) cores, kernel $(uname -r), cpuidle $(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none), guest_halt_poll_ns as-is $knob_was; $(date -u +%Y-%m-%dT%H:%MZ); commit $(git rev-parse --short HEAD)"
-    echo "Tree: $tree ($(find "$tree" | wc -l) entries). Command: bash bench/wakeups.sh $tree ($rounds rounds: median, and min-max, in ms)"
+    echo "Machine: $(nproc) cores, kernel $(uname -r), cpuidle $(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none), guest_halt_poll_ns as-is $knob_was, fuse enable_uring as-is $uring_was; $(date -u +%Y-%m-%dT%H:%MZ); commit $(git rev-parse --short HEAD)"
+    echo "Tree: $tree ($(find "$tree" | wc -l) entries). Command: ${SETTINGS:+SETTINGS=\"$SETTINGS\" }bash bench/wakeups.sh $tree ($rounds rounds: median, and min-max, in ms)"
     echo
     echo "| setting | measure | zlogfs (ms) | btrfs zstd:1 (ms) | zlogfs / btrfs |"
     echo "|---|---|---:|---:|---:|"

@@ -57,7 +57,10 @@ enum Cmd {
         /// uring[=on|off|auto] (take requests through FUSE over io_uring,
         /// one queue per CPU: much cheaper round trips on Linux 6.14+; the
         /// default, auto, uses it when the fuse module's enable_uring is
-        /// on; uring turns that on, as root, and fails without it).
+        /// on; uring turns that on, as root, and fails without it),
+        /// spin=US (through /dev/fuse, how long the reader looks for the
+        /// next request during a burst before it sleeps; default 200, 0
+        /// never: costs CPU, saves wakeups).
         /// Permissions are always checked by the kernel
         /// (default_permissions).
         #[arg(short = 'o', value_name = "OPTIONS")]

@@ -65,6 +65,15 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
                 }
             }
             "nouring" => p.mount.uring = Uring::Off,
+            "spin" => {
+                let v = v.ok_or("option spin needs microseconds, e.g. spin=200 (0: never)")?;
+                let us: u64 = v
+                    .parse()
+                    .ok()
+                    .filter(|n| *n <= 100_000)
+                    .ok_or_else(|| format!("option spin={v}: give 0 to 100000 microseconds"))?;
+                p.mount.spin = Duration::from_micros(us);
+            }
             "patches" => p.patches = true,
             "nopatches" => p.patches = false,
             "threads" => {
@@ -101,7 +110,7 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
             _ => {
                 return Err(format!(
                     "unknown mount option {opt:?} (known: ro, rw, allow_other, default_permissions, noatime, \
-                     relatime, patches, nopatches, uring[=on|off|auto], attr_timeout=S, entry_timeout=S, negative_timeout=S, threads=N)"
+                     relatime, patches, nopatches, uring[=on|off|auto], spin=US, attr_timeout=S, entry_timeout=S, negative_timeout=S, threads=N)"
                 ))
             }
         }
@@ -333,6 +342,10 @@ mod tests {
         assert_eq!(uring("nouring"), Ok(Uring::Off));
         assert_eq!(uring("uring=auto"), Ok(Uring::Auto));
         assert!(uring("uring=maybe").is_err());
+        let spin = |o: &str| parse_options(&[o.into()], Path::new("i")).map(|p| p.mount.spin);
+        assert_eq!(spin("ro"), Ok(Duration::from_micros(200)));
+        assert_eq!(spin("spin=0"), Ok(Duration::ZERO));
+        assert!(spin("spin").is_err() && spin("spin=-1").is_err() && spin("spin=1000000").is_err());
         let (i, d, o, f) =
             helper_args(&["img".into(), "/mnt".into(), "-o".into(), "rw,noatime".into(), "-n".into()])
                 .unwrap();

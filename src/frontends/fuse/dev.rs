@@ -7,7 +7,12 @@
 
 use std::fs::File;
 use std::io::{self, IoSlice, Read, Write};
+use std::os::fd::AsFd;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use super::abi::{self, init, InHeader, InitIn, InitOut, Op};
 use super::{Handler, Reply};
@@ -50,7 +55,8 @@ const WANT: u64 = init::ASYNC_READ
 pub fn handshake(dev: &File, max_write: u32, uring: bool) -> io::Result<Negotiated> {
     let mut buf = vec![0u8; read_buffer_size(max_write)];
     loop {
-        let n = read_request(dev, &mut buf)?.ok_or_else(|| io::Error::other("unmounted before INIT"))?;
+        let n = read_request(dev, &mut buf, Duration::ZERO, false)?
+            .ok_or_else(|| io::Error::other("unmounted before INIT"))?;
         let (h, arg, _) = abi::split_dev(&buf[..n]).map_err(bad)?;
         if h.opcode != abi::op::INIT {
             send(dev, h.unique, -libc::EIO, &[]);
@@ -106,11 +112,25 @@ pub fn read_buffer_size(max_write: u32) -> usize {
     max_write as usize + 8192
 }
 
-/// Read one request; `None` once the file system is unmounted.
-fn read_request(dev: &File, buf: &mut [u8]) -> io::Result<Option<usize>> {
+/// Read one request; `None` once the file system is unmounted. On a
+/// `nonblocking` descriptor, keep trying for `spin` (yielding the CPU
+/// between tries), then wait in poll(2).
+fn read_request(dev: &File, buf: &mut [u8], spin: Duration, nonblocking: bool) -> io::Result<Option<usize>> {
+    let start = Instant::now();
     loop {
         match (&*dev).read(buf) {
             Ok(n) => return Ok(Some(n)),
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && nonblocking => {
+                if start.elapsed() < spin {
+                    std::thread::yield_now();
+                } else {
+                    let mut fds = [PollFd::new(dev.as_fd(), PollFlags::POLLIN)];
+                    match poll(&mut fds, PollTimeout::NONE) {
+                        Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
             // ENOENT: the request was interrupted before we read it.
             Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::ENOENT)) => {}
             // ENODEV: unmounted (ECONNABORTED: aborted through fusectl).
@@ -137,10 +157,32 @@ pub fn send(dev: &File, unique: u64, error: i32, parts: &[&[u8]]) {
     }
 }
 
+/// Requests that come this close to each other are a burst: the reader
+/// spins for the next.
+const BURST: Duration = Duration::from_millis(1);
+
 /// Serve requests read from `dev` until the file system is unmounted.
-pub fn serve(dev: Arc<File>, max_write: u32, handler: &dyn Handler) -> io::Result<()> {
+///
+/// While requests come in a burst (the last two within [`BURST`]), the
+/// reader looks for the next one for `spin` before it sleeps, yielding the
+/// CPU between tries: a request then finds the reader awake, and costs no
+/// wakeup of a thread that may sit halted on another CPU. On 2 vCPUs that
+/// halve the time of `cp -a` and read-back through `/dev/fuse`
+/// (docs/ARCHITECTURE.md). A sparse stream is not spun for.
+pub fn serve(dev: Arc<File>, max_write: u32, handler: &dyn Handler, spin: Duration) -> io::Result<()> {
     let mut buf = vec![0u8; read_buffer_size(max_write)];
-    while let Some(n) = read_request(&dev, &mut buf)? {
+    if !spin.is_zero() {
+        let fl = OFlag::from_bits_truncate(fcntl(&*dev, FcntlArg::F_GETFL)?);
+        fcntl(&*dev, FcntlArg::F_SETFL(fl | OFlag::O_NONBLOCK))?;
+    }
+    let mut last = Instant::now();
+    let mut burst = false;
+    while let Some(n) =
+        read_request(&dev, &mut buf, if burst { spin } else { Duration::ZERO }, !spin.is_zero())?
+    {
+        let now = Instant::now();
+        burst = now.duration_since(last) < BURST;
+        last = now;
         let msg = &buf[..n];
         let (h, arg, data) = match abi::split_dev(msg) {
             Ok(x) => x,

@@ -81,6 +81,9 @@ pub struct MountOptions {
     pub fsname: String,
     /// Whether to use FUSE over io_uring.
     pub uring: Uring,
+    /// How long the `/dev/fuse` reader looks for the next request before
+    /// it sleeps, during a burst of requests (zero: never).
+    pub spin: Duration,
 }
 
 impl Default for MountOptions {
@@ -94,6 +97,7 @@ impl Default for MountOptions {
             threads: 4,
             fsname: "zlogfs".into(),
             uring: Uring::Auto,
+            spin: SPIN,
         }
     }
 }
@@ -108,6 +112,10 @@ const OPEN_FLAGS: u32 = fopen::KEEP_CACHE | fopen::NOFLUSH;
 const MAX_WRITE: u32 = 1 << 20;
 /// Reads and writes of this many bytes or more are served by a worker.
 const LARGE_IO: usize = 128 << 10;
+
+/// How long the `/dev/fuse` reader looks for the next request before it
+/// sleeps, while requests come in a burst (see [`dev::serve`]).
+const SPIN: Duration = Duration::from_micros(200);
 
 /// Serves parsed requests; each [`Reply`] must be answered (dropping one
 /// answers EIO).
@@ -725,7 +733,10 @@ impl Session {
     /// Serve until the file system is unmounted; then finish the
     /// requests in progress and sync.
     pub fn run(self) -> io::Result<()> {
-        let served = dev::serve(Arc::clone(&self.dev), self.max_write, &*self.handler);
+        // Through io_uring, /dev/fuse carries only FORGETs and the like:
+        // no spinning for them.
+        let spin = if self.queues.is_empty() { self.handler.opts.spin } else { Duration::ZERO };
+        let served = dev::serve(Arc::clone(&self.dev), self.max_write, &*self.handler, spin);
         for q in self.queues {
             let _ = q.join();
         }
