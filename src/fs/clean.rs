@@ -282,6 +282,7 @@ impl State {
         if ok.is_empty() {
             return Ok(true);
         }
+        self.epoch += 1;
         let r = self.eng.reclaim(&ok)?;
         rep.freed += r.freed;
         rep.rounds += 1;

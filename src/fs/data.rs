@@ -561,6 +561,39 @@ impl State {
         Ok(out)
     }
 
+    /// The blocks a read of `[off, off + len)` would read that are not
+    /// cached (chunks buffered are read from their buffers).
+    pub(super) fn uncached_blocks(&mut self, i: &Inode, off: u64, len: usize) -> Result<Vec<BlockAddr>> {
+        fn blocks(e: &Extent, out: &mut Vec<BlockAddr>) {
+            match e {
+                Extent::Own(a, _) => out.push(*a),
+                Extent::Shared { addr, .. } => out.push(*addr),
+                Extent::Patched { base, patches, .. } => {
+                    blocks(base, out);
+                    for p in patches {
+                        blocks(&p.piece, out);
+                    }
+                }
+                Extent::Inline(_) | Extent::Gone(_) => {}
+            }
+        }
+        let end = off.saturating_add(len as u64).min(i.size);
+        let cs = self.cs();
+        let mut out = Vec::new();
+        let mut idx = off / cs;
+        while idx * cs < end {
+            if self.buffered(i.ino, idx).is_none() {
+                if let Some(e) = self.stored_extent(i.ino, idx)? {
+                    blocks(&e, &mut out);
+                }
+            }
+            idx += 1;
+        }
+        out.retain(|a| self.cache.get(a).is_none());
+        out.dedup();
+        Ok(out)
+    }
+
     /// Write `data` at `off`, growing the size; times are the caller's.
     pub(super) fn write_data(&mut self, i: &mut Inode, off: u64, data: &[u8]) -> Result<()> {
         let cs = self.cs();
@@ -946,6 +979,7 @@ impl State {
     /// Compress and store the buffered chunks of the group, and point the
     /// files at them. On failure the buffers are kept.
     pub(super) fn store_dirty(&mut self, room: Room) -> Result<()> {
+        self.epoch += 1;
         let dirty = std::mem::take(&mut self.dirty);
         self.dirty_bytes = 0;
         self.dirty_chunks = 0;

@@ -308,6 +308,10 @@ struct State {
     dirty: HashMap<Ino, std::collections::BTreeMap<u64, data::Buf>>,
     /// Full chunks compressed on the pool as writes fill them.
     ahead: data::Ahead,
+    /// Moves whenever blocks may be placed in the log or freed (a commit,
+    /// storing buffered chunks, the cleaner's reclaim): a block read at an
+    /// address while it did not move is what that address holds.
+    epoch: u64,
     dirty_bytes: usize,
     dirty_chunks: usize,
     triples: HashMap<(u32, u32, u32), u32>,
@@ -456,6 +460,7 @@ impl Fs {
             pend: Pending::default(),
             dirty: HashMap::new(),
             ahead: data::Ahead::default(),
+            epoch: 0,
             dirty_bytes: 0,
             dirty_chunks: 0,
             triples,
@@ -773,6 +778,7 @@ impl State {
 
     /// Commit, allowed to use `room` of the log's reserve.
     fn commit_as(&mut self, room: Room) -> Result<()> {
+        self.epoch += 1;
         if !self.dirty.is_empty() {
             match self.store_dirty(room) {
                 Err(Error::NoSpace(_)) if !self.cleaning => {
