@@ -74,18 +74,18 @@ mod buf {
 
 pub(super) use buf::Buf;
 
+/// Bytes of chunks queued for compression ahead at most (each job holds a
+/// copy). fio's 1 MiB sequential writes through the mount, median of 10
+/// in turns: 451 MiB/s without compression ahead, 529 with 4 MiB queued
+/// at most, 626 with 32 MiB (docs/ARCHITECTURE.md, Parallel compression).
+const AHEAD_BYTES: usize = 32 << 20;
+
 /// Full chunks compressed ahead of their commit, on the pool's threads,
 /// while the writes that follow are taken: a sequential write's
 /// compression overlaps its receiving instead of stopping it at every
 /// commit (docs/ARCHITECTURE.md, Parallel compression). The commit uses a
 /// block only if its buffer still has the stamp it was compressed at (so
 /// the same bytes), the same length and the file the same codec.
-/// Bytes of chunks queued for compression ahead at most (each job holds a
-/// copy). fio's 1 MiB sequential writes through the mount, median of 10
-/// in turns: 451 MiB/s without compression ahead, 529 with 4 MiB queued
-/// at most, 626 with 32 MiB (docs/BENCHMARKS.md).
-const AHEAD_BYTES: usize = 32 << 20;
-
 #[derive(Default)]
 pub(super) struct Ahead {
     map: HashMap<(Ino, u64), AheadBlock>,
