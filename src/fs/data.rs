@@ -683,11 +683,10 @@ impl State {
         len: usize,
     ) -> Option<EncodedBlock> {
         let a = self.ahead.map.remove(&(ino, idx))?;
-        if a.stamp != stamp || a.spec != spec || a.len != len {
-            a.take();
-            return None;
-        }
-        a.take()
+        let same = a.stamp == stamp && a.spec == spec && a.len == len;
+        // Taken either way: a block of other bytes is dropped, its job
+        // stopped.
+        a.take().filter(|_| same)
     }
 
     /// Release a stored chunk's hold on its blocks.

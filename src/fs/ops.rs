@@ -518,22 +518,26 @@ impl Fs {
     /// nothing placed or freed a block meanwhile (the log epoch did not
     /// move), since only then are they still what those addresses hold.
     /// The read itself then runs under the lock as before, finding them
-    /// cached (or, evicted since, reading them again).
+    /// cached (or, evicted since, reading them again). A read that needs
+    /// nothing uncached takes the lock once.
     pub fn read(&self, ino: Ino, off: u64, len: usize) -> Result<Vec<u8>> {
-        let (need, epoch) = {
-            let mut st = self.st();
-            let i = st.file(ino)?;
-            (st.uncached_blocks(&i, off, len)?, st.epoch)
-        };
-        let got: Vec<(BlockAddr, Vec<u8>)> =
-            need.into_iter().filter_map(|a| self.eng.read_block(a).ok().map(|b| (a, b))).collect();
         let mut st = self.st();
-        if st.epoch == epoch {
-            for (a, b) in got {
-                st.cache.insert(a, Arc::new(b));
+        let mut i = st.file(ino)?;
+        let need = st.uncached_blocks(&i, off, len)?;
+        if !need.is_empty() {
+            let epoch = st.epoch;
+            drop(st);
+            let got: Vec<(BlockAddr, Vec<u8>)> =
+                need.into_iter().filter_map(|a| self.eng.read_block(a).ok().map(|b| (a, b))).collect();
+            st = self.st();
+            if st.epoch == epoch {
+                for (a, b) in got {
+                    st.cache.insert(a, Arc::new(b));
+                }
             }
+            // Changed or removed while the lock was not held.
+            i = st.file(ino)?;
         }
-        let i = st.file(ino)?;
         let v = st.read_data(&i, off, len)?;
         st.relatime(i);
         Ok(v)

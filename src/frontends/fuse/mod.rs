@@ -294,6 +294,14 @@ fn empty(r: Result<(), Error>, reply: Reply) {
     }
 }
 
+/// Reply to a write or a copy with the count of bytes.
+fn written(r: Result<usize, Error>, reply: Reply) {
+    match r {
+        Ok(n) => reply.data(&abi::write_out(n as u32)),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
 fn type_bits(k: Kind) -> u32 {
     match k {
         Kind::File => libc::S_IFREG,
@@ -555,16 +563,10 @@ impl Handler for ZlogFuse {
                     // needs a copy.
                     let fs = Arc::clone(&self.fs);
                     let data = data.to_vec();
-                    self.workers.run(move || match fs.write(ino, offset, &data) {
-                        Ok(n) => reply.data(&abi::write_out(n as u32)),
-                        Err(e) => reply.error(errno(e)),
-                    });
+                    self.workers.run(move || written(fs.write(ino, offset, &data), reply));
                     return;
                 }
-                match self.fs.write(ino, offset, data) {
-                    Ok(n) => reply.data(&abi::write_out(n as u32)),
-                    Err(e) => reply.error(errno(e)),
-                }
+                written(self.fs.write(ino, offset, data), reply)
             }
             Op::Statfs => match self.fs.statfs() {
                 Ok(s) => reply.data(&abi::statfs_out(
@@ -657,9 +659,8 @@ impl Handler for ZlogFuse {
                 // call (callers loop on short copies).
                 let len = len.min(1 << 30);
                 let fs = Arc::clone(&self.fs);
-                self.workers.run(move || match fs.copy_file_range(ino, off_in, ino_out, off_out, len) {
-                    Ok(n) => reply.data(&abi::write_out(n as u32)),
-                    Err(e) => reply.error(errno(e)),
+                self.workers.run(move || {
+                    written(fs.copy_file_range(ino, off_in, ino_out, off_out, len).map(|n| n as usize), reply)
                 });
             }
             // Answered by the transports themselves.
