@@ -686,3 +686,151 @@ fn full_device_gives_enospc_and_recovers_after_delete() {
     unmount(&d);
     child.wait().expect("wait");
 }
+
+/// The options of `line`'s mount in /proc/self/mountinfo (per-mount and
+/// super block options together).
+fn mount_options(dir: &Path) -> Vec<String> {
+    let dir = fs::canonicalize(dir).expect("mount point");
+    let info = fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let line = info
+        .lines()
+        .find(|l| l.split(' ').nth(4) == dir.to_str())
+        .unwrap_or_else(|| panic!("{} is not in mountinfo", dir.display()));
+    let fields: Vec<&str> = line.split(' ').collect();
+    let sep = fields.iter().position(|f| *f == "-").expect("separator");
+    let mut o: Vec<String> = fields[5].split(',').map(str::to_string).collect();
+    o.extend(fields.get(sep + 3).unwrap_or(&"").split(',').map(str::to_string));
+    o
+}
+
+/// What a script run as nobody printed, or None if it failed.
+fn nobody_says(script: &str) -> Option<String> {
+    let o = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", script])
+        .output()
+        .expect("setpriv");
+    o.status.success().then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
+}
+
+/// The generic flags of mount(2) reach the kernel and do what they say:
+/// a set-user-ID root program, a device node, a program and a symlink on
+/// a mount with nosuid, nodev, noexec and nosymfollow, and the same on one
+/// without; and a user's mount through fusermount3 with noexec.
+#[test]
+fn generic_mount_flags_reach_the_kernel() {
+    if !usable() {
+        return;
+    }
+    let d = Dir::new("flags");
+    mkfs(&d, "64M");
+    let m = d.mnt();
+    for (opts, on) in
+        [("allow_other,nosuid,nodev,noexec,nosymfollow,nodiratime,lazytime", true), ("allow_other", false)]
+    {
+        let mut child = mount_fg(&d, opts);
+        let seen = mount_options(&m);
+        for f in ["nosuid", "nodev", "noexec", "nosymfollow"] {
+            assert_eq!(seen.iter().any(|o| o == f), on, "{f} with -o {opts}: {seen:?}");
+        }
+        fs::set_permissions(&m, fs::Permissions::from_mode(0o755)).expect("chmod root");
+        // A set-user-ID copy of id(1), owned by root.
+        let id = m.join("id");
+        fs::copy("/usr/bin/id", &id).expect("copy id");
+        fs::set_permissions(&id, fs::Permissions::from_mode(0o4755)).expect("chmod u+s");
+        let euid = nobody_says(&format!("{} -u", id.display()));
+        if on {
+            assert_eq!(euid, None, "noexec refuses to run it at all");
+        } else {
+            assert_eq!(euid.as_deref(), Some("0"), "set-user-ID root honoured without nosuid");
+        }
+        // nosuid on its own: the bit is ignored, the program runs.
+        if on {
+            unmount(&d);
+            child.wait().expect("wait");
+            child = mount_fg(&d, "allow_other,nosuid");
+            assert_eq!(nobody_says(&format!("{} -u", id.display())).as_deref(), Some("65534"), "nosuid");
+            unmount(&d);
+            child.wait().expect("wait");
+            child = mount_fg(&d, opts);
+        }
+        // A device node: /dev/null's numbers.
+        let node = m.join("null");
+        let _ = fs::remove_file(&node);
+        run_ok(Command::new("mknod").arg(&node).args(["c", "1", "3"]));
+        let w = fs::OpenOptions::new().write(true).open(&node).map(drop);
+        assert_eq!(w.is_err(), on, "opening a device node with -o {opts}: {w:?}");
+        // A symlink in a path.
+        fs::write(m.join("target"), b"t").expect("write");
+        let _ = fs::remove_file(m.join("link"));
+        std::os::unix::fs::symlink("target", m.join("link")).expect("symlink");
+        let r = fs::read(m.join("link"));
+        assert_eq!(r.is_err(), on, "following a symlink with -o {opts}: {r:?}");
+        assert_eq!(fs::read_link(m.join("link")).expect("readlink"), Path::new("target"));
+        unmount(&d);
+        child.wait().expect("wait");
+    }
+    fsck_clean(&d);
+    // A user's mount through fusermount3: nosuid and nodev always, noexec
+    // when asked.
+    struct Mode(u32);
+    impl Drop for Mode {
+        fn drop(&mut self) {
+            let _ = fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(self.0));
+        }
+    }
+    let _restore = Mode(fs::metadata("/dev/fuse").expect("stat /dev/fuse").mode() & 0o7777);
+    fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(0o666)).expect("chmod /dev/fuse");
+    let mut child = mount_fg(&d, "");
+    std::os::unix::fs::chown(&m, Some(65534), Some(65534)).expect("chown the root");
+    unmount(&d);
+    child.wait().expect("wait");
+    for p in [d.img(), m.clone()] {
+        std::os::unix::fs::chown(&p, Some(65534), Some(65534)).expect("chown");
+    }
+    fs::set_permissions(&d.0, fs::Permissions::from_mode(0o755)).expect("chmod");
+    let (ip, mp) = (d.img().to_str().expect("utf8").to_string(), m.to_str().expect("utf8").to_string());
+    let zl = fs::canonicalize(ZLOGFS).expect("binary path");
+    let script = format!(
+        "{z} mount -o noexec,nouring {ip} {mp} && cp /bin/true {mp}/t && chmod 755 {mp}/t && \
+         grep ' {mp} ' /proc/self/mountinfo && ! {mp}/t; r=$?; fusermount3 -u {mp}; exit $r",
+        z = zl.display()
+    );
+    let out = nobody_says(&script).expect("user mount with noexec");
+    for f in ["nosuid", "nodev", "noexec"] {
+        assert!(out.split([' ', ',']).any(|o| o == f), "{f} on a user's mount: {out}");
+    }
+    wait_for("the daemon to close the image", || zlogfs(&["fsck", &ip]).status.code() != Some(2));
+}
+
+/// `-o dirsync` makes a directory change durable when it returns, and
+/// `-o sync` every change: each survives kill -9 of the daemon at once.
+#[test]
+fn dirsync_and_sync_survive_kill_9() {
+    if !usable() {
+        return;
+    }
+    let d = Dir::new("dirsync");
+    mkfs(&d, "64M");
+    let m = d.mnt();
+    let mut child = mount_fg(&d, "dirsync");
+    fs::create_dir(m.join("dir")).expect("mkdir");
+    fs::File::create(m.join("dir/empty")).expect("create");
+    fs::rename(m.join("dir/empty"), m.join("moved")).expect("rename");
+    child.kill().expect("kill -9");
+    child.wait().expect("wait");
+    unmount(&d);
+    let mut child = mount_fg(&d, "sync");
+    assert!(m.join("dir").is_dir() && m.join("moved").is_file(), "directory changes under dirsync");
+    assert!(!m.join("dir/empty").exists());
+    fs::write(m.join("moved"), b"written under -o sync").expect("write");
+    fs::set_permissions(m.join("moved"), fs::Permissions::from_mode(0o600)).expect("chmod");
+    child.kill().expect("kill -9");
+    child.wait().expect("wait");
+    unmount(&d);
+    let mut child = mount_fg(&d, "");
+    assert_eq!(fs::read(m.join("moved")).expect("read"), b"written under -o sync");
+    assert_eq!(fs::metadata(m.join("moved")).expect("stat").mode() & 0o777, 0o600);
+    unmount(&d);
+    child.wait().expect("wait");
+    fsck_clean(&d);
+}

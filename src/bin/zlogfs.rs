@@ -61,6 +61,11 @@ enum Cmd {
         /// spin=US (through /dev/fuse, how long the reader looks for the
         /// next request during a burst before it sleeps; default 200, 0
         /// never: costs CPU, saves wakeups).
+        /// Every generic option of mount(8) is taken as well: nosuid,
+        /// nodev, noexec, nosymfollow go to the kernel; sync and dirsync
+        /// make each change (each directory change) durable when it
+        /// returns; noatime, relatime (default), strictatime, nodiratime
+        /// set the atime policy (docs/SEMANTICS.md).
         /// Permissions are always checked by the kernel
         /// (default_permissions).
         #[arg(short = 'o', value_name = "OPTIONS")]

@@ -82,6 +82,21 @@ pub enum Atime {
     /// When atime is not newer than mtime or ctime, or a day old (Linux's
     /// relatime).
     Relatime,
+    /// On every read (strictatime).
+    Strict,
+}
+
+/// What is made durable as soon as it is done, beyond fsync, syncfs, the
+/// commit interval and close.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncMode {
+    /// Nothing more (the default).
+    Lazy,
+    /// Every operation that changes a directory: create, mknod, mkdir,
+    /// symlink, link, unlink, rmdir, rename (`-o dirsync`).
+    Dirs,
+    /// Every operation that changes anything (`-o sync`).
+    All,
 }
 
 /// Tunables of an open file system.
@@ -98,6 +113,11 @@ pub struct FsOptions {
     pub cache_bytes: usize,
     /// atime policy.
     pub atime: Atime,
+    /// Whether reading a directory updates its atime (under `atime`);
+    /// `-o nodiratime` turns it off.
+    pub diratime: bool,
+    /// What is synced as soon as it is done.
+    pub sync: SyncMode,
     /// Store small overwrites of stored chunks as patches beside them
     /// (docs/ARCHITECTURE.md, "Patches"). On by default; off, every
     /// overwrite rewrites its whole chunk.
@@ -112,6 +132,8 @@ impl Default for FsOptions {
             dirty_bytes: 256 << 20,
             cache_bytes: 128 << 20,
             atime: Atime::Relatime,
+            diratime: true,
+            sync: SyncMode::Lazy,
             patches: true,
         }
     }
@@ -322,6 +344,7 @@ struct State {
     max_group: usize,
     dirty_limit: usize,
     atime: Atime,
+    diratime: bool,
     stats: FsStats,
     /// Lifetime counters, as of the last committed group plus this one.
     counters: Counters,
@@ -358,6 +381,7 @@ pub struct Fs {
     inner: Arc<Inner>,
     eng: Arc<Engine>,
     worker: Option<JoinHandle<()>>,
+    sync_mode: SyncMode,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -470,6 +494,7 @@ impl Fs {
             max_group,
             dirty_limit: opts.dirty_bytes.max(1 << 20),
             atime: opts.atime,
+            diratime: opts.diratime,
             patches: opts.patches,
             stats: FsStats::default(),
             counters,
@@ -496,7 +521,7 @@ impl Fs {
                 .spawn(move || commit_loop(w, e, iv))
                 .expect("spawning the commit thread")
         });
-        Ok(Fs { inner, eng, worker })
+        Ok(Fs { inner, eng, worker, sync_mode: opts.sync })
     }
 
     fn st(&self) -> MutexGuard<'_, State> {
@@ -527,6 +552,18 @@ impl Fs {
     pub fn sync(&self) -> Result<()> {
         self.st().commit()?;
         self.eng.sync()
+    }
+
+    /// After an operation that succeeded: sync if the [`SyncMode`] asks
+    /// for it (`dir`: the operation changed a directory).
+    fn synced<T>(&self, r: Result<T>, dir: bool) -> Result<T> {
+        let v = r?;
+        match self.sync_mode {
+            SyncMode::All => self.sync()?,
+            SyncMode::Dirs if dir => self.sync()?,
+            _ => {}
+        }
+        Ok(v)
     }
 
     /// fsync/fdatasync of one file: this file system commits whole groups,

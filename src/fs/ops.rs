@@ -271,12 +271,15 @@ impl State {
         }
     }
 
+    /// A read of `i`: update its atime as the policy says.
     fn relatime(&mut self, mut i: Inode) {
-        if self.atime == Atime::Noatime {
-            return;
-        }
         let t = now();
-        if i.atime <= i.mtime || i.atime <= i.ctime || t.sec - i.atime.sec >= 86_400 {
+        let due = match self.atime {
+            Atime::Noatime => false,
+            Atime::Strict => true,
+            Atime::Relatime => i.atime <= i.mtime || i.atime <= i.ctime || t.sec - i.atime.sec >= 86_400,
+        };
+        if due && (self.diratime || i.kind() != Kind::Dir) {
             i.atime = t;
             self.save(&i);
         }
@@ -347,6 +350,18 @@ impl Fs {
         (uid, gid): (u32, u32),
         rdev: u64,
     ) -> Result<Attr> {
+        self.synced(self.mknod_umask_now(parent, name, mode, umask, (uid, gid), rdev), true)
+    }
+
+    fn mknod_umask_now(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        (uid, gid): (u32, u32),
+        rdev: u64,
+    ) -> Result<Attr> {
         let mut st = self.st();
         st.pre_op()?;
         if Kind::from_mode(mode) == Some(Kind::Symlink) {
@@ -368,6 +383,10 @@ impl Fs {
 
     /// Create a symbolic link to `target`.
     pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
+        self.synced(self.symlink_now(parent, name, target, uid, gid), true)
+    }
+
+    fn symlink_now(&self, parent: Ino, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
         if target.is_empty() || target.len() > MAX_SYMLINK {
             return Err(posix(
                 if target.is_empty() { libc::ENOENT } else { libc::ENAMETOOLONG },
@@ -394,6 +413,10 @@ impl Fs {
 
     /// A new name for an existing inode.
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
+        self.synced(self.link_now(ino, newparent, newname), true)
+    }
+
+    fn link_now(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
         let mut st = self.st();
         st.pre_op()?;
         st.grew = true;
@@ -428,6 +451,10 @@ impl Fs {
 
     /// Remove a name that is not a directory.
     pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        self.synced(self.unlink_now(parent, name), true)
+    }
+
+    fn unlink_now(&self, parent: Ino, name: &[u8]) -> Result<()> {
         let mut st = self.st();
         st.pre_op()?;
         let (ino, kind) = st.entry(parent, name)?;
@@ -446,6 +473,10 @@ impl Fs {
 
     /// Remove an empty directory.
     pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        self.synced(self.rmdir_now(parent, name), true)
+    }
+
+    fn rmdir_now(&self, parent: Ino, name: &[u8]) -> Result<()> {
         let mut st = self.st();
         st.pre_op()?;
         if name == b"." {
@@ -474,6 +505,10 @@ impl Fs {
 
     /// Rename, with [`RENAME_NOREPLACE`] or [`RENAME_EXCHANGE`].
     pub fn rename(&self, parent: Ino, name: &[u8], newparent: Ino, newname: &[u8], flags: u32) -> Result<()> {
+        self.synced(self.rename_now(parent, name, newparent, newname, flags), true)
+    }
+
+    fn rename_now(&self, parent: Ino, name: &[u8], newparent: Ino, newname: &[u8], flags: u32) -> Result<()> {
         let mut st = self.st();
         st.pre_op()?;
         st.rename(parent, name, newparent, newname, flags)
@@ -545,6 +580,10 @@ impl Fs {
 
     /// Write `data` at `off`.
     pub fn write(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
+        self.synced(self.write_now(ino, off, data), false)
+    }
+
+    fn write_now(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
         let mut st = self.st();
         st.pre_op()?;
         let mut i = st.file(ino)?;
@@ -565,6 +604,10 @@ impl Fs {
 
     /// Change attributes; a size change truncates or extends.
     pub fn setattr(&self, ino: Ino, a: &SetAttr) -> Result<Attr> {
+        self.synced(self.setattr_now(ino, a), false)
+    }
+
+    fn setattr_now(&self, ino: Ino, a: &SetAttr) -> Result<Attr> {
         let mut st = self.st();
         st.pre_op()?;
         let mut i = st.inode(ino)?;
@@ -614,6 +657,10 @@ impl Fs {
     /// fallocate: mode 0 or KEEP_SIZE (space is not reserved: compressed
     /// sizes are unknown in advance), PUNCH_HOLE | KEEP_SIZE, ZERO_RANGE.
     pub fn fallocate(&self, ino: Ino, mode: u32, off: u64, len: u64) -> Result<()> {
+        self.synced(self.fallocate_now(ino, mode, off, len), false)
+    }
+
+    fn fallocate_now(&self, ino: Ino, mode: u32, off: u64, len: u64) -> Result<()> {
         let mut st = self.st();
         st.pre_op()?;
         let mut i = st.file(ino)?;
@@ -668,9 +715,14 @@ impl Fs {
 
     /// Entries of a directory in name order, after `after`, at most `limit`.
     /// Resuming after a name is stable while entries come and go.
+    /// Reading from the start counts as an access of the directory (its
+    /// atime, under the atime policy and `diratime`).
     pub fn readdir(&self, ino: Ino, after: Option<&[u8]>, limit: usize) -> Result<Vec<DirEntry>> {
-        let st = self.st();
-        st.dir(ino)?;
+        let mut st = self.st();
+        let d = st.dir(ino)?;
+        if after.is_none() {
+            st.relatime(d);
+        }
         let (lo, hi) = dirents_range(ino);
         let start = match after {
             Some(n) => {
@@ -717,6 +769,10 @@ impl Fs {
 
     /// Set an xattr ([`XATTR_CREATE`], [`XATTR_REPLACE`]).
     pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
+        self.synced(self.setxattr_now(ino, name, value, flags), false)
+    }
+
+    fn setxattr_now(&self, ino: Ino, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
         if name == XATTR_CLEAN {
             return self.clean_by_xattr(ino, value);
         }
@@ -797,6 +853,10 @@ impl Fs {
 
     /// Remove an xattr.
     pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
+        self.synced(self.removexattr_now(ino, name), false)
+    }
+
+    fn removexattr_now(&self, ino: Ino, name: &[u8]) -> Result<()> {
         let mut st = self.st();
         st.pre_op()?;
         let mut i = st.inode(ino)?;

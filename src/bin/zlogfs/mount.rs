@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use zlogfs::engine::Options;
 use zlogfs::frontends::fuse::{self, MountOptions, Uring};
-use zlogfs::fs::{Atime, Fs, FsOptions};
+use zlogfs::fs::{Atime, Fs, FsOptions, SyncMode};
 use zlogfs::{engine, Error};
 
 use super::Res;
@@ -21,17 +21,28 @@ const READY_ENV: &str = "ZLOGFS_DAEMON_READY";
 pub struct Parsed {
     pub mount: MountOptions,
     pub atime: Atime,
+    /// Reading a directory updates its atime (`-o nodiratime`: never).
+    pub diratime: bool,
+    /// `-o sync` and `-o dirsync`.
+    pub sync: SyncMode,
     /// Store small overwrites as patches (the default; `-o nopatches`
     /// turns it off).
     pub patches: bool,
 }
 
-/// Parse a `-o` list (several `-o` are joined). Options that mount(8) and
-/// fstab pass for every file system are accepted and ignored.
+/// Parse a `-o` list (several `-o` are joined). Every generic option of
+/// mount(8) is accepted: those that are flags of mount(2) go to the kernel
+/// ([`fuse::MountFlags`]), and the file system applies those that mean
+/// something to it (the atime options, nodiratime, sync, dirsync); the
+/// options only mount(8) and fstab read, and those that mean nothing for
+/// a FUSE file system (mand, iversion), are accepted and ignored, as other
+/// FUSE file systems do.
 pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
     let mut p = Parsed {
         mount: MountOptions { fsname: image.display().to_string(), ..MountOptions::default() },
         atime: Atime::Relatime,
+        diratime: true,
+        sync: SyncMode::Lazy,
         patches: true,
     };
     let secs = |k: &str, v: Option<&str>| -> Result<Duration, String> {
@@ -47,6 +58,20 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
             Some((k, v)) => (k, Some(v)),
             None => (opt, None),
         };
+        if v.is_none() && p.mount.flags.apply(k) {
+            match k {
+                "noatime" => p.atime = Atime::Noatime,
+                "atime" | "relatime" | "norelatime" | "nostrictatime" => p.atime = Atime::Relatime,
+                "strictatime" => p.atime = Atime::Strict,
+                "nodiratime" => p.diratime = false,
+                "diratime" => p.diratime = true,
+                "sync" => p.sync = SyncMode::All,
+                "async" => p.sync = SyncMode::Lazy,
+                "dirsync" if p.sync == SyncMode::Lazy => p.sync = SyncMode::Dirs,
+                _ => {}
+            }
+            continue;
+        }
         match k {
             "ro" => p.mount.read_only = true,
             "rw" => p.mount.read_only = false,
@@ -54,8 +79,6 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
             "attr_timeout" => p.mount.attr_timeout = secs(k, v)?,
             "entry_timeout" => p.mount.entry_timeout = secs(k, v)?,
             "negative_timeout" => p.mount.negative_timeout = secs(k, v)?,
-            "noatime" => p.atime = Atime::Noatime,
-            "relatime" | "atime" | "strictatime" => p.atime = Atime::Relatime,
             "uring" => {
                 p.mount.uring = match v {
                     None | Some("on") => Uring::On,
@@ -86,7 +109,7 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
             }
             // Always on: the kernel checks permissions.
             "default_permissions" => {}
-            // Generic options of mount(8) and fstab.
+            // Read by mount(8) and fstab only.
             "defaults"
             | "auto"
             | "noauto"
@@ -97,20 +120,18 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
             | "group"
             | "nofail"
             | "_netdev"
-            | "dev"
-            | "nodev"
-            | "suid"
-            | "nosuid"
-            | "exec"
-            | "noexec"
-            | "async"
-            | "sync"
             | "x-systemd.automount" => {}
+            // Nothing for a FUSE file system: mandatory locks are gone from
+            // Linux (5.15), and i_version is the kernel's own.
+            "mand" | "nomand" | "iversion" | "noiversion" => {}
+            // SELinux labels: a FUSE mount takes none.
+            "context" | "fscontext" | "defcontext" | "rootcontext" => {}
             _ if k.starts_with("x-") || k.starts_with("comment=") => {}
             _ => {
                 return Err(format!(
-                    "unknown mount option {opt:?} (known: ro, rw, allow_other, default_permissions, noatime, \
-                     relatime, patches, nopatches, uring[=on|off|auto], spin=US, attr_timeout=S, entry_timeout=S, negative_timeout=S, threads=N)"
+                    "unknown mount option {opt:?} (known: the generic options of mount(8), and allow_other, \
+                     default_permissions, patches, nopatches, uring[=on|off|auto], spin=US, attr_timeout=S, \
+                     entry_timeout=S, negative_timeout=S, threads=N)"
                 ))
             }
         }
@@ -149,11 +170,19 @@ fn preflight(dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
-fn open_for_mount(image: &Path, atime: Atime, patches: bool) -> Result<Fs, String> {
+fn open_for_mount(image: &Path, p: &Parsed) -> Result<Fs, String> {
     let f = super::open_store(image)?;
     let sb = engine::read_superblock(&f).map_err(|e| format!("{}: {e}", image.display()))?;
     let f = f.with_geometry(sb.geometry).map_err(|e| format!("{}: {e}", image.display()))?;
-    let opts = FsOptions { engine: Options::default(), atime, patches, ..FsOptions::default() };
+    let opts = FsOptions {
+        engine: Options::default(),
+        // A read-only mount writes no atimes.
+        atime: if p.mount.read_only { Atime::Noatime } else { p.atime },
+        diratime: p.diratime,
+        sync: p.sync,
+        patches: p.patches,
+        ..FsOptions::default()
+    };
     Fs::open(Arc::new(f), opts).map_err(|e: Error| format!("{}: {e}", image.display()))
 }
 
@@ -171,9 +200,7 @@ pub fn mount(image: &Path, dir: &Path, opts: &[String], foreground: bool) -> Res
     if !foreground && !daemon_child {
         return spawn_daemon(image, dir, opts);
     }
-    let fs = Arc::new(
-        open_for_mount(image, parsed.atime, parsed.patches).map_err(|e| ready_fail(daemon_child, e))?,
-    );
+    let fs = Arc::new(open_for_mount(image, &parsed).map_err(|e| ready_fail(daemon_child, e))?);
     let (session, mut unmounter) = fuse::mount(fs.clone(), dir, &parsed.mount)
         .map_err(|e| ready_fail(daemon_child, format!("cannot mount on {}: {e}", dir.display())))?;
     let mut signals = signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP])
@@ -354,5 +381,24 @@ mod tests {
             (PathBuf::from("img"), PathBuf::from("/mnt"), vec!["rw,noatime".to_string()], false)
         );
         assert!(helper_args(&["img".into()]).is_err());
+        // Every generic option of mount(8) is taken; the flags reach the
+        // kernel, and the file system applies what means something to it.
+        let p = parse_options(
+            &["nodiratime,lazytime,iversion,nosymfollow,mand,dirsync,silent,nosuid,nodev,noexec".into()],
+            Path::new("i"),
+        )
+        .unwrap();
+        let f = p.mount.flags;
+        for flag in [libc::MS_NOSYMFOLLOW, libc::MS_DIRSYNC, libc::MS_NOSUID, libc::MS_NODEV, libc::MS_NOEXEC]
+        {
+            assert!(f.has(flag), "{flag:#x}");
+        }
+        assert!(!p.diratime);
+        assert_eq!(p.sync, SyncMode::Dirs);
+        let p = parse_options(&["sync,dirsync,strictatime".into()], Path::new("i")).unwrap();
+        assert_eq!((p.sync, p.atime), (SyncMode::All, Atime::Strict));
+        assert!(p.mount.flags.has(libc::MS_SYNCHRONOUS));
+        let p = parse_options(&["nosuid,suid".into()], Path::new("i")).unwrap();
+        assert!(!p.mount.flags.has(libc::MS_NOSUID), "a later option wins");
     }
 }

@@ -19,6 +19,80 @@ use nix::sys::socket::{self, AddressFamily, ControlMessageOwned, MsgFlags, SockF
 
 use super::MountOptions;
 
+/// A generic mount option of mount(8): the `MS_*` flag it sets or clears,
+/// and whether fusermount3 (3.14, Debian 12's) takes it.
+struct Generic {
+    name: &'static str,
+    flag: libc::c_ulong,
+    set: bool,
+    fusermount: bool,
+}
+
+const fn g(name: &'static str, flag: libc::c_ulong, set: bool, fusermount: bool) -> Generic {
+    Generic { name, flag, set, fusermount }
+}
+
+/// Every generic option that means a flag of mount(2). `ro`/`rw` are
+/// [`MountOptions::read_only`]. The atime options are also the file
+/// system's own policy (the kernel leaves atime to a FUSE server); a user
+/// mount through a fusermount3 that does not know them still applies
+/// that policy, so they are not passed to it. `nosymfollow` is: a
+/// fusermount3 that does not know it refuses the mount, which is better
+/// than a mount that follows symlinks when told not to.
+const GENERIC: &[Generic] = &[
+    g("nosuid", libc::MS_NOSUID, true, true),
+    g("suid", libc::MS_NOSUID, false, true),
+    g("nodev", libc::MS_NODEV, true, true),
+    g("dev", libc::MS_NODEV, false, true),
+    g("noexec", libc::MS_NOEXEC, true, true),
+    g("exec", libc::MS_NOEXEC, false, true),
+    g("sync", libc::MS_SYNCHRONOUS, true, true),
+    g("async", libc::MS_SYNCHRONOUS, false, true),
+    g("dirsync", libc::MS_DIRSYNC, true, true),
+    g("noatime", libc::MS_NOATIME, true, true),
+    g("atime", libc::MS_NOATIME, false, true),
+    g("nodiratime", libc::MS_NODIRATIME, true, false),
+    g("diratime", libc::MS_NODIRATIME, false, false),
+    g("relatime", libc::MS_RELATIME, true, false),
+    g("norelatime", libc::MS_RELATIME, false, false),
+    g("strictatime", libc::MS_STRICTATIME, true, false),
+    g("nostrictatime", libc::MS_STRICTATIME, false, false),
+    g("lazytime", libc::MS_LAZYTIME, true, false),
+    g("nolazytime", libc::MS_LAZYTIME, false, false),
+    g("nosymfollow", libc::MS_NOSYMFOLLOW, true, true),
+    g("symfollow", libc::MS_NOSYMFOLLOW, false, false),
+    g("silent", libc::MS_SILENT, true, false),
+    g("loud", libc::MS_SILENT, false, false),
+];
+
+/// The generic flags of a mount (`MS_*` bits of mount(2)), as the
+/// options that set and clear them leave them, in order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MountFlags(pub libc::c_ulong);
+
+impl MountFlags {
+    /// Apply generic option `name`; false if it is not one.
+    pub fn apply(&mut self, name: &str) -> bool {
+        let Some(o) = GENERIC.iter().find(|o| o.name == name) else { return false };
+        if o.set {
+            self.0 |= o.flag;
+        } else {
+            self.0 &= !o.flag;
+        }
+        true
+    }
+
+    /// Whether `flag` (an `MS_*` bit) is set.
+    pub fn has(&self, flag: libc::c_ulong) -> bool {
+        self.0 & flag != 0
+    }
+
+    /// The options that give these flags to fusermount3.
+    fn fusermount_options(&self) -> Vec<&'static str> {
+        GENERIC.iter().filter(|o| o.set && o.fusermount && self.has(o.flag)).map(|o| o.name).collect()
+    }
+}
+
 fn cstring(what: &str, b: &[u8]) -> io::Result<CString> {
     CString::new(b).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("{what} contains NUL")))
 }
@@ -46,9 +120,10 @@ fn mount_direct(dir: &Path, opts: &MountOptions) -> io::Result<(File, Unmounter)
     let source = cstring("image path", opts.fsname.as_bytes())?;
     let target = cstring("mount point", dir.as_os_str().as_bytes())?;
     let data = cstring("options", data.as_bytes())?;
-    // No MS_NOSUID or MS_NODEV: root mounts behave as a disk file system.
-    // atime is the file system's own policy (-o noatime, relatime).
-    let mut flags: libc::c_ulong = 0;
+    // No MS_NOSUID or MS_NODEV unless asked: root mounts behave as a disk
+    // file system. The atime flags only show in /proc/mounts: atime is
+    // the file system's own policy (the kernel leaves it to FUSE servers).
+    let mut flags: libc::c_ulong = opts.flags.0;
     if opts.read_only {
         flags |= libc::MS_RDONLY;
     }
@@ -77,6 +152,10 @@ fn mount_fusermount(dir: &Path, opts: &MountOptions) -> io::Result<(File, Unmoun
     if opts.allow_other {
         o.push_str(",allow_other");
     }
+    for f in opts.flags.fusermount_options() {
+        o.push(',');
+        o.push_str(f);
+    }
     let out = Command::new("fusermount3")
         .arg("-o")
         .arg(&o)
@@ -93,8 +172,13 @@ fn mount_fusermount(dir: &Path, opts: &MountOptions) -> io::Result<(File, Unmoun
     drop(theirs_inherited);
     if !out.status.success() {
         let msg = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        let hint = if msg.contains("unknown option") {
+            " (this fusermount3 does not know an option given; mount as root to pass it with mount(2))"
+        } else {
+            ""
+        };
         return Err(io::Error::other(format!(
-            "fusermount3 failed ({}){}",
+            "fusermount3 failed ({}){}{hint}",
             out.status,
             if msg.is_empty() { String::new() } else { format!(": {msg}") }
         )));
@@ -163,5 +247,26 @@ impl Unmounter {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generic_options_set_and_clear_their_flags_in_order() {
+        let mut f = MountFlags::default();
+        for o in ["nosuid", "nodev", "noexec", "dirsync", "nosymfollow", "relatime", "exec"] {
+            assert!(f.apply(o), "{o}");
+        }
+        assert!(!f.apply("bogus") && !f.apply("ro"));
+        assert!(f.has(libc::MS_NOSUID) && f.has(libc::MS_NODEV) && !f.has(libc::MS_NOEXEC));
+        assert_eq!(
+            f.0,
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_DIRSYNC | libc::MS_NOSYMFOLLOW | libc::MS_RELATIME
+        );
+        // relatime is not passed to fusermount3 (3.14 refuses it); the rest is.
+        assert_eq!(f.fusermount_options(), ["nosuid", "nodev", "dirsync", "nosymfollow"]);
     }
 }

@@ -42,7 +42,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-pub use kmount::Unmounter;
+pub use kmount::{MountFlags, Unmounter};
 
 use self::abi::{fopen, DirBuf, FileAttr, InHeader, Op};
 use super::dirlist::{self, Listing, Listings};
@@ -66,6 +66,9 @@ pub enum Uring {
 pub struct MountOptions {
     /// Mount read-only (the kernel refuses every change with EROFS).
     pub read_only: bool,
+    /// The generic flags of mount(2): nosuid, nodev, noexec, sync,
+    /// dirsync, nosymfollow, the atime flags.
+    pub flags: MountFlags,
     /// Let users other than the mounter use the mount.
     pub allow_other: bool,
     /// How long the kernel may cache attributes.
@@ -90,6 +93,7 @@ impl Default for MountOptions {
     fn default() -> Self {
         MountOptions {
             read_only: false,
+            flags: MountFlags::default(),
             allow_other: false,
             attr_timeout: Duration::from_secs(1),
             entry_timeout: Duration::from_secs(1),
