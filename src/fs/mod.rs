@@ -202,6 +202,60 @@ pub struct StatFs {
     pub namelen: u32,
 }
 
+/// Who makes a change, as far as Linux's rules for the set-ID bits need
+/// to know (a FUSE mount learns it from the kernel and /proc; a library
+/// user says it). Without one, a change keeps the bits, as a caller with
+/// CAP_FSETID would.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Caller {
+    /// Has CAP_FSETID (root, usually).
+    pub fsetid: bool,
+    /// Its file system group and supplementary groups.
+    pub groups: Vec<u32>,
+}
+
+const S_IFREG: u32 = 0o100000;
+const S_IFDIR: u32 = 0o040000;
+const S_ISUID: u32 = 0o4000;
+const S_ISGID: u32 = 0o2000;
+const S_IXGRP: u32 = 0o010;
+
+impl Caller {
+    fn in_group(&self, gid: u32) -> bool {
+        self.groups.contains(&gid)
+    }
+
+    /// Whether set-group-ID goes from a file of `mode` and group `gid`
+    /// (Linux's `setattr_should_drop_sgid`, 6.2 on): when the file is
+    /// group-executable, or the caller is neither in its group nor has
+    /// CAP_FSETID. Without group execute the bit stays for those who may
+    /// set it.
+    fn drops_sgid(&self, mode: u32, gid: u32) -> bool {
+        mode & S_ISGID != 0 && (mode & S_IXGRP != 0 || !(self.fsetid || self.in_group(gid)))
+    }
+
+    /// The set-ID bits a write, truncate, fallocate or copy into a
+    /// regular file of `mode` and group `gid` clears: none with
+    /// CAP_FSETID; else set-user-ID, and set-group-ID as
+    /// [`Caller::drops_sgid`] says (Linux's `should_remove_suid`).
+    pub fn cleared_by_write(&self, mode: u32, gid: u32) -> u32 {
+        if self.fsetid || mode & S_IFMT != S_IFREG {
+            return 0;
+        }
+        (mode & S_ISUID) | if self.drops_sgid(mode, gid) { S_ISGID } else { 0 }
+    }
+
+    /// The set-ID bits a chown of a file of `mode` and group `gid`
+    /// clears: set-user-ID always, set-group-ID as [`Caller::drops_sgid`]
+    /// says; a directory keeps both (Linux's `chown_common`).
+    pub fn cleared_by_chown(&self, mode: u32, gid: u32) -> u32 {
+        if mode & S_IFMT == S_IFDIR {
+            return 0;
+        }
+        (mode & S_ISUID) | if self.drops_sgid(mode, gid) { S_ISGID } else { 0 }
+    }
+}
+
 /// Changes of [`Fs::setattr`]; None leaves a field alone.
 #[derive(Debug, Clone, Default)]
 pub struct SetAttr {
@@ -221,6 +275,9 @@ pub struct SetAttr {
     pub ctime: Option<Time>,
     /// Birth time to set explicitly (import).
     pub btime: Option<Time>,
+    /// Who truncates or chowns, when the set-ID bits should go as
+    /// [`Caller`] says (None: they stay).
+    pub by: Option<Caller>,
 }
 
 /// Flags of [`Fs::rename`].
@@ -239,6 +296,10 @@ pub const FALLOC_FL_ZERO_RANGE: u32 = 0x10;
 pub const XATTR_CREATE: u32 = 1;
 /// Flags of [`Fs::setxattr`].
 pub const XATTR_REPLACE: u32 = 2;
+/// Flag of [`Fs::setxattr`], zlogfs's own: setting this access ACL clears
+/// the set-group-ID bit (the caller is neither in the file's group nor
+/// has CAP_FSETID; the kernel says so with `FUSE_SETXATTR_ACL_KILL_SGID`).
+pub const XATTR_KILL_SGID: u32 = 1 << 31;
 
 /// The xattr holding a file's or directory's codec policy.
 pub const XATTR_CODEC: &[u8] = b"user.zlogfs.codec";

@@ -580,10 +580,15 @@ impl Fs {
 
     /// Write `data` at `off`.
     pub fn write(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
-        self.synced(self.write_now(ino, off, data), false)
+        self.synced(self.write_now(ino, off, data, None), false)
     }
 
-    fn write_now(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
+    /// [`Fs::write`] by `by`, which clears set-ID bits as [`Caller`] says.
+    pub fn write_by(&self, ino: Ino, off: u64, data: &[u8], by: &Caller) -> Result<usize> {
+        self.synced(self.write_now(ino, off, data, Some(by)), false)
+    }
+
+    fn write_now(&self, ino: Ino, off: u64, data: &[u8], by: Option<&Caller>) -> Result<usize> {
         let mut st = self.st();
         st.pre_op()?;
         let mut i = st.file(ino)?;
@@ -598,6 +603,9 @@ impl Fs {
         let t = now();
         i.mtime = t;
         i.ctime = t;
+        if let Some(c) = by {
+            i.mode &= !c.cleared_by_write(i.mode, i.gid);
+        }
         st.save(&i);
         Ok(data.len())
     }
@@ -611,6 +619,7 @@ impl Fs {
         let mut st = self.st();
         st.pre_op()?;
         let mut i = st.inode(ino)?;
+        let (mode0, gid0) = (i.mode, i.gid);
         let t = now();
         if let Some(size) = a.size {
             match i.kind() {
@@ -650,6 +659,15 @@ impl Fs {
         if let Some(b) = a.btime {
             i.btime = b;
         }
+        if let Some(c) = &a.by {
+            // As the file was before the change.
+            if a.size.is_some() {
+                i.mode &= !c.cleared_by_write(mode0, gid0);
+            }
+            if a.uid.is_some() || a.gid.is_some() {
+                i.mode &= !c.cleared_by_chown(mode0, gid0);
+            }
+        }
         st.save(&i);
         Ok(st.attr(&i))
     }
@@ -657,10 +675,16 @@ impl Fs {
     /// fallocate: mode 0 or KEEP_SIZE (space is not reserved: compressed
     /// sizes are unknown in advance), PUNCH_HOLE | KEEP_SIZE, ZERO_RANGE.
     pub fn fallocate(&self, ino: Ino, mode: u32, off: u64, len: u64) -> Result<()> {
-        self.synced(self.fallocate_now(ino, mode, off, len), false)
+        self.synced(self.fallocate_now(ino, mode, off, len, None), false)
     }
 
-    fn fallocate_now(&self, ino: Ino, mode: u32, off: u64, len: u64) -> Result<()> {
+    /// [`Fs::fallocate`] by `by`, which clears set-ID bits as [`Caller`]
+    /// says.
+    pub fn fallocate_by(&self, ino: Ino, mode: u32, off: u64, len: u64, by: &Caller) -> Result<()> {
+        self.synced(self.fallocate_now(ino, mode, off, len, Some(by)), false)
+    }
+
+    fn fallocate_now(&self, ino: Ino, mode: u32, off: u64, len: u64, by: Option<&Caller>) -> Result<()> {
         let mut st = self.st();
         st.pre_op()?;
         let mut i = st.file(ino)?;
@@ -685,12 +709,29 @@ impl Fs {
             i.mtime = t;
         }
         i.ctime = t;
+        if let Some(c) = by {
+            i.mode &= !c.cleared_by_write(i.mode, i.gid);
+        }
         st.save(&i);
         Ok(())
     }
 
     /// Copy `len` bytes between files (through memory: no shared blocks).
     pub fn copy_file_range(&self, src: Ino, off_in: u64, dst: Ino, off_out: u64, len: u64) -> Result<u64> {
+        self.copy_file_range_by(src, off_in, dst, off_out, len, None)
+    }
+
+    /// [`Fs::copy_file_range`] by `by`, which clears set-ID bits of the
+    /// destination as [`Caller`] says.
+    pub fn copy_file_range_by(
+        &self,
+        src: Ino,
+        off_in: u64,
+        dst: Ino,
+        off_out: u64,
+        len: u64,
+        by: Option<&Caller>,
+    ) -> Result<u64> {
         let mut done = 0u64;
         while done < len {
             let n = (len - done).min(1 << 20) as usize;
@@ -698,7 +739,7 @@ impl Fs {
             if buf.is_empty() {
                 break;
             }
-            self.write(dst, off_out + done, &buf)?;
+            self.synced(self.write_now(dst, off_out + done, &buf, by), false)?;
             done += buf.len() as u64;
         }
         Ok(done)
@@ -783,6 +824,10 @@ impl Fs {
         if name == XATTR_PHYSICAL {
             return Err(posix(libc::EPERM, "user.zlogfs.physical is read-only"));
         }
+        if name == acl::ACCESS && flags & XATTR_KILL_SGID != 0 {
+            i.mode &= !0o2000;
+        }
+        let flags = flags & !XATTR_KILL_SGID;
         if name == acl::ACCESS {
             // The mode follows the ACL (the kernel leaves that to us).
             if let Some(entries) = acl::parse(value) {

@@ -87,6 +87,8 @@ pub mod init {
     pub const MAX_PAGES: u64 = 1 << 22;
     pub const CACHE_SYMLINKS: u64 = 1 << 23;
     pub const NO_OPENDIR_SUPPORT: u64 = 1 << 24;
+    pub const HANDLE_KILLPRIV_V2: u64 = 1 << 28;
+    pub const SETXATTR_EXT: u64 = 1 << 29;
     pub const INIT_EXT: u64 = 1 << 30;
     pub const OVER_IO_URING: u64 = 1 << 41;
 }
@@ -101,7 +103,18 @@ pub mod fattr {
     pub const MTIME: u32 = 1 << 5;
     pub const ATIME_NOW: u32 = 1 << 7;
     pub const MTIME_NOW: u32 = 1 << 8;
+    /// With `HANDLE_KILLPRIV_V2`: clear the set-ID bits (a truncate by a
+    /// caller without CAP_FSETID, or a chown).
+    pub const KILL_SUIDGID: u32 = 1 << 11;
 }
+
+/// `fuse_write_in.write_flags`: with `HANDLE_KILLPRIV_V2`, the writer has
+/// no CAP_FSETID, so the set-ID bits go.
+pub const WRITE_KILL_SUIDGID: u32 = 1 << 2;
+/// `fuse_setxattr_in.setxattr_flags`: setting this access ACL clears the
+/// set-group-ID bit (the caller is neither in the file's group nor has
+/// CAP_FSETID).
+pub const SETXATTR_ACL_KILL_SGID: u32 = 1 << 0;
 
 /// `fuse_open_out.open_flags` bits.
 pub mod fopen {
@@ -167,10 +180,12 @@ impl InHeader {
 }
 
 /// The size of `opcode`'s fixed argument struct, as the kernel sends it
-/// to a file system that announced [`MINOR`] and did not ask for
-/// `FUSE_SETXATTR_EXT`. Unknown operations: 0 (everything is data).
-pub fn arg_size(opcode: u32) -> usize {
+/// to a file system that announced [`MINOR`] and agreed on the INIT
+/// `flags` (`FUSE_SETXATTR_EXT` makes SETXATTR's struct 16 bytes). Unknown
+/// operations: 0 (everything is data).
+pub fn arg_size(opcode: u32, flags: u64) -> usize {
     match opcode {
+        op::SETXATTR if flags & init::SETXATTR_EXT != 0 => 16,
         op::FORGET | op::OPEN | op::OPENDIR | op::MKDIR | op::RENAME | op::LINK => 8,
         op::GETXATTR | op::LISTXATTR | op::SETXATTR | op::ACCESS | op::INTERRUPT => 8,
         op::BATCH_FORGET | op::SYNCFS => 8,
@@ -188,16 +203,17 @@ pub fn arg_size(opcode: u32) -> usize {
 }
 
 /// Cut a request read from `/dev/fuse` into its header, argument struct
-/// and data.
-pub fn split_dev(msg: &[u8]) -> Result<(InHeader, &[u8], &[u8]), Bad> {
+/// and data, under the INIT `flags` agreed (0 before INIT).
+pub fn split_dev(msg: &[u8], flags: u64) -> Result<(InHeader, &[u8], &[u8]), Bad> {
     let h = InHeader::parse(msg)?;
     if h.len as usize != msg.len() {
         return Err(Bad("request length differs from what was read"));
     }
     let body = &msg[IN_HEADER..];
-    let n = arg_size(h.opcode).min(body.len());
+    let size = arg_size(h.opcode, flags);
+    let n = size.min(body.len());
     // INIT's struct grew over the versions: an older kernel sends less.
-    if n < arg_size(h.opcode) && h.opcode != op::INIT {
+    if n < size && h.opcode != op::INIT {
         return Err(Bad("short argument struct"));
     }
     Ok((h, &body[..n], &body[n..]))
@@ -213,6 +229,8 @@ pub struct Setattr {
     /// `Some(None)`: set to now.
     pub atime: Option<Option<(i64, u32)>>,
     pub mtime: Option<Option<(i64, u32)>>,
+    /// `FATTR_KILL_SUIDGID`: the change clears set-ID bits.
+    pub kill_setid: bool,
 }
 
 /// One request's operation and its arguments, borrowed from the buffer
@@ -266,6 +284,8 @@ pub enum Op<'a> {
     Write {
         offset: u64,
         data: &'a [u8],
+        /// [`WRITE_KILL_SUIDGID`]: the writer has no CAP_FSETID.
+        kill_setid: bool,
     },
     Statfs,
     Release,
@@ -277,6 +297,8 @@ pub enum Op<'a> {
         name: &'a [u8],
         value: &'a [u8],
         flags: u32,
+        /// [`SETXATTR_ACL_KILL_SGID`].
+        kill_sgid: bool,
     },
     Getxattr {
         name: &'a [u8],
@@ -355,6 +377,7 @@ impl<'a> Op<'a> {
                     size: if has(fattr::SIZE) { Some(u64_at(arg, 16)?) } else { None },
                     atime: time(fattr::ATIME, fattr::ATIME_NOW, 32, 56)?,
                     mtime: time(fattr::MTIME, fattr::MTIME_NOW, 40, 60)?,
+                    kill_setid: has(fattr::KILL_SUIDGID),
                 })
             }
             op::READLINK => Op::Readlink,
@@ -382,7 +405,8 @@ impl<'a> Op<'a> {
             op::WRITE => {
                 let size = u32_at(arg, 16)? as usize;
                 let data = data.get(..size).ok_or(Bad("write shorter than its size"))?;
-                Op::Write { offset: u64_at(arg, 8)?, data }
+                let kill_setid = u32_at(arg, 20)? & WRITE_KILL_SUIDGID != 0;
+                Op::Write { offset: u64_at(arg, 8)?, data, kill_setid }
             }
             op::STATFS => Op::Statfs,
             op::RELEASE => Op::Release,
@@ -393,7 +417,14 @@ impl<'a> Op<'a> {
                 let (name, rest) = cstr(data)?;
                 let size = u32_at(arg, 0)? as usize;
                 let value = rest.get(..size).ok_or(Bad("xattr value shorter than its size"))?;
-                Op::Setxattr { name, value, flags: u32_at(arg, 4)? }
+                // The extended struct (FUSE_SETXATTR_EXT) has setxattr_flags.
+                let ext = if arg.len() >= 16 { u32_at(arg, 8)? } else { 0 };
+                Op::Setxattr {
+                    name,
+                    value,
+                    flags: u32_at(arg, 4)?,
+                    kill_sgid: ext & SETXATTR_ACL_KILL_SGID != 0,
+                }
             }
             op::GETXATTR => Op::Getxattr { name: name()?, size: u32_at(arg, 0)? },
             op::LISTXATTR => Op::Listxattr { size: u32_at(arg, 0)? },
@@ -703,7 +734,11 @@ mod tests {
     }
 
     fn parse(m: &[u8]) -> Result<(InHeader, Op<'_>), Bad> {
-        let (h, arg, data) = split_dev(m)?;
+        parse_with(m, 0)
+    }
+
+    fn parse_with(m: &[u8], flags: u64) -> Result<(InHeader, Op<'_>), Bad> {
+        let (h, arg, data) = split_dev(m, flags)?;
         Ok((h, Op::parse(h.opcode, arg, data)?))
     }
 
@@ -733,16 +768,28 @@ mod tests {
         arg[8..16].copy_from_slice(&4096u64.to_le_bytes());
         arg[16..20].copy_from_slice(&3u32.to_le_bytes());
         let m = msg(op::WRITE, &arg, b"abc");
-        assert_eq!(parse(&m).unwrap().1, Op::Write { offset: 4096, data: b"abc" });
+        assert_eq!(parse(&m).unwrap().1, Op::Write { offset: 4096, data: b"abc", kill_setid: false });
+        arg[20..24].copy_from_slice(&WRITE_KILL_SUIDGID.to_le_bytes());
+        let m = msg(op::WRITE, &arg, b"abc");
+        assert_eq!(parse(&m).unwrap().1, Op::Write { offset: 4096, data: b"abc", kill_setid: true });
 
         let mut arg = Vec::new();
         put32(&mut arg, 2); // value size
         put32(&mut arg, 1); // XATTR_CREATE
         let m = msg(op::SETXATTR, &arg, b"user.x\0vv");
-        assert_eq!(parse(&m).unwrap().1, Op::Setxattr { name: b"user.x", value: b"vv", flags: 1 });
+        let x = Op::Setxattr { name: b"user.x", value: b"vv", flags: 1, kill_sgid: false };
+        assert_eq!(parse(&m).unwrap().1, x);
+        // With FUSE_SETXATTR_EXT the struct is 16 bytes, with the kill flag.
+        put32(&mut arg, SETXATTR_ACL_KILL_SGID);
+        put32(&mut arg, 0);
+        let m = msg(op::SETXATTR, &arg, b"user.x\0vv");
+        let x = Op::Setxattr { name: b"user.x", value: b"vv", flags: 1, kill_sgid: true };
+        assert_eq!(parse_with(&m, init::SETXATTR_EXT).unwrap().1, x);
+        // Read without the flag, the same bytes are a different request.
+        assert_ne!(parse(&m).map(|r| r.1), Ok(x));
 
         let mut arg = vec![0u8; 88];
-        let valid = fattr::MODE | fattr::SIZE | fattr::MTIME | fattr::ATIME_NOW;
+        let valid = fattr::MODE | fattr::SIZE | fattr::MTIME | fattr::ATIME_NOW | fattr::KILL_SUIDGID;
         arg[0..4].copy_from_slice(&valid.to_le_bytes());
         arg[16..24].copy_from_slice(&123u64.to_le_bytes());
         arg[40..48].copy_from_slice(&(-5i64 as u64).to_le_bytes());
@@ -756,6 +803,7 @@ mod tests {
                 size: Some(123),
                 atime: Some(None),
                 mtime: Some(Some((-5, 9))),
+                kill_setid: true,
                 ..Setattr::default()
             })
         );
@@ -773,7 +821,7 @@ mod tests {
         let mut m = msg(op::GETATTR, &[0u8; 16], &[]);
         m.push(0);
         assert!(parse(&m).is_err());
-        assert!(split_dev(&[0u8; 10]).is_err());
+        assert!(split_dev(&[0u8; 10], 0).is_err());
         // An unknown operation parses, to be answered ENOSYS.
         assert_eq!(parse(&msg(999, &[], b"xyz")).unwrap().1, Op::Unsupported(999));
     }
@@ -789,7 +837,9 @@ mod tests {
         let mut parsed = 0;
         for _ in 0..20_000 {
             let opcode = rng.gen_range(0..60u32);
-            let arg: Vec<u8> = (0..rng.gen_range(0..=arg_size(opcode) + 8)).map(|_| rng.gen()).collect();
+            let flags = if rng.gen_bool(0.5) { init::SETXATTR_EXT } else { 0 };
+            let arg: Vec<u8> =
+                (0..rng.gen_range(0..=arg_size(opcode, flags) + 8)).map(|_| rng.gen()).collect();
             let mut data: Vec<u8> = (0..rng.gen_range(0..64)).map(|_| rng.gen_range(0..4u8) * 40).collect();
             if rng.gen_bool(0.5) {
                 data.push(0);
@@ -800,7 +850,7 @@ mod tests {
                 m[i] = rng.gen();
             }
             let cut = if rng.gen_bool(0.3) { rng.gen_range(0..=m.len()) } else { m.len() };
-            parsed += parse(&m[..cut]).is_ok() as u32;
+            parsed += parse_with(&m[..cut], flags).is_ok() as u32;
             if opcode == op::INIT {
                 let _ = InitIn::parse(&arg);
             }

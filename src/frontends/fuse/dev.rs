@@ -48,6 +48,12 @@ const WANT: u64 = init::ASYNC_READ
     // umask to us, so that a directory's default ACL can replace it.
     | init::POSIX_ACL
     | init::DONT_MASK
+    // The set-ID bits are ours to clear (the kernel's fallback misses
+    // set-group-ID without group execute, and fallocate): the kernel says
+    // when the caller has no CAP_FSETID, and when an ACL write clears
+    // set-group-ID.
+    | init::HANDLE_KILLPRIV_V2
+    | init::SETXATTR_EXT
     | init::INIT_EXT;
 
 /// Read the kernel's INIT from `dev` and answer it, asking for io_uring if
@@ -57,7 +63,7 @@ pub fn handshake(dev: &File, max_write: u32, uring: bool) -> io::Result<Negotiat
     loop {
         let n = read_request(dev, &mut buf, Duration::ZERO, false)?
             .ok_or_else(|| io::Error::other("unmounted before INIT"))?;
-        let (h, arg, _) = abi::split_dev(&buf[..n]).map_err(bad)?;
+        let (h, arg, _) = abi::split_dev(&buf[..n], 0).map_err(bad)?;
         if h.opcode != abi::op::INIT {
             send(dev, h.unique, -libc::EIO, &[]);
             return Err(io::Error::other(format!("FUSE request {} before INIT", h.opcode)));
@@ -184,7 +190,7 @@ pub fn serve(dev: Arc<File>, max_write: u32, handler: &dyn Handler, spin: Durati
         burst = now.duration_since(last) < BURST;
         last = now;
         let msg = &buf[..n];
-        let (h, arg, data) = match abi::split_dev(msg) {
+        let (h, arg, data) = match abi::split_dev(msg, handler.flags()) {
             Ok(x) => x,
             Err(e) => {
                 eprintln!("zlogfs: {}", bad(e));

@@ -47,7 +47,7 @@ pub use kmount::{MountFlags, Unmounter};
 use self::abi::{fopen, DirBuf, FileAttr, InHeader, Op};
 use super::dirlist::{self, Listing, Listings};
 use crate::error::Error;
-use crate::fs::{Attr, DirEntry, Fs, Ino, Kind, SetAttr, Time};
+use crate::fs::{Attr, Caller, DirEntry, Fs, Ino, Kind, SetAttr, Time, XATTR_KILL_SGID};
 
 /// Whether requests come through io_uring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,6 +125,8 @@ const SPIN: Duration = Duration::from_micros(200);
 /// answers EIO).
 pub(crate) trait Handler: Send + Sync {
     fn serve(&self, h: &InHeader, op: Op<'_>, reply: Reply);
+    /// The INIT flags agreed with the kernel (they shape some requests).
+    fn flags(&self) -> u64;
 }
 
 /// Hand a request to `handler`. A panic while serving it is reported and
@@ -281,6 +283,34 @@ pub struct ZlogFuse {
     /// The kernel lets OPENDIR be refused with ENOSYS and then sends no
     /// OPENDIR or RELEASEDIR at all (Linux 5.1 and later).
     no_opendir: bool,
+    /// The INIT flags agreed.
+    flags: u64,
+}
+
+/// A request's caller as the set-ID rules need it: whether it has
+/// CAP_FSETID (`fsetid`, when the kernel said; otherwise its effective
+/// capabilities in /proc/PID/status) and its groups (the request's file
+/// system group, and the supplementary groups /proc shows). A caller /proc
+/// does not show (gone, or in another pid namespace, pid 0) counts as
+/// having no CAP_FSETID and no other group: the bits go, the safe side.
+fn caller_of(pid: u32, gid: u32, fsetid: Option<bool>) -> Caller {
+    let status = if pid == 0 {
+        String::new()
+    } else {
+        std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default()
+    };
+    let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim);
+    const CAP_FSETID: u32 = 4;
+    let fsetid = fsetid.unwrap_or_else(|| {
+        field("CapEff:")
+            .and_then(|v| u64::from_str_radix(v, 16).ok())
+            .is_some_and(|c| c >> CAP_FSETID & 1 == 1)
+    });
+    let mut groups: Vec<u32> = field("Groups:")
+        .map(|g| g.split_whitespace().filter_map(|x| x.parse().ok()).collect())
+        .unwrap_or_default();
+    groups.push(gid);
+    Caller { fsetid, groups }
 }
 
 fn errno(e: Error) -> i32 {
@@ -347,9 +377,22 @@ fn set_time(t: Option<Option<(i64, u32)>>) -> Option<Option<Time>> {
 
 impl ZlogFuse {
     /// An adapter serving `fs`.
-    fn new(fs: Arc<Fs>, opts: MountOptions, no_opendir: bool) -> ZlogFuse {
+    fn new(fs: Arc<Fs>, opts: MountOptions, n: &dev::Negotiated) -> ZlogFuse {
         let workers = Workers::new(opts.threads);
-        ZlogFuse { fs, opts, workers, listings: Listings::new(LISTING_BYTES), no_opendir }
+        let listings = Listings::new(LISTING_BYTES);
+        ZlogFuse { fs, opts, workers, listings, no_opendir: n.no_opendir, flags: n.flags }
+    }
+
+    /// Whether `ino` has a set-ID bit (only then does a change's caller
+    /// matter).
+    fn has_setid(&self, ino: Ino) -> bool {
+        self.fs.getattr(ino).is_ok_and(|a| a.mode & (libc::S_ISUID | libc::S_ISGID) != 0)
+    }
+
+    /// Who sent `h`, for the set-ID rules, when the kernel leaves those to
+    /// us (`FUSE_HANDLE_KILLPRIV_V2`).
+    fn caller(&self, h: &InHeader, fsetid: Option<bool>) -> Caller {
+        caller_of(h.pid, h.gid, fsetid)
     }
 
     fn entry_bytes(&self, a: &Attr) -> Vec<u8> {
@@ -486,12 +529,21 @@ impl ZlogFuse {
 }
 
 impl Handler for ZlogFuse {
+    fn flags(&self) -> u64 {
+        self.flags
+    }
+
     fn serve(&self, h: &InHeader, op: Op<'_>, reply: Reply) {
         let ino = h.nodeid;
         match op {
             Op::Lookup { name } => self.lookup(ino, name, reply),
             Op::Getattr => self.attr(self.fs.getattr(ino), reply),
             Op::Setattr(s) => {
+                // A truncate says KILL_SUIDGID only when its caller has no
+                // CAP_FSETID; a chown always, and we look.
+                let chown = s.uid.is_some() || s.gid.is_some();
+                let by = (s.kill_setid && self.has_setid(ino))
+                    .then(|| self.caller(h, if chown { None } else { Some(false) }));
                 let a = SetAttr {
                     mode: s.mode,
                     uid: s.uid,
@@ -501,6 +553,7 @@ impl Handler for ZlogFuse {
                     mtime: set_time(s.mtime),
                     ctime: None,
                     btime: None,
+                    by,
                 };
                 self.attr(self.fs.setattr(ino, &a), reply)
             }
@@ -561,16 +614,22 @@ impl Handler for ZlogFuse {
                     serve();
                 }
             }
-            Op::Write { offset, data } => {
+            Op::Write { offset, data, kill_setid } => {
+                // The writer has no CAP_FSETID: the set-ID bits may go.
+                let by = (kill_setid && self.has_setid(ino)).then(|| self.caller(h, Some(false)));
+                let write = move |fs: &Fs, data: &[u8]| match &by {
+                    Some(c) => fs.write_by(ino, offset, data, c),
+                    None => fs.write(ino, offset, data),
+                };
                 if data.len() >= LARGE_IO {
                     // The request's buffer is the transport's: a worker
                     // needs a copy.
                     let fs = Arc::clone(&self.fs);
                     let data = data.to_vec();
-                    self.workers.run(move || written(fs.write(ino, offset, &data), reply));
+                    self.workers.run(move || written(write(&fs, &data), reply));
                     return;
                 }
-                written(self.fs.write(ino, offset, data), reply)
+                written(write(&self.fs, data), reply)
             }
             Op::Statfs => match self.fs.statfs() {
                 Ok(s) => reply.data(&abi::statfs_out(
@@ -588,7 +647,10 @@ impl Handler for ZlogFuse {
                 let fs = Arc::clone(&self.fs);
                 self.workers.run(move || empty(fs.sync(), reply));
             }
-            Op::Setxattr { name, value, flags } => empty(self.fs.setxattr(ino, name, value, flags), reply),
+            Op::Setxattr { name, value, flags, kill_sgid } => {
+                let flags = if kill_sgid { flags | XATTR_KILL_SGID } else { flags & !XATTR_KILL_SGID };
+                empty(self.fs.setxattr(ino, name, value, flags), reply)
+            }
             Op::Getxattr { name, size } => match self.fs.getxattr(ino, name) {
                 Ok(v) => Self::xattr(&v, size, reply),
                 Err(e) => reply.error(errno(e)),
@@ -641,8 +703,17 @@ impl Handler for ZlogFuse {
                 }
             }
             Op::Fallocate { offset, length, mode } => {
+                // The kernel leaves the set-ID bits to us and says nothing
+                // of the caller's CAP_FSETID: we look.
+                let by = self.has_setid(ino).then(|| self.caller(h, None));
                 let fs = Arc::clone(&self.fs);
-                self.workers.run(move || empty(fs.fallocate(ino, mode, offset, length), reply));
+                self.workers.run(move || {
+                    let r = match &by {
+                        Some(c) => fs.fallocate_by(ino, mode, offset, length, c),
+                        None => fs.fallocate(ino, mode, offset, length),
+                    };
+                    empty(r, reply)
+                });
             }
             Op::Lseek { offset, whence } => {
                 let data = match whence as i32 {
@@ -662,9 +733,11 @@ impl Handler for ZlogFuse {
                 // The reply counts bytes in 32 bits: copy at most 1 GiB per
                 // call (callers loop on short copies).
                 let len = len.min(1 << 30);
+                let by = self.has_setid(ino_out).then(|| self.caller(h, None));
                 let fs = Arc::clone(&self.fs);
                 self.workers.run(move || {
-                    written(fs.copy_file_range(ino, off_in, ino_out, off_out, len).map(|n| n as usize), reply)
+                    let r = fs.copy_file_range_by(ino, off_in, ino_out, off_out, len, by.as_ref());
+                    written(r.map(|n| n as usize), reply)
                 });
             }
             // Answered by the transports themselves.
@@ -776,7 +849,7 @@ pub fn mount(fs: Arc<Fs>, dir: &Path, opts: &MountOptions) -> io::Result<(Sessio
             return Err(e);
         }
     };
-    let handler = Arc::new(ZlogFuse::new(fs, opts.clone(), n.no_opendir));
+    let handler = Arc::new(ZlogFuse::new(fs, opts.clone(), &n));
     let queues = match rings {
         Some(r) if n.uring => {
             let h: Arc<dyn Handler> = handler.clone();

@@ -424,7 +424,7 @@ impl QueueLoop {
             }
         };
         e.unique = h.unique;
-        let arg_len = abi::arg_size(h.opcode).min(HEADER - OP_IN - 32);
+        let arg_len = abi::arg_size(h.opcode, self.handler.flags()).min(HEADER - OP_IN - 32);
         let arg = &e.header[OP_IN..OP_IN + arg_len];
         let data = &e.payload[..payload_sz];
         let reply = Reply::ring(Arc::clone(&self.queue), i as u16, h.unique);
