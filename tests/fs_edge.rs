@@ -62,6 +62,7 @@ fn reopen(s: &Arc<dyn Store>, f: Fs) -> Fs {
 fn fsck(f: &Fs) {
     let rep = f.check(&|_, _| {}).expect("fsck scan");
     assert!(rep.problems.is_empty(), "fsck found problems: {:#?}", rep.problems);
+    assert!(rep.leaked.is_empty(), "usage counts bytes nothing holds: {:?}", rep.leaked);
 }
 
 /// The errno of a call that must fail with a POSIX error.

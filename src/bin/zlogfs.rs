@@ -819,11 +819,20 @@ fn fsck(image: &Path, json: bool) -> Res {
     if json {
         let v = serde_json::json!({"clean": rep.problems.is_empty(), "problems": rep.problems, "inodes": rep.inodes,
             "dirents": rep.dirents, "extents": rep.extents, "blocks": rep.blocks, "block_bytes": rep.block_bytes,
-            "xattrs": rep.xattrs, "orphans": rep.orphans});
+            "xattrs": rep.xattrs, "orphans": rep.orphans, "leaked_bytes": rep.leaked_bytes(),
+            "leaked": rep.leaked.iter().map(|(s, b)| serde_json::json!({"segment": s, "bytes": b})).collect::<Vec<_>>()});
         println!("{v:#}");
     } else {
         for p in &rep.problems {
             println!("problem: {p}");
+        }
+        if !rep.leaked.is_empty() {
+            println!(
+                "note: {} bytes in {} segments are counted in use but held by nothing (left by a crash or a \
+                 failed write; the cleaner gives them back when it cleans those segments)",
+                rep.leaked_bytes(),
+                rep.leaked.len()
+            );
         }
         println!(
             "{}: {} inodes, {} entries, {} chunks, {} blocks ({} bytes) verified, {} xattrs: {}",

@@ -135,6 +135,23 @@ impl Fs {
     }
 }
 
+/// Whether moving chunk `idx` of `ino`, stored as `e`, would change a
+/// record that `held` (the writers' operations set aside during a round)
+/// changes too: the chunk's own record, its inode's, or the reference list
+/// of a shared block that any part of it lies in (a patched chunk's base
+/// and patches may lie in blocks other than the victim's). The writers'
+/// version of such a record is put back over the cleaner's after the
+/// round, so the move would be half undone: a reference list naming a
+/// chunk that no longer uses the block, and counts released twice (usage
+/// below what the segment holds). Such chunks wait for a later round.
+fn held_back(held: &Pending, ino: Ino, idx: u64, e: Option<&Extent>) -> bool {
+    let shared_held =
+        |p: &Extent| matches!(p, Extent::Shared { addr, .. } if held.get(&shared_key(*addr)).is_some());
+    held.get(&extent_key(ino, idx)).is_some()
+        || held.get(&inode_key(ino)).is_some()
+        || e.is_some_and(|e| e.parts().iter().any(|p| shared_held(p)))
+}
+
 impl State {
     /// One round: up to [`ROUND`] victims. False when there is nothing
     /// (more) to do.
@@ -160,12 +177,13 @@ impl State {
         self.cleaning = true;
         let r = self.clean_round_inner(opts, rep, tried, &held);
         self.cleaning = false;
-        // Moves left unstored (after an error) are dropped: nothing was
-        // committed for them, and a partial buffer is not the chunk.
-        for m in self.dirty.values_mut() {
-            m.retain(|_, b| !b.partial);
-        }
-        self.dirty.retain(|_, m| !m.is_empty());
+        // Moves left unstored (after an error, ENOSPC above all) are
+        // dropped: nothing was committed for them, and each is a copy of
+        // what its chunk holds stored (a partial one not even that).
+        // Kept, they joined the writers' group: on a full image, 425
+        // moved chunks counted 27 MB against a group that then could not
+        // be stored, and every later change failed with it.
+        self.dirty.clear();
         // The writers' changes are newer than anything the cleaner loaded
         // and did not get to store (after an error).
         self.pend.absorb(held);
@@ -284,6 +302,9 @@ impl State {
         }
         self.epoch += 1;
         let r = self.eng.reclaim(&ok)?;
+        // Every block moved out was released, and its cached copy with it;
+        // a leaked one was not. Its address will hold another block.
+        self.cache.forget_segments(&ok);
         rep.freed += r.freed;
         rep.rounds += 1;
         rep.flushes += u32::from(r.flushed);
@@ -313,7 +334,11 @@ impl State {
                 }
                 let Some(v) = self.get(&key)? else { continue };
                 let (refs, _) = decode_refs(&v)?;
-                if refs.iter().any(|&(ino, idx)| held.get(&extent_key(ino, idx)).is_some()) {
+                let mut back = false;
+                for &(ino, idx) in &refs {
+                    back |= held_back(held, ino, idx, self.stored_extent(ino, idx)?.as_ref());
+                }
+                if back {
                     all = false;
                     continue;
                 }
@@ -401,11 +426,11 @@ impl State {
                 if bytes > 0 {
                     let (_, idx) = parse_extent_key(&k)
                         .ok_or_else(|| Error::corrupt("chunk key", format!("{k:02x?}")))?;
-                    found.push((idx, bytes, rest));
+                    found.push((idx, bytes, rest, held_back(held, ino, idx, Some(&e))));
                 }
             }
-            for (idx, bytes, rest) in found {
-                if held.get(&extent_key(ino, idx)).is_some() {
+            for (idx, bytes, rest, back) in found {
+                if back {
                     all = false;
                     continue;
                 }

@@ -342,6 +342,9 @@ pub struct FsStats {
     pub clean_freed: u64,
     /// Counted live bytes of the segments the cleaner freed, when picked.
     pub clean_live: u64,
+    /// atime updates dropped: the log had no room outside the reserve, or
+    /// the commit that would have made room for them failed.
+    pub atime_dropped: u64,
 }
 
 /// Decompressed blocks, evicted first-in first-out.
@@ -376,6 +379,14 @@ impl Cache {
     fn remove(&mut self, a: &BlockAddr) {
         if let Some(old) = self.map.remove(a) {
             self.bytes -= old.len();
+        }
+    }
+    /// Forget every block of segments `segs` (freed: their addresses will
+    /// hold other blocks).
+    fn forget_segments(&mut self, segs: &[u32]) {
+        let gone: Vec<BlockAddr> = self.map.keys().filter(|a| segs.contains(&a.seg)).copied().collect();
+        for a in gone {
+            self.remove(&a);
         }
     }
 }
@@ -417,8 +428,9 @@ struct State {
     /// committed before a write is accepted, so that a full log gives the
     /// writer ENOSPC instead of failing a later commit.
     space_hint: u64,
-    /// The group adds inodes, names or xattrs: it may not use the part of
-    /// the log's reserve that deletes and the cleaner may use.
+    /// The group holds changes other than removals (new inodes, names,
+    /// xattrs, attribute and time changes, atime updates): it may not use
+    /// the part of the log's reserve that deletes and the cleaner may use.
     grew: bool,
     /// A cleaning round is running (its commits do not clean).
     cleaning: bool,
@@ -849,9 +861,18 @@ impl State {
         }
     }
 
-    /// Commit first when the group or the buffers are past their bounds, so
-    /// that one more operation fits in the group.
+    /// Before an operation that changes anything but only removes:
+    /// commit first when the group or the buffers are past their bounds,
+    /// so that one more operation fits in the group; and mark the group
+    /// as one that may not use the reserve.
     fn pre_op(&mut self) -> Result<()> {
+        self.bound_group()?;
+        self.grew = true;
+        Ok(())
+    }
+
+    /// Commit when the group or the buffers are past their bounds.
+    fn bound_group(&mut self) -> Result<()> {
         if self.pend.bytes + self.dirty_chunks * 64 > self.max_group / 2
             || self.dirty_bytes > self.dirty_limit
         {
@@ -880,9 +901,15 @@ impl State {
         if !self.dirty.is_empty() {
             match self.store_dirty(room) {
                 Err(Error::NoSpace(_)) if !self.cleaning => {
-                    // Clean, then try once more.
+                    // Clean, then try once more; then, since the data was
+                    // accepted, with the part of the reserve deletes may
+                    // use (the index and checkpoints may have taken the
+                    // room counted when it was accepted).
                     self.clean_for(self.dirty_bytes as u64)?;
-                    self.store_dirty(room)?;
+                    match self.store_dirty(room) {
+                        Err(Error::NoSpace(_)) if room == Room::User => self.store_dirty(Room::Relieve)?,
+                        r => r?,
+                    }
                 }
                 r => r?,
             }
@@ -912,7 +939,20 @@ impl State {
         for a in &self.pend.frees {
             b.free(*a);
         }
-        self.eng.write(&b)?;
+        match self.eng.write(&b) {
+            // The group was accepted against the room counted then, which
+            // the index and checkpoints may have taken since: its journal
+            // record (a group is bounded to a fraction of a segment) may
+            // use the part of the reserve deletes may use, rather than
+            // fail every later change. Nothing was placed by the failure.
+            Err(Error::NoSpace(_)) if room == Room::User => {
+                b.room = Room::Relieve;
+                self.eng.write(&b)?;
+            }
+            r => {
+                r?;
+            }
+        }
         self.pend = Pending::default();
         self.grew = false;
         self.counters_saved = self.counters;
@@ -945,6 +985,50 @@ impl State {
                 "{} bytes free in the log for a write of {len} bytes",
                 self.space_hint
             )));
+        }
+        Ok(())
+    }
+
+    /// Before an operation that adds about `len` bytes of records (a new
+    /// inode, name or xattr): the group must still fit outside the
+    /// reserve once it holds them, so that it can always be committed. A
+    /// group that cannot would fail every later change, deletes too. So
+    /// commit first when the log may be short of room, and answer ENOSPC
+    /// when it is: the room left in the log's current segment and the
+    /// free ones counts here, as the commit places its records there.
+    fn pre_grow(&mut self, len: usize) -> Result<()> {
+        let need = |st: &State| (st.dirty_bytes + st.pend.bytes + len) as u64;
+        if need(self) <= self.space_hint {
+            return Ok(());
+        }
+        self.commit()?;
+        let room = |st: &State| st.eng.room_bytes(Room::User);
+        if need(self) > room(self) {
+            self.eng.sync()?;
+        }
+        if need(self) > room(self) && !self.cleaning {
+            self.clean_for(need(self))?;
+        }
+        if need(self) > room(self) {
+            return Err(Error::NoSpace(format!(
+                "{} bytes of room in the log for {len} bytes of new records",
+                room(self)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Before an operation that only removes or shrinks (unlink, rmdir,
+    /// rename, truncate, a punched hole): when the log is short of room
+    /// and the group holds new records or data, commit it first, while
+    /// it fits outside the reserve, so that the removal commits on its
+    /// own and may use the part of the reserve kept for it.
+    fn pre_relieve(&mut self) -> Result<()> {
+        self.bound_group()?;
+        let seg = u64::from(self.eng.superblock().geometry.segment_size);
+        let held = (self.pend.bytes + self.dirty_bytes) as u64;
+        if (self.grew || !self.dirty.is_empty()) && self.space_hint < held + 4 * seg {
+            self.commit()?;
         }
         Ok(())
     }

@@ -9,6 +9,10 @@
 #              compressible data: write, unmount, fsck, mount, --verify_only
 #   clean      fio randwrite with verify, 4 loops of 88 MiB on a 128 MiB
 #              image (70% full), `zlogfs clean` on the mount, verify again
+#   stress     4 writers checking their own files (create, 4 KiB and larger
+#              overwrites, some O_DIRECT, appends, truncates, deletes), 4
+#              readers and `zlogfs clean` in a loop, at once (stress.py),
+#              with patches and with -o nopatches; fsck after (issue 24)
 #
 # pjdfstest and fsx run on each transport: FUSE over io_uring (-o uring,
 # which turns the fuse module's enable_uring on) and /dev/fuse
@@ -24,10 +28,12 @@
 #   tests/posix/run.sh                 # everything
 #   POSIX_SUITES="fsx fio" tests/posix/run.sh
 #   FSX_OPS=5000 tests/posix/run.sh    # shorter fsx runs
+#   STRESS_SECS=180 POSIX_SUITES=stress tests/posix/run.sh   # the long stress run
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 here=tests/posix
-suites="${POSIX_SUITES:-pjdfstest fsx fio clean}"
+suites="${POSIX_SUITES:-pjdfstest fsx fio clean stress}"
+stress_secs="${STRESS_SECS:-40}"
 fsx_ops="${FSX_OPS:-50000}"
 
 missing=()
@@ -98,7 +104,12 @@ unmount_and_check() { # what
         grep -q 'in use' "$work/fsck" || break
         sleep 0.1
     done
-    if "$zlogfs" fsck "$img" >"$work/fsck" 2>&1; then ok "fsck clean after $1"; else
+    # Clean, and segment usage exactly what the live blocks hold: nothing
+    # here crashes, so nothing may leak.
+    if "$zlogfs" fsck --json "$img" >"$work/fsck" 2>&1 &&
+        python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); sys.exit(0 if r["clean"] and r["leaked_bytes"] == 0 else 1)' "$work/fsck"; then
+        ok "fsck clean after $1"
+    else
         bad "fsck after $1"
         cat "$work/fsck"
     fi
@@ -219,6 +230,32 @@ if [[ " $suites " == *" clean "* ]]; then
     fi
     unmount_and_check "verify after the overwrites"
     "$zlogfs" stats "$img" 2>/dev/null | grep -E 'space|writes' | sed 's/^/    /' || true
+fi
+
+if [[ " $suites " == *" stress "* ]]; then
+    for opt in "$first" "$first,nopatches"; do
+        echo "== writers, readers and zlogfs clean in a loop, ${stress_secs} s, -o $opt"
+        fresh 256M "$opt"
+        seed=$((RANDOM * 32768 + RANDOM))
+        stop="$work/stress.stop"
+        rm -f "$stop"
+        (while [ ! -e "$stop" ]; do "$zlogfs" clean "$mnt" >/dev/null 2>>"$work/cleanloop.err" || true; done) &
+        loop=$!
+        if python3 "$here/stress.py" "$mnt" "$stress_secs" "$seed" 4 4 >"$work/stress.log" 2>&1; then
+            ok "stress.py, seed $seed, -o $opt"
+        else
+            bad "stress.py, seed $seed, -o $opt (replay: python3 $here/stress.py MNT $stress_secs $seed)"
+            tail -n 20 "$work/stress.log"
+        fi
+        touch "$stop"
+        wait "$loop"
+        if [ -s "$work/cleanloop.err" ]; then
+            bad "zlogfs clean in the loop said:"
+            sort "$work/cleanloop.err" | uniq -c | head -10
+            rm -f "$work/cleanloop.err"
+        fi
+        unmount_and_check "the stress run (-o $opt)"
+    done
 fi
 
 echo "posix suites: $passed passed, $failed failed"
