@@ -879,3 +879,105 @@ fn dirsync_and_sync_survive_kill_9() {
     child.wait().expect("wait");
     fsck_clean(&d);
 }
+
+/// A directory removed while open (rmdir, or a rename over it) stays
+/// stat-able through its descriptor until it is closed, as an open file
+/// does; the image is clean afterwards.
+#[test]
+fn an_open_removed_directory_stays_statable() {
+    if !usable() {
+        return;
+    }
+    for t in transports() {
+        let d = Dir::new(&format!("rmdir-open-{t}"));
+        mkfs(&d, "64M");
+        let mut child = mount_fg(&d, t);
+        let m = d.mnt();
+        fs::create_dir(m.join("gone")).expect("mkdir");
+        fs::create_dir(m.join("victim")).expect("mkdir");
+        fs::create_dir(m.join("other")).expect("mkdir");
+        let a = fs::File::open(m.join("gone")).expect("open dir");
+        let b = fs::File::open(m.join("victim")).expect("open dir");
+        fs::remove_dir(m.join("gone")).expect("rmdir");
+        fs::rename(m.join("other"), m.join("victim")).expect("rename over a directory");
+        for (f, what) in [(&a, "rmdir"), (&b, "rename over it")] {
+            let md = f.metadata().unwrap_or_else(|e| panic!("fstat after {what} ({t}): {e}"));
+            assert!(md.is_dir(), "{what}");
+            assert_eq!(md.nlink(), 0, "a removed directory has no links ({what})");
+        }
+        // The name now holds the directory renamed onto it, a live one.
+        let e = fs::File::create(m.join("victim/x")).map(drop);
+        assert!(e.is_ok(), "the renamed directory takes entries: {e:?}");
+        drop((a, b));
+        unmount(&d);
+        child.wait().expect("wait");
+        fsck_clean(&d);
+    }
+}
+
+/// A file handle (name_to_handle_at) opens its file again after the
+/// kernel dropped its caches and after a remount, as an NFS export needs;
+/// a handle of a deleted file is stale.
+#[test]
+fn file_handles_survive_dropped_caches_and_a_remount() {
+    if !usable() {
+        return;
+    }
+    use std::ffi::CString;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    fn handle(path: &Path) -> Vec<u8> {
+        let p = CString::new(path.as_os_str().as_bytes()).expect("path");
+        let mut h = vec![0u8; 8 + 128];
+        h[..4].copy_from_slice(&128u32.to_ne_bytes());
+        let mut mount_id = 0i32;
+        // SAFETY: `h` is a file_handle of 128 bytes of room, as its first
+        // field says; `p` is a NUL-terminated path; both outlive the call.
+        let rc = unsafe {
+            libc::name_to_handle_at(libc::AT_FDCWD, p.as_ptr(), h.as_mut_ptr().cast(), &mut mount_id, 0)
+        };
+        assert_eq!(rc, 0, "name_to_handle_at {}: {}", path.display(), std::io::Error::last_os_error());
+        h
+    }
+    fn open_by(mount: &Path, h: &[u8]) -> std::io::Result<fs::File> {
+        let m = fs::File::open(mount)?;
+        let mut h = h.to_vec();
+        // SAFETY: `h` is a file_handle as name_to_handle_at filled it in,
+        // and outlives the call; `m` is an open descriptor.
+        let fd = unsafe { libc::open_by_handle_at(m.as_raw_fd(), h.as_mut_ptr().cast(), libc::O_RDONLY) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: the kernel just made `fd`, and nothing else owns it.
+        Ok(unsafe { <fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+    }
+    let drop_caches = || fs::write("/proc/sys/vm/drop_caches", "3").expect("drop caches");
+    for t in transports() {
+        let d = Dir::new(&format!("handles-{t}"));
+        mkfs(&d, "64M");
+        let m = d.mnt();
+        let mut child = mount_fg(&d, t);
+        fs::create_dir_all(m.join("a/b")).expect("mkdir");
+        fs::write(m.join("a/b/f"), b"by handle").expect("write");
+        fs::write(m.join("doomed"), b"x").expect("write");
+        let (hf, hd, hx) = (handle(&m.join("a/b/f")), handle(&m.join("a/b")), handle(&m.join("doomed")));
+        drop_caches();
+        let mut s = String::new();
+        open_by(&m, &hf).expect("open_by_handle_at after drop_caches").read_to_string(&mut s).expect("read");
+        assert_eq!(s, "by handle");
+        assert!(open_by(&m, &hd).expect("a directory by handle").metadata().expect("fstat").is_dir());
+        fs::remove_file(m.join("doomed")).expect("rm");
+        drop_caches();
+        let e = open_by(&m, &hx).map(drop).expect_err("a deleted file's handle");
+        assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
+        unmount(&d);
+        child.wait().expect("wait");
+        let mut child = mount_fg(&d, t);
+        let mut s = String::new();
+        open_by(&m, &hf).expect("open_by_handle_at after a remount").read_to_string(&mut s).expect("read");
+        assert_eq!(s, "by handle");
+        unmount(&d);
+        child.wait().expect("wait");
+        fsck_clean(&d);
+    }
+}

@@ -351,11 +351,13 @@ impl Fs {
         Ok(st.attr(&i))
     }
 
-    /// The entry `name` of directory `parent`.
+    /// The entry `name` of directory `parent`. "." is `parent` itself,
+    /// whatever its kind: the kernel looks a node up by its id that way
+    /// when a file handle outlives its caches (open_by_handle_at, NFS).
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
         let st = self.st();
         if name == b"." {
-            return Ok(st.attr(&st.dir(parent)?));
+            return Ok(st.attr(&st.inode(parent)?));
         }
         if name == b".." {
             let p = st.dir(parent)?;

@@ -86,6 +86,7 @@ pub mod init {
     pub const POSIX_ACL: u64 = 1 << 20;
     pub const MAX_PAGES: u64 = 1 << 22;
     pub const CACHE_SYMLINKS: u64 = 1 << 23;
+    pub const EXPORT_SUPPORT: u64 = 1 << 4;
     pub const NO_OPENDIR_SUPPORT: u64 = 1 << 24;
     pub const HANDLE_KILLPRIV_V2: u64 = 1 << 28;
     pub const SETXATTR_EXT: u64 = 1 << 29;
@@ -240,8 +241,16 @@ pub enum Op<'a> {
     Lookup {
         name: &'a [u8],
     },
-    /// FORGET and BATCH_FORGET: no reply.
-    Forget,
+    /// FORGET: the kernel drops `nlookup` of its lookups of the request's
+    /// node. No reply.
+    Forget {
+        nlookup: u64,
+    },
+    /// BATCH_FORGET: FORGETs of several nodes, as (node, nlookup) pairs
+    /// of 16 bytes each ([`Op::batch_forgets`]). No reply.
+    BatchForget {
+        items: &'a [u8],
+    },
     Getattr,
     Setattr(Setattr),
     Readlink,
@@ -356,7 +365,15 @@ impl<'a> Op<'a> {
         let name = || cstr(data).map(|(n, _)| n);
         Ok(match opcode {
             op::LOOKUP => Op::Lookup { name: name()? },
-            op::FORGET | op::BATCH_FORGET => Op::Forget,
+            op::FORGET => Op::Forget { nlookup: u64_at(arg, 0)? },
+            op::BATCH_FORGET => {
+                let count = u32_at(arg, 0)? as usize;
+                let items = count
+                    .checked_mul(16)
+                    .and_then(|n| data.get(..n))
+                    .ok_or(Bad("batch forget shorter than its count"))?;
+                Op::BatchForget { items }
+            }
             op::GETATTR => Op::Getattr,
             op::SETATTR => {
                 let valid = u32_at(arg, 0)?;
@@ -457,7 +474,12 @@ impl<'a> Op<'a> {
 
     /// Whether the kernel expects no reply on `/dev/fuse`.
     pub fn no_reply(&self) -> bool {
-        matches!(self, Op::Forget)
+        matches!(self, Op::Forget { .. } | Op::BatchForget { .. })
+    }
+
+    /// The (node, nlookup) pairs of a BATCH_FORGET.
+    pub fn batch_forgets(items: &[u8]) -> impl Iterator<Item = (u64, u64)> + '_ {
+        items.chunks_exact(16).map(|c| (u64_at(c, 0).unwrap_or(0), u64_at(c, 8).unwrap_or(0)))
     }
 }
 
@@ -557,6 +579,9 @@ pub struct FileAttr {
     pub gid: u32,
     pub rdev: u32,
     pub blksize: u32,
+    /// Not an attribute: the generation an entry reply carries, which
+    /// tells a reused node id from the old one (NFS file handles).
+    pub generation: u64,
 }
 
 /// `sizeof(struct fuse_attr)`.
@@ -584,7 +609,7 @@ pub fn put_entry(b: &mut Vec<u8>, a: &FileAttr, entry_ttl: Duration, attr_ttl: D
     let (es, en) = split_duration(entry_ttl);
     let (as_, an) = split_duration(attr_ttl);
     put64(b, a.ino);
-    put64(b, 0); // generation: inode numbers are never reused
+    put64(b, a.generation);
     put64(b, es);
     put64(b, as_);
     put32(b, en);
@@ -807,6 +832,26 @@ mod tests {
                 ..Setattr::default()
             })
         );
+    }
+
+    #[test]
+    fn forgets() {
+        let m = msg(op::FORGET, &7u64.to_le_bytes(), &[]);
+        assert_eq!(parse(&m).unwrap().1, Op::Forget { nlookup: 7 });
+        let mut arg = Vec::new();
+        put32(&mut arg, 2);
+        put32(&mut arg, 0);
+        let mut data = Vec::new();
+        for v in [5u64, 1, 9, 3] {
+            put64(&mut data, v);
+        }
+        let m = msg(op::BATCH_FORGET, &arg, &data);
+        let (_, o) = parse(&m).unwrap();
+        let Op::BatchForget { items } = o else { panic!("{o:?}") };
+        assert_eq!(Op::batch_forgets(items).collect::<Vec<_>>(), [(5, 1), (9, 3)]);
+        // A count past the data is an error, not a short list.
+        let m = msg(op::BATCH_FORGET, &arg, &data[..24]);
+        assert!(parse(&m).is_err());
     }
 
     #[test]

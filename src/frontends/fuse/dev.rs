@@ -52,6 +52,9 @@ const WANT: u64 = init::ASYNC_READ
     // set-group-ID without group execute, and fallocate): the kernel says
     // when the caller has no CAP_FSETID, and when an ACL write clears
     // set-group-ID.
+    // File handles (open_by_handle_at, an NFS export) outlive the
+    // kernel's caches: it looks a node up by id ("." and "..").
+    | init::EXPORT_SUPPORT
     | init::HANDLE_KILLPRIV_V2
     | init::SETXATTR_EXT
     | init::INIT_EXT;
@@ -201,7 +204,8 @@ pub fn serve(dev: Arc<File>, max_write: u32, handler: &dyn Handler, spin: Durati
             }
         };
         match Op::parse(h.opcode, arg, data) {
-            Ok(op) if op.no_reply() => {}
+            // FORGETs: the handler counts them; nothing is sent back.
+            Ok(op) if op.no_reply() => super::dispatch(handler, &h, op, Reply::none(h.unique)),
             Ok(Op::Interrupt) => {
                 // ENOSYS to an interrupt: the kernel sends no more of them
                 // and waits for the interrupted request's own reply. (An

@@ -35,6 +35,7 @@ mod dev;
 mod kmount;
 mod ring;
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::path::Path;
@@ -47,7 +48,7 @@ pub use kmount::{MountFlags, Unmounter};
 use self::abi::{fopen, DirBuf, FileAttr, InHeader, Op};
 use super::dirlist::{self, Listing, Listings};
 use crate::error::Error;
-use crate::fs::{Attr, Caller, DirEntry, Fs, Ino, Kind, SetAttr, Time, XATTR_KILL_SGID};
+use crate::fs::{Attr, Caller, DirEntry, Fs, Ino, Kind, SetAttr, Time, ROOT, XATTR_KILL_SGID};
 
 /// Whether requests come through io_uring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,6 +165,12 @@ impl Reply {
 
     fn ring(q: Arc<ring::Queue>, entry: u16, unique: u64) -> Reply {
         Reply { unique, ch: Some(Channel::Ring(q, entry)) }
+    }
+
+    /// The reply of a request the kernel wants none for (`/dev/fuse`):
+    /// answering it sends nothing.
+    fn none(unique: u64) -> Reply {
+        Reply { unique, ch: None }
     }
 
     fn send(mut self, error: i32, parts: &[&[u8]]) {
@@ -285,6 +292,11 @@ pub struct ZlogFuse {
     no_opendir: bool,
     /// The INIT flags agreed.
     flags: u64,
+    /// The kernel's references to directories (their lookup counts, less
+    /// what FORGET gave back): a removed directory lives on, stat-able,
+    /// while the kernel holds it, as an open descriptor or a working
+    /// directory may. (Files are held by their OPENs.)
+    held_dirs: Mutex<HashMap<Ino, u64>>,
 }
 
 /// A request's caller as the set-ID rules need it: whether it has
@@ -352,8 +364,23 @@ fn time(t: Time) -> (i64, u32) {
     (t.sec, t.nsec)
 }
 
+/// The generation of an entry: the low bits of its birth time in
+/// milliseconds, so that an inode number given again (after a crash lost
+/// the allocation of the first) is not taken for the old file by a
+/// file handle. Inode numbers are otherwise never reused. The root's is 0,
+/// as the kernel's root inode has.
+fn generation(a: &Attr) -> u64 {
+    if a.ino == ROOT {
+        return 0;
+    }
+    let ms = (a.btime.sec as u64).wrapping_mul(1000).wrapping_add(u64::from(a.btime.nsec / 1_000_000));
+    // The kernel keeps 32 bits of it in a file handle; never 0.
+    u64::from((ms as u32).max(1))
+}
+
 fn file_attr(a: &Attr) -> FileAttr {
     FileAttr {
+        generation: generation(a),
         ino: a.ino,
         size: a.size,
         blocks: a.blocks,
@@ -380,7 +407,8 @@ impl ZlogFuse {
     fn new(fs: Arc<Fs>, opts: MountOptions, n: &dev::Negotiated) -> ZlogFuse {
         let workers = Workers::new(opts.threads);
         let listings = Listings::new(LISTING_BYTES);
-        ZlogFuse { fs, opts, workers, listings, no_opendir: n.no_opendir, flags: n.flags }
+        let held_dirs = Mutex::new(HashMap::new());
+        ZlogFuse { fs, opts, workers, listings, no_opendir: n.no_opendir, flags: n.flags, held_dirs }
     }
 
     /// Whether `ino` has a set-ID bit (only then does a change's caller
@@ -403,8 +431,40 @@ impl ZlogFuse {
 
     fn entry(&self, r: Result<Attr, Error>, reply: Reply) {
         match r {
-            Ok(a) => reply.data(&self.entry_bytes(&a)),
+            Ok(a) => {
+                self.looked_up(&a);
+                reply.data(&self.entry_bytes(&a))
+            }
             Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    /// An entry reply for `a` makes one more kernel reference to it.
+    fn looked_up(&self, a: &Attr) {
+        if a.kind != Kind::Dir || a.ino == ROOT {
+            return;
+        }
+        let mut held = self.held_dirs.lock().unwrap_or_else(|p| p.into_inner());
+        let n = held.entry(a.ino).or_insert(0);
+        if *n == 0 {
+            if let Err(e) = self.fs.open_file(a.ino) {
+                errno(e);
+            }
+        }
+        *n += 1;
+    }
+
+    /// The kernel gave back `n` references to `ino`.
+    fn forget(&self, ino: Ino, n: u64) {
+        let mut held = self.held_dirs.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(c) = held.get_mut(&ino) else { return };
+        *c = c.saturating_sub(n);
+        if *c == 0 {
+            held.remove(&ino);
+            // Deletes it if it was removed meanwhile.
+            if let Err(e) = self.fs.release_file(ino) {
+                errno(e);
+            }
         }
     }
 
@@ -494,7 +554,14 @@ impl ZlogFuse {
             }
             // An entry removed since it was listed is left out.
             match self.fs.getattr(child) {
-                Ok(a) => buf.add_plus(&file_attr(&a), off, name, et, at),
+                Ok(a) => {
+                    let added = buf.add_plus(&file_attr(&a), off, name, et, at);
+                    // The kernel counts a lookup of each entry but "." and "..".
+                    if added && name != b"." && name != b".." {
+                        self.looked_up(&a);
+                    }
+                    added
+                }
                 Err(_) => true,
             }
         });
@@ -740,8 +807,18 @@ impl Handler for ZlogFuse {
                     written(r.map(|n| n as usize), reply)
                 });
             }
+            Op::Forget { nlookup } => {
+                self.forget(ino, nlookup);
+                reply.ok()
+            }
+            Op::BatchForget { items } => {
+                for (node, n) in Op::batch_forgets(items) {
+                    self.forget(node, n);
+                }
+                reply.ok()
+            }
             // Answered by the transports themselves.
-            Op::Forget | Op::Interrupt => reply.ok(),
+            Op::Interrupt => reply.ok(),
             Op::Unsupported(_) => reply.error(libc::ENOSYS),
         }
     }

@@ -429,9 +429,9 @@ impl QueueLoop {
         let data = &e.payload[..payload_sz];
         let reply = Reply::ring(Arc::clone(&self.queue), i as u16, h.unique);
         match Op::parse(h.opcode, arg, data) {
-            // Every ring request is committed, even one with no reply, or
-            // its entry is never handed back.
-            Ok(op) if op.no_reply() => reply.ok(),
+            // Every ring request is committed, even one with no reply (the
+            // handler answers FORGETs with nothing), or its entry is never
+            // handed back.
             Ok(op) => super::dispatch(&*self.handler, &h, op, reply),
             Err(b) => {
                 eprintln!("zlogfs: malformed FUSE request (operation {}): {}", h.opcode, b.0);
