@@ -241,6 +241,7 @@ impl Fs {
         // Bytes of patched bases already released from their segments' counts.
         let mut released: HashMap<BlockAddr, u32> = HashMap::new();
         let mut shared_users: HashMap<BlockAddr, Vec<(Ino, u64, u32, u32)>> = HashMap::new();
+        let mut reserved = 0u64;
         let (lo, hi) = all_extents_range();
         for (k, v) in st.scan(&lo, &hi, usize::MAX)? {
             rep.extents += 1;
@@ -255,7 +256,16 @@ impl Fs {
                     continue;
                 }
             };
+            if let Extent::Reserved(n) = e {
+                reserved += u64::from(n);
+            }
             match inodes.get(&ino) {
+                // A reservation may lie past the size (fallocate's KEEP_SIZE).
+                Some(i) if matches!(i.kind(), Kind::File) && matches!(e, Extent::Reserved(_)) => {
+                    if e.len() > cs {
+                        bad(&mut rep, format!("chunk {idx} of inode {ino} reserves {} bytes", e.len()));
+                    }
+                }
                 Some(i) if matches!(i.kind(), Kind::File | Kind::Symlink) => {
                     let start = idx.saturating_mul(cs);
                     if start >= i.size || e.len() > cs || e.len() > i.size - start {
@@ -311,6 +321,15 @@ impl Fs {
                     _ => {}
                 }
             }
+        }
+        if reserved != st.counters.reserved {
+            bad(
+                &mut rep,
+                format!(
+                    "chunks reserve {reserved} bytes, the counters {} (free space is off by the difference)",
+                    st.counters.reserved
+                ),
+            );
         }
         for i in &sorted {
             let a = alloc.get(&i.ino).copied().unwrap_or(0);

@@ -313,7 +313,7 @@ impl State {
             victims.iter().filter(|v| ok.contains(&v.seg)).map(|v| u64::from(v.live)).sum::<u64>();
         rep.leaked_bytes += r.leaked;
         rep.skipped.extend(r.busy);
-        self.space_hint = self.eng.free_bytes();
+        self.space_hint = self.free_now();
         Ok(true)
     }
 

@@ -315,7 +315,7 @@ impl State {
                 }
                 return Ok(());
             }
-            Extent::Gone(_) => {
+            Extent::Gone(_) | Extent::Reserved(_) => {
                 out.resize(out.len() + (to - from), 0);
                 return Ok(());
             }
@@ -398,6 +398,14 @@ impl State {
                 Load::Track => Buf::new(self.extent_bytes(ino, idx, &e)?, Some(vec![0; words]), false),
                 Load::Whole => Buf::new(self.extent_bytes(ino, idx, &e)?, None, false),
             },
+            Some(Extent::Reserved(len)) => {
+                // The chunk is written now: its reservation becomes this
+                // buffer (counted in `dirty_bytes` from here on), and the
+                // record goes, as a hole's would have none.
+                self.release(ino, idx, &Extent::Reserved(len))?;
+                self.del(extent_key(ino, idx));
+                Buf::new(vec![0; len as usize], None, false)
+            }
             Some(e) => Buf::new(self.extent_bytes(ino, idx, &e)?, None, false),
             None => Buf::new(Vec::new(), None, false),
         };
@@ -574,7 +582,7 @@ impl State {
                         blocks(&p.piece, out);
                     }
                 }
-                Extent::Inline(_) | Extent::Gone(_) => {}
+                Extent::Inline(_) | Extent::Gone(_) | Extent::Reserved(_) => {}
             }
         }
         let end = off.saturating_add(len as u64).min(i.size);
@@ -592,6 +600,32 @@ impl State {
         out.retain(|a| self.cache.get(a).is_none());
         out.dedup();
         Ok(out)
+    }
+
+    /// Bytes of a write of `len` at `off` that need room of their own: not
+    /// those that land in a buffered chunk (counted whole already) or in
+    /// a chunk's reservation (its room was set aside by fallocate).
+    pub(super) fn fresh_bytes(&self, ino: Ino, off: u64, len: usize) -> Result<usize> {
+        let cs = self.cs();
+        let end = off.saturating_add(len as u64);
+        let mut fresh = 0u64;
+        let mut pos = off;
+        while pos < end {
+            let idx = pos / cs;
+            let to = end.min((idx + 1) * cs);
+            if self.buffered(ino, idx).is_none() {
+                let reserved = match self.counters.reserved {
+                    0 => 0,
+                    _ => match self.stored_extent(ino, idx)? {
+                        Some(Extent::Reserved(n)) => idx * cs + u64::from(n),
+                        _ => 0,
+                    },
+                };
+                fresh += to - pos.max(reserved.min(to));
+            }
+            pos = to;
+        }
+        Ok(fresh as usize)
     }
 
     /// Write `data` at `off`, growing the size; times are the caller's.
@@ -693,6 +727,9 @@ impl State {
     pub(super) fn release(&mut self, ino: Ino, idx: u64, e: &Extent) -> Result<()> {
         match e {
             Extent::Inline(_) | Extent::Gone(_) => {}
+            Extent::Reserved(len) => {
+                self.counters.reserved = self.counters.reserved.saturating_sub(u64::from(*len))
+            }
             Extent::Patched { base, patches, freed } => {
                 self.release_base(ino, idx, base, *freed)?;
                 for p in patches {
@@ -798,6 +835,68 @@ impl State {
             if self.group_full() {
                 self.save(i);
                 self.commit()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// fallocate's allocation: reserve every chunk of `[off, end)` that
+    /// is neither stored nor buffered ([`Extent::Reserved`], from the
+    /// chunk's start to `end` or the chunk's end), uncompressed, so that
+    /// the first write of the range never meets ENOSPC; ENOSPC when the
+    /// free log (less what is reserved already) cannot hold it, with
+    /// nothing reserved. A chunk stored already is not reserved again: in
+    /// a log, its overwrites need room as any write does.
+    pub(super) fn reserve(&mut self, i: &mut Inode, off: u64, end: u64) -> Result<()> {
+        let cs = self.cs();
+        let mut plan: Vec<(u64, u32, u32)> = Vec::new();
+        let mut need = 0u64;
+        for idx in off / cs..end.div_ceil(cs) {
+            if self.buffered(i.ino, idx).is_some() {
+                continue;
+            }
+            let want = (end - idx * cs).min(cs) as u32;
+            let have = match self.stored_extent(i.ino, idx)? {
+                None => 0,
+                Some(Extent::Reserved(have)) if have < want => have,
+                Some(_) => continue,
+            };
+            plan.push((idx, have, want));
+            need += u64::from(want - have);
+            if need > self.space_hint.saturating_sub(self.dirty_bytes as u64) {
+                // Commits, cleans, or says ENOSPC, before anything changed.
+                self.pre_write(need as usize)?;
+            }
+        }
+        if plan.is_empty() {
+            return Ok(());
+        }
+        self.mark_version(FS_VERSION);
+        for (idx, have, want) in plan {
+            self.put(extent_key(i.ino, idx), Extent::Reserved(want).encode());
+            let more = u64::from(want - have);
+            self.counters.reserved += more;
+            i.alloc += more;
+            if self.group_full() {
+                self.save(i);
+                self.commit()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Release the reservations of chunks in `[off, end)` past the size
+    /// (left by fallocate with KEEP_SIZE), which a punched hole takes.
+    pub(super) fn unreserve_past_size(&mut self, i: &mut Inode, off: u64, end: u64) -> Result<()> {
+        let cs = self.cs();
+        let start = off.max(i.size);
+        for idx in start.div_ceil(cs)..end.div_ceil(cs) {
+            if let Some(e @ Extent::Reserved(len)) = self.stored_extent(i.ino, idx)? {
+                if idx * cs + u64::from(len) <= end {
+                    self.release(i.ino, idx, &e)?;
+                    self.del(extent_key(i.ino, idx));
+                    i.alloc = i.alloc.saturating_sub(u64::from(len));
+                }
             }
         }
         Ok(())
@@ -1292,13 +1391,19 @@ impl State {
                 freed = dead;
             }
         }
-        if self.cfg.version < FS_VERSION {
-            self.cfg.version = FS_VERSION;
-            self.cfg_dirty = true;
-        }
+        self.mark_version(4);
         self.stats.patches += 1;
         self.put(extent_key(ino, idx), Extent::Patched { base, patches, freed }.encode());
         Ok(())
+    }
+
+    /// Record that the image holds records of fs version `v` (older
+    /// builds then refuse it instead of misreading them).
+    fn mark_version(&mut self, v: u8) {
+        if self.cfg.version < v {
+            self.cfg.version = v;
+            self.cfg_dirty = true;
+        }
     }
 
     /// Take `n` bytes off an inode's allocated count.

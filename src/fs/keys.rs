@@ -20,10 +20,12 @@ pub const ROOT: Ino = 1;
 /// Version of the fs-layer records, kept in the config record.
 /// Version 2 added patched chunks (`Extent::Patched`, chunk type 3),
 /// version 3 patched chunks that release the replaced part of their base
-/// (chunk type 4). An image is marked by the first commit that writes
-/// such a record, so images that never had one stay readable by older
-/// builds.
-pub const FS_VERSION: u8 = 4;
+/// (chunk type 4), version 4 bases that are gone (type 5), version 5
+/// chunks reserved by fallocate (`Extent::Reserved`, type 6, and the
+/// reserved bytes of the counters record). An image is marked by the first
+/// commit that writes such a record, so images that never had one stay
+/// readable by older builds.
+pub const FS_VERSION: u8 = 5;
 
 const T_CONFIG: u8 = 0x01;
 const T_TRIPLE: u8 = 0x02;
@@ -259,6 +261,10 @@ pub struct Counters {
     pub user_bytes: u64,
     /// Bytes written to the device: blocks, journal, runs, checkpoints.
     pub device_bytes: u64,
+    /// Bytes of chunks reserved by fallocate and not written yet
+    /// ([`Extent::Reserved`]): free space that writers of other data may
+    /// not take. Written only when not 0 (record version 5).
+    pub reserved: u64,
 }
 
 impl Counters {
@@ -267,12 +273,21 @@ impl Counters {
         let mut v = Vec::new();
         v.put_var(self.user_bytes);
         v.put_var(self.device_bytes);
+        if self.reserved > 0 {
+            v.put_var(self.reserved);
+        }
         v
     }
     /// Decode.
     pub fn decode(b: &[u8]) -> Result<Counters> {
         let mut r = Reader::new(b, "file system counters record");
-        let c = Counters { user_bytes: r.var()?, device_bytes: r.var()? };
+        let mut c = Counters { user_bytes: r.var()?, device_bytes: r.var()?, reserved: 0 };
+        if r.peek().is_some() {
+            c.reserved = r.var()?;
+            if c.reserved == 0 {
+                return Err(r.err("reserved bytes present but 0 (written only when not 0)"));
+            }
+        }
         r.finish()?;
         Ok(c)
     }
@@ -624,6 +639,11 @@ pub enum Extent {
     /// Only as a patched chunk's base: a base its patches replace
     /// entirely, released and not stored (the chunk's length).
     Gone(u32),
+    /// Space set aside by fallocate for the first write of the chunk's
+    /// first `len` bytes, which read as zeros until written (an unwritten
+    /// extent). It may lie past the file's size (`FALLOC_FL_KEEP_SIZE`).
+    /// Its bytes count in [`Counters::reserved`] until it is replaced.
+    Reserved(u32),
 }
 
 /// Bytes per patch block: patches replace whole blocks of this size (the
@@ -683,7 +703,7 @@ impl Extent {
             Extent::Own(_, len) => u64::from(*len),
             Extent::Shared { len, .. } => u64::from(*len),
             Extent::Patched { base, .. } => base.len(),
-            Extent::Gone(len) => u64::from(*len),
+            Extent::Gone(len) | Extent::Reserved(len) => u64::from(*len),
         }
     }
     /// True when empty (never stored).
@@ -699,7 +719,7 @@ impl Extent {
             Extent::Patched { base, patches, .. } => {
                 base.phys() + patches.iter().map(|p| p.piece.phys()).sum::<u64>()
             }
-            Extent::Gone(_) => 0,
+            Extent::Gone(_) | Extent::Reserved(_) => 0,
         }
     }
     /// The simple extents (`Inline`, `Own`, `Shared`) this one is made
@@ -759,6 +779,10 @@ impl Extent {
             }
             Extent::Gone(len) => {
                 v.put_u8(5);
+                v.put_var(u64::from(*len));
+            }
+            Extent::Reserved(len) => {
+                v.put_u8(6);
                 v.put_var(u64::from(*len));
             }
         }
@@ -822,6 +846,14 @@ impl Extent {
                     return Err(r.err("its base is gone, but its patches do not cover the whole chunk"));
                 }
                 Extent::Patched { base: Box::new(base), patches, freed }
+            }
+            Some(6) => {
+                r.u8()?;
+                let len = r.var_max(1 << 20, "reserved length")? as u32;
+                if len == 0 {
+                    return Err(r.err("a reservation of no bytes"));
+                }
+                Extent::Reserved(len)
             }
             _ => Self::get_block(&mut r)?,
         };
@@ -1067,13 +1099,22 @@ mod tests {
 
     #[test]
     fn counters_round_trip() {
-        let c = Counters { user_bytes: 1 << 40, device_bytes: 300 };
+        let c = Counters { user_bytes: 1 << 40, device_bytes: 300, reserved: 0 };
         let b = c.encode();
         // Golden bytes: two LEB128 varints (FORMAT.md §9, tag 0x03).
         assert_eq!(b, [0x80, 0x80, 0x80, 0x80, 0x80, 0x20, 0xac, 0x02]);
         assert_eq!(Counters::decode(&b).unwrap(), c);
         assert!(Counters::decode(&b[..5]).is_err());
         assert!(Counters::decode(&[b.as_slice(), &[0]].concat()).is_err());
+        // Reserved bytes, when there are any, are a third varint.
+        let r = Counters { reserved: 65536, ..c };
+        assert_eq!(r.encode(), [b.as_slice(), &[0x80, 0x80, 0x04]].concat());
+        assert_eq!(Counters::decode(&r.encode()).unwrap(), r);
+        let e = Extent::Reserved(4097);
+        assert_eq!(e.encode(), [6, 0x81, 0x20]);
+        assert_eq!(Extent::decode(&e.encode(), "t").unwrap(), e);
+        assert!(Extent::decode(&[6, 0], "t").is_err(), "a reservation of nothing");
+        assert!(Extent::decode(&[6, 0x81, 0x80, 0x80, 0x01], "t").is_err(), "more than a chunk's 1 MiB");
         assert!(triple_key(u32::MAX) < counters_key() && counters_key() < orphan_key(0));
     }
 }

@@ -573,7 +573,7 @@ impl Fs {
             counters,
             counters_saved: counters,
             dev_seen: eng.device_bytes_written(),
-            space_hint: eng.free_bytes(),
+            space_hint: eng.free_bytes().saturating_sub(counters.reserved),
             grew: false,
             cleaning: false,
             last_clean: None,
@@ -957,7 +957,7 @@ impl State {
         self.grew = false;
         self.counters_saved = self.counters;
         self.stats.commits += 1;
-        self.space_hint = self.eng.free_bytes();
+        self.space_hint = self.free_now();
         Ok(())
     }
 
@@ -969,12 +969,12 @@ impl State {
             return Ok(());
         }
         self.commit()?;
-        self.space_hint = self.eng.free_bytes();
+        self.space_hint = self.free_now();
         if len as u64 > self.space_hint {
             // Blocks freed by deletes count as free once their journal
             // record is durable: sync, and look again.
             self.eng.sync()?;
-            self.space_hint = self.eng.free_bytes();
+            self.space_hint = self.free_now();
         }
         if len as u64 > self.space_hint && !self.cleaning {
             // Clean segments with dead space until the write fits.
@@ -987,6 +987,12 @@ impl State {
             )));
         }
         Ok(())
+    }
+
+    /// Free log bytes for writes other than into reserved chunks: the
+    /// free segments outside the reserve, less what fallocate reserved.
+    fn free_now(&self) -> u64 {
+        self.eng.free_bytes().saturating_sub(self.counters.reserved)
     }
 
     /// Before an operation that adds about `len` bytes of records (a new

@@ -632,7 +632,8 @@ impl Fs {
                 format!("write at {off} of {} bytes passes the largest file size", data.len()),
             ));
         }
-        st.pre_write(data.len())?;
+        let fresh = st.fresh_bytes(ino, off, data.len())?;
+        st.pre_write(fresh)?;
         st.write_data(&mut i, off, data)?;
         let t = now();
         i.mtime = t;
@@ -711,8 +712,11 @@ impl Fs {
         Ok(st.attr(&i))
     }
 
-    /// fallocate: mode 0 or KEEP_SIZE (space is not reserved: compressed
-    /// sizes are unknown in advance), PUNCH_HOLE | KEEP_SIZE, ZERO_RANGE.
+    /// fallocate: mode 0 or KEEP_SIZE reserve the range's unstored chunks
+    /// uncompressed, so that their first write cannot meet ENOSPC (ENOSPC
+    /// now if they do not fit); PUNCH_HOLE | KEEP_SIZE makes the range a
+    /// hole and gives its reservations back; ZERO_RANGE zeroes and
+    /// reserves it.
     pub fn fallocate(&self, ino: Ino, mode: u32, off: u64, len: u64) -> Result<()> {
         self.synced(self.fallocate_now(ino, mode, off, len, None), false)
     }
@@ -739,9 +743,18 @@ impl Fs {
         })?;
         let keep = mode & FALLOC_FL_KEEP_SIZE != 0;
         match mode & !FALLOC_FL_KEEP_SIZE {
-            0 => {}
-            FALLOC_FL_PUNCH_HOLE if keep => st.zero_range(&mut i, off, len)?,
-            FALLOC_FL_ZERO_RANGE => st.zero_range(&mut i, off, len)?,
+            0 => st.reserve(&mut i, off, end)?,
+            FALLOC_FL_PUNCH_HOLE if keep => {
+                st.zero_range(&mut i, off, len)?;
+                st.unreserve_past_size(&mut i, off, end)?;
+            }
+            // Zeroed, and then reserved as mode 0 would: on a full file
+            // system the range may be zeroed and ENOSPC answered, as ext4
+            // may.
+            FALLOC_FL_ZERO_RANGE => {
+                st.zero_range(&mut i, off, len)?;
+                st.reserve(&mut i, off, end)?;
+            }
             _ => return Err(posix(libc::EOPNOTSUPP, format!("fallocate mode {mode:#x} is not supported"))),
         }
         if !keep && end > i.size {
@@ -975,6 +988,8 @@ impl Fs {
         let st = self.st();
         let bsize = 4096u64;
         let (usable, free) = self.eng.capacity();
+        // What fallocate reserved is taken.
+        let free = free.saturating_sub(st.counters.reserved);
         let (total, free) = (usable / bsize, free / bsize);
         let used_inodes = st.cfg.next_ino - 1;
         let ffree = (1u64 << 32).saturating_sub(used_inodes);
