@@ -1051,3 +1051,44 @@ fn buffered_reads_after_async_direct_writes_are_fresh() {
         child.wait().expect("wait");
     }
 }
+
+/// An image that cannot be written (immutable here: root passes modes)
+/// mounts read-only and serves reads (issue 24, item 12).
+#[test]
+fn a_read_only_image_mounts_read_only() {
+    if !usable() {
+        return;
+    }
+    let d = Dir::new("ro-image");
+    mkfs(&d, "64M");
+    let mut child = mount_fg(&d, "");
+    fs::write(d.mnt().join("f"), b"kept").expect("write");
+    unmount(&d);
+    child.wait().expect("wait");
+    let img = d.img();
+    if !Command::new("chattr").arg("+i").arg(&img).status().is_ok_and(|s| s.success()) {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "chattr +i failed under CI");
+        eprintln!("skipping: chattr +i does not work here");
+        return;
+    }
+    struct Mutable(PathBuf);
+    impl Drop for Mutable {
+        fn drop(&mut self) {
+            let _ = Command::new("chattr").arg("-i").arg(&self.0).status();
+        }
+    }
+    let _undo = Mutable(img.clone());
+    let o = zlogfs(&["mount", "-f", img.to_str().expect("utf8"), d.mnt().to_str().expect("utf8")]);
+    assert!(!o.status.success(), "a read-write mount of an immutable image fails");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("read-only to you"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let mut child = mount_fg(&d, "ro");
+    assert_eq!(fs::read(d.mnt().join("f")).expect("read"), b"kept");
+    let e = fs::write(d.mnt().join("g"), b"x").expect_err("a write on a read-only mount");
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS));
+    unmount(&d);
+    child.wait().expect("wait");
+}

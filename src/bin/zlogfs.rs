@@ -270,6 +270,12 @@ fn mkfs(image: &Path, f: &FormatArgs, force: bool) -> Result<(), String> {
     let is_dev = std::fs::metadata(image)
         .map(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()))
         .unwrap_or(false);
+    if image.is_dir() {
+        return Err(format!(
+            "{} is a directory: give an image file (it is created) or a block device",
+            image.display()
+        ));
+    }
     if image.exists() && !force {
         return Err(format!("{} already exists; pass --force to overwrite it", image.display()));
     }
@@ -320,11 +326,17 @@ fn mkfs(image: &Path, f: &FormatArgs, force: bool) -> Result<(), String> {
 /// daemon has finished closing the image, and a command run right after
 /// it should not fail for that.
 fn open_store(image: &Path) -> Result<FileStore, String> {
+    wait_for_lock(image, || FileStore::open(image))
+}
+
+/// `open` an image, waiting a few seconds for another process to let go of
+/// it (see [`open_store`]).
+fn wait_for_lock(image: &Path, open: impl Fn() -> std::io::Result<FileStore>) -> Result<FileStore, String> {
     use std::time::{Duration, Instant};
     let start = Instant::now();
     let mut told = false;
     loop {
-        match FileStore::open(image) {
+        match open() {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 let waited = start.elapsed();
                 if waited >= Duration::from_secs(5) {
@@ -340,9 +352,37 @@ fn open_store(image: &Path) -> Result<FileStore, String> {
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
-            r => return r.map_err(|e| format!("cannot open {}: {e}", image.display())),
+            r => {
+                return r.map_err(|e| {
+                    let hint = match e.raw_os_error() {
+                        Some(libc::EACCES | libc::EPERM | libc::EROFS) => {
+                            " (it is read-only to you: fsck, ls, cat, stat, du, stats and export still work, \
+                             and mount -o ro)"
+                        }
+                        _ => "",
+                    };
+                    format!("cannot open {}: {e}{hint}", image.display())
+                })
+            }
         }
     }
+}
+
+/// Open an image for a command that only reads it: read-only, with a
+/// shared lock, so that it works on an image the caller may not write (mode
+/// 0444, immutable, a read-only medium) and beside other readers.
+fn open_fs_ro(image: &Path) -> Result<Fs, String> {
+    let f = wait_for_lock(image, || FileStore::open_read_only(image))?;
+    let sb = engine::read_superblock(&f).map_err(|e| format!("{}: {e}", image.display()))?;
+    let f = f.with_geometry(sb.geometry).map_err(|e| format!("{}: {e}", image.display()))?;
+    let opts = FsOptions {
+        engine: Options { background: false, ..Options::default() },
+        commit_interval: None,
+        atime: zfs::Atime::Noatime,
+        read_only: true,
+        ..FsOptions::default()
+    };
+    Fs::open(Arc::new(f), opts).map_err(|e: Error| format!("{}: {e}", image.display()))
 }
 
 fn open_fs(image: &Path, atime: zfs::Atime) -> Result<Fs, String> {
@@ -367,6 +407,12 @@ fn resolve(fs: &Fs, path: &str) -> Result<zfs::Ino, String> {
 }
 
 fn import(dir: &Path, image: &Path, f: &FormatArgs, json: bool) -> Res {
+    // Before an image is made for it.
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(format!("{} is not a directory", dir.display())),
+        Err(e) => return Err(format!("cannot import {}: {e}", dir.display())),
+    }
     if !image.exists() {
         mkfs(image, f, false)?;
     }
@@ -376,8 +422,17 @@ fn import(dir: &Path, image: &Path, f: &FormatArgs, json: bool) -> Res {
     let rep = tools::import::import(&fs, dir, &|done, total| {
         pb.set_length(total);
         pb.set_position(done);
-    })
-    .map_err(|e| format!("importing {}: {e}", dir.display()))?;
+    });
+    let rep = match rep {
+        Ok(r) => r,
+        Err(e) => {
+            // What was imported stays: close the image cleanly.
+            if let Err(c) = fs.close() {
+                eprintln!("zlogfs: closing {}: {c}", image.display());
+            }
+            return Err(format!("importing {}: {e}", dir.display()));
+        }
+    };
     fs.sync().map_err(|e| e.to_string())?;
     fs.engine().flush().map_err(|e| e.to_string())?;
     pb.finish_and_clear();
@@ -390,6 +445,7 @@ fn import(dir: &Path, image: &Path, f: &FormatArgs, json: bool) -> Res {
             "hardlinks": rep.hardlinks, "xattrs": rep.xattrs, "bytes": rep.bytes,
             "logical_bytes": u.logical, "physical_bytes": u.physical, "seconds": secs,
             "entries_per_second": entries as f64 / secs.max(1e-9),
+            "skipped": rep.skipped.iter().map(|(p, e)| serde_json::json!({"path": p, "error": e})).collect::<Vec<_>>(),
         });
         println!("{v:#}");
     } else {
@@ -408,11 +464,19 @@ fn import(dir: &Path, image: &Path, f: &FormatArgs, json: bool) -> Res {
         );
     }
     close(fs, image)?;
-    Ok(ExitCode::SUCCESS)
+    if rep.skipped.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    // As tar and rsync: say what was left out, and exit non-zero.
+    for (p, e) in &rep.skipped {
+        eprintln!("zlogfs: skipped {p}: {e}");
+    }
+    eprintln!("zlogfs: {} entries could not be imported; the rest was", rep.skipped.len());
+    Ok(ExitCode::from(1))
 }
 
 fn export(image: &Path, dir: &Path, path: &str, json: bool) -> Res {
-    let fs = open_fs(image, zfs::Atime::Noatime)?;
+    let fs = open_fs_ro(image)?;
     let from = resolve(&fs, path)?;
     if fs.getattr(from).map_err(|e| e.to_string())?.kind != Kind::Dir {
         return Err(format!("{path} is not a directory in {}", image.display()));
@@ -426,10 +490,15 @@ fn export(image: &Path, dir: &Path, path: &str, json: bool) -> Res {
     .map_err(|e| format!("exporting to {}: {e}", dir.display()))?;
     pb.finish_and_clear();
     let secs = start.elapsed().as_secs_f64();
+    let range =
+        |r: Option<(u64, u64)>| r.map(|(a, b)| format!("bytes {a}..{b}")).unwrap_or_else(|| "whole".into());
     if json {
         let v = serde_json::json!({
             "files": rep.files, "dirs": rep.dirs, "symlinks": rep.symlinks, "specials": rep.specials,
             "hardlinks": rep.hardlinks, "bytes": rep.bytes, "seconds": secs,
+            "damaged": rep.damaged.iter().map(|d| serde_json::json!({
+                "path": d.path, "start": d.range.map(|r| r.0), "end": d.range.map(|r| r.1), "reason": d.reason,
+            })).collect::<Vec<_>>(),
         });
         println!("{v:#}");
     } else {
@@ -439,7 +508,19 @@ fn export(image: &Path, dir: &Path, path: &str, json: bool) -> Res {
         );
     }
     close(fs, image)?;
-    Ok(ExitCode::SUCCESS)
+    if rep.damaged.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    for d in &rep.damaged {
+        eprintln!("zlogfs: not copied whole: {} ({}): {}", d.path, range(d.range), d.reason);
+    }
+    eprintln!(
+        "zlogfs: {} entries of {} were damaged and are not copied whole (damaged bytes are holes); \
+         everything else was",
+        rep.damaged.len(),
+        image.display()
+    );
+    Ok(ExitCode::from(1))
 }
 
 fn kind_char(k: Kind) -> char {
@@ -464,7 +545,7 @@ fn mode_string(a: &zfs::Attr) -> String {
 }
 
 fn ls(image: &Path, path: &str, json: bool) -> Res {
-    let fs = open_fs(image, zfs::Atime::Noatime)?;
+    let fs = open_fs_ro(image)?;
     let ino = resolve(&fs, path)?;
     let mut rows = Vec::new();
     let a = fs.getattr(ino).map_err(|e| e.to_string())?;
@@ -519,9 +600,18 @@ fn ls(image: &Path, path: &str, json: bool) -> Res {
 
 fn cat(image: &Path, path: &str) -> Res {
     use std::io::Write;
-    let fs = open_fs(image, zfs::Atime::Noatime)?;
+    let fs = open_fs_ro(image)?;
     let ino = resolve(&fs, path)?;
     let a = fs.getattr(ino).map_err(|e| e.to_string())?;
+    match a.kind {
+        Kind::File => {}
+        Kind::Dir => return Err(format!("{path}: is a directory (list it with zlogfs ls)")),
+        Kind::Symlink => {
+            let t = fs.readlink(ino).map_err(|e| e.to_string())?;
+            return Err(format!("{path}: is a symbolic link to {}", String::from_utf8_lossy(&t)));
+        }
+        k => return Err(format!("{path}: is not a regular file ({k:?})")),
+    }
     let mut out = std::io::stdout().lock();
     let mut off = 0u64;
     while off < a.size {
@@ -536,7 +626,7 @@ fn cat(image: &Path, path: &str) -> Res {
 }
 
 fn stat(image: &Path, path: &str, json: bool) -> Res {
-    let fs = open_fs(image, zfs::Atime::Noatime)?;
+    let fs = open_fs_ro(image)?;
     let ino = resolve(&fs, path)?;
     let a = fs.getattr(ino).map_err(|e| e.to_string())?;
     let phys = fs.physical_bytes(ino).map_err(|e| e.to_string())?;
@@ -576,7 +666,7 @@ fn stat(image: &Path, path: &str, json: bool) -> Res {
 }
 
 fn du(image: &Path, path: &str, json: bool) -> Res {
-    let fs = open_fs(image, zfs::Atime::Noatime)?;
+    let fs = open_fs_ro(image)?;
     let ino = resolve(&fs, path)?;
     let mut rows = Vec::new();
     if fs.getattr(ino).map_err(|e| e.to_string())?.kind == Kind::Dir {
@@ -610,7 +700,7 @@ fn du(image: &Path, path: &str, json: bool) -> Res {
 }
 
 fn stats(image: &Path, json: bool) -> Res {
-    let fs = open_fs(image, zfs::Atime::Noatime)?;
+    let fs = open_fs_ro(image)?;
     let u = fs.usage().map_err(|e| e.to_string())?;
     let e = fs.engine();
     let s = e.stats();
@@ -807,7 +897,7 @@ fn is_zlogfs_mount(dir: &Path) -> bool {
 }
 
 fn fsck(image: &Path, json: bool) -> Res {
-    let fs = open_fs(image, zfs::Atime::Noatime)?;
+    let fs = open_fs_ro(image)?;
     let pb = tools::progress(0, "checking blocks", json);
     let rep = fs
         .check(&|done, total| {

@@ -99,6 +99,24 @@ pub struct Usage {
     pub counters: Counters,
 }
 
+/// A path of inode `ino` from the names fsck gathered ("inode N" when it
+/// has none, an orphan).
+fn path_of(names: &HashMap<Ino, (Ino, Vec<u8>)>, ino: Ino) -> String {
+    let mut parts = Vec::new();
+    let mut cur = ino;
+    while cur != ROOT && parts.len() < 4096 {
+        match names.get(&cur) {
+            Some((p, n)) => {
+                parts.push(name_str(n));
+                cur = *p;
+            }
+            None => return format!("inode {ino}"),
+        }
+    }
+    parts.reverse();
+    format!("/{}", parts.join("/"))
+}
+
 impl Fs {
     /// Verify every checksum and cross-reference. Problems are collected,
     /// not raised; an error means the scan itself could not go on.
@@ -150,6 +168,8 @@ impl Fs {
         let mut links: HashMap<Ino, u32> = HashMap::new();
         let mut subdirs: HashMap<Ino, u32> = HashMap::new();
         let mut children: HashMap<Ino, Vec<Ino>> = HashMap::new();
+        // A name of each inode, to say which file a damaged block holds.
+        let mut names: HashMap<Ino, (Ino, Vec<u8>)> = HashMap::new();
         let (lo, hi) = all_dirents_range();
         for (k, v) in st.scan(&lo, &hi, usize::MAX)? {
             rep.dirents += 1;
@@ -202,6 +222,7 @@ impl Fs {
             }
             *links.entry(child).or_default() += 1;
             children.entry(parent).or_default().push(child);
+            names.entry(child).or_insert_with(|| (parent, name.to_vec()));
         }
         // Link counts and reachability.
         let mut seen = HashSet::from([ROOT]);
@@ -415,7 +436,24 @@ impl Fs {
                         bad(&mut rep, format!("block {a} holds {} bytes, its pieces need {need}", raw.len()));
                     }
                 }
-                Err(e) => bad(&mut rep, format!("block {a}: {e}")),
+                Err(e) => {
+                    let users: Vec<(Ino, u64)> = if *own {
+                        own_blocks.get(a).map(|&(i, c, _)| vec![(i, c)]).unwrap_or_default()
+                    } else {
+                        shared_users
+                            .get(a)
+                            .map(|u| u.iter().map(|x| (x.0, x.1)).collect())
+                            .unwrap_or_default()
+                    };
+                    let files: Vec<String> = users
+                        .iter()
+                        .map(|&(i, c)| {
+                            let at = c * cs;
+                            format!("{} (bytes {at}..{})", path_of(&names, i), at + cs)
+                        })
+                        .collect();
+                    bad(&mut rep, format!("block {a}: {e}; it holds data of {}", files.join(", ")))
+                }
             }
         }
         // Segment usage must be exactly the live data blocks and the

@@ -100,6 +100,9 @@ impl Fs {
     /// and free them. Holds the file system for one round of a few segments
     /// at a time.
     pub fn clean(&self, opts: &CleanOptions, progress: &dyn Fn(&CleanReport)) -> Result<CleanReport> {
+        if self.st().read_only {
+            return Err(Error::posix(libc::EROFS, "the file system is open read-only: nothing to clean"));
+        }
         let mut rep = CleanReport::default();
         let mut tried = HashSet::new();
         loop {

@@ -261,6 +261,18 @@ fn replaced_share(patches: &[Patch], stored: u32, len: u32) -> u32 {
     (u64::from(stored) * covered / u64::from(len).max(1)) as u32
 }
 
+/// Damage met reading bytes `[lo, hi)` of inode `ino`, said with them.
+fn in_file(e: Error, ino: Ino, lo: u64, hi: u64) -> Error {
+    let whose = |what: String| format!("{what}, which holds bytes {lo}..{hi} of inode {ino}");
+    match e {
+        Error::ChecksumMismatch { what, expected, got } => {
+            Error::ChecksumMismatch { what: whose(what), expected, got }
+        }
+        Error::Corrupt { what, detail } => Error::Corrupt { what: whose(what), detail },
+        e => e,
+    }
+}
+
 impl State {
     pub(super) fn cs(&self) -> u64 {
         u64::from(self.cfg.chunk_size)
@@ -560,7 +572,9 @@ impl State {
                 out.resize(out.len() + (to - from.max(have)), 0);
             } else {
                 match self.stored_extent(i.ino, idx)? {
-                    Some(e) => self.copy_extent(i.ino, idx, &e, from, to, &mut out)?,
+                    Some(e) => self
+                        .copy_extent(i.ino, idx, &e, from, to, &mut out)
+                        .map_err(|err| in_file(err, i.ino, idx * cs, (idx + 1) * cs))?,
                     None => out.resize(out.len() + (to - from), 0),
                 }
             }

@@ -122,6 +122,10 @@ pub struct FsOptions {
     /// (docs/ARCHITECTURE.md, "Patches"). On by default; off, every
     /// overwrite rewrites its whole chunk.
     pub patches: bool,
+    /// Open for reading only (a store opened read-only): nothing is
+    /// written, not even what recovery or an open's orphans would; every
+    /// change fails with EROFS, and reads update no atime.
+    pub read_only: bool,
 }
 
 impl Default for FsOptions {
@@ -135,6 +139,7 @@ impl Default for FsOptions {
             diratime: true,
             sync: SyncMode::Lazy,
             patches: true,
+            read_only: false,
         }
     }
 }
@@ -436,6 +441,8 @@ struct State {
     cleaning: bool,
     /// Small overwrites may be stored as patches ([`FsOptions::patches`]).
     patches: bool,
+    /// Nothing may be written ([`FsOptions::read_only`]).
+    read_only: bool,
     /// The report of the last pass run through [`XATTR_CLEAN`].
     last_clean: Option<CleanReport>,
     /// Commits so far when cleaning last failed to make the room a writer
@@ -566,8 +573,9 @@ impl Fs {
             cache: Cache { map: HashMap::new(), order: VecDeque::new(), bytes: 0, limit: opts.cache_bytes },
             max_group,
             dirty_limit: opts.dirty_bytes.max(1 << 20),
-            atime: opts.atime,
+            atime: if opts.read_only { Atime::Noatime } else { opts.atime },
             diratime: opts.diratime,
+            read_only: opts.read_only,
             patches: opts.patches,
             stats: FsStats::default(),
             counters,
@@ -580,7 +588,7 @@ impl Fs {
             futile_at: None,
         };
         let inner = Arc::new(Inner { st: Mutex::new(st), stop: Mutex::new(false), wake: Condvar::new() });
-        {
+        if !opts.read_only {
             let mut st = lock(&inner.st);
             st.finish_orphans()?;
             st.commit()?;
@@ -649,6 +657,9 @@ impl Fs {
     /// and close: the next open replays nothing.
     pub fn close(mut self) -> Result<()> {
         self.stop_worker();
+        if self.st().read_only {
+            return Ok(());
+        }
         self.sync()?;
         self.eng.settle()
     }
@@ -871,8 +882,12 @@ impl State {
         Ok(())
     }
 
-    /// Commit when the group or the buffers are past their bounds.
+    /// Commit when the group or the buffers are past their bounds; EROFS
+    /// when nothing may change.
     fn bound_group(&mut self) -> Result<()> {
+        if self.read_only {
+            return Err(posix(libc::EROFS, "the file system is open read-only"));
+        }
         if self.pend.bytes + self.dirty_chunks * 64 > self.max_group / 2
             || self.dirty_bytes > self.dirty_limit
         {

@@ -570,7 +570,9 @@ impl Fs {
         if left == 0 {
             st.open.remove(&ino);
             if let Ok(mut i) = st.inode(ino) {
-                if i.nlink == 0 {
+                // (Read-only: an orphan stays, and the next writer's open
+                // finishes it.)
+                if i.nlink == 0 && !st.read_only {
                     st.pre_relieve()?;
                     st.destroy(&mut i)?;
                 }

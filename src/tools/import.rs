@@ -5,17 +5,26 @@
 //! follow the tree. File contents of each batch are read by all cores in
 //! parallel; compression runs in parallel at each commit. Modes, owners,
 //! times, xattrs, hard links, symlinks, special files and holes are kept.
+//!
+//! The source is reached through directory descriptors (`openat` and
+//! friends), never by whole paths, so that a tree deeper than PATH_MAX
+//! imports as any other (tar and cp do the same). An entry that cannot be
+//! read (gone since it was listed, unreadable) is skipped with a warning
+//! and listed in the report, as tar and rsync do; the caller exits non-zero
+//! when any was.
 
 use std::collections::HashMap;
-use std::fs::File;
+use std::ffi::{OsStr, OsString};
+use std::fs::{File, Metadata};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::os::unix::io::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
+use std::path::Path;
 
+use nix::fcntl::{openat, OFlag};
+use nix::sys::stat::Mode;
 use rayon::prelude::*;
 
-use super::io;
 use crate::fs::{Fs, Ino, SetAttr, Time, ROOT};
 use crate::{Error, Result};
 
@@ -36,67 +45,150 @@ pub struct ImportReport {
     pub bytes: u64,
     /// Xattrs copied.
     pub xattrs: u64,
+    /// Entries left out, with why: (path in the source, error). A
+    /// directory left out takes its subtree with it.
+    pub skipped: Vec<(String, String)>,
 }
 
 /// Data ranges of a file: (offset, bytes).
 type Ranges = Vec<(u64, Vec<u8>)>;
 
+/// An entry of the source tree, as listed.
 struct Item {
-    path: PathBuf,
     /// Index of the parent directory's item (None: the root).
     parent: Option<usize>,
     name: Vec<u8>,
-    meta: std::fs::Metadata,
+    meta: Metadata,
 }
 
-fn list(root: &Path) -> Result<Vec<Item>> {
-    let meta = std::fs::symlink_metadata(root).map_err(io(format!("reading {}", root.display())))?;
+/// What is read of an entry from the source before it is made in the
+/// image.
+#[derive(Default)]
+struct Host {
+    /// A regular file, open for reading.
+    file: Option<File>,
+    /// Its data, when read in parallel with the batch's other files.
+    data: Option<Ranges>,
+    /// A symlink's target.
+    target: Option<Vec<u8>>,
+    xattrs: Vec<(OsString, Vec<u8>)>,
+    /// Why its data could not be read.
+    error: Option<String>,
+}
+
+fn nix_io(e: nix::errno::Errno) -> std::io::Error {
+    std::io::Error::from_raw_os_error(e as i32)
+}
+
+/// Open `name` in directory `dir`, not following a symlink there.
+fn open_in(dir: impl AsFd, name: &[u8], flags: OFlag) -> std::io::Result<File> {
+    let fd: OwnedFd =
+        openat(dir, OsStr::from_bytes(name), flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())
+            .map_err(nix_io)?;
+    Ok(File::from(fd))
+}
+
+/// The path of item `k` in the source, for messages (it may be longer
+/// than PATH_MAX: it is never opened).
+fn path_of(root: &Path, items: &[Item], k: usize) -> String {
+    let mut names = Vec::new();
+    let mut cur = Some(k);
+    while let Some(i) = cur {
+        if items[i].parent.is_some() {
+            names.push(String::from_utf8_lossy(&items[i].name).into_owned());
+        }
+        cur = items[i].parent;
+    }
+    names.reverse();
+    let mut p = root.display().to_string();
+    for n in names {
+        p.push('/');
+        p.push_str(&n);
+    }
+    p
+}
+
+/// List the tree under `root` (depth first, children in name order: each
+/// directory's subtree follows it). Entries that cannot be looked at are
+/// skipped into `rep`.
+fn list(root: &Path, rep: &mut ImportReport) -> Result<(Vec<Item>, File)> {
+    let dir = File::open(root).map_err(|e| Error::io(format!("opening {}", root.display()), e))?;
+    let meta = dir.metadata().map_err(|e| Error::io(format!("reading {}", root.display()), e))?;
     if !meta.is_dir() {
         return Err(Error::Invalid(format!("{} is not a directory", root.display())));
     }
-    let mut items = vec![Item { path: root.to_path_buf(), parent: None, name: vec![], meta }];
-    visit(&mut items, 0)?;
-    Ok(items)
+    let mut items = vec![Item { parent: None, name: vec![], meta }];
+    let first = dir.try_clone().map_err(|e| Error::io(format!("opening {}", root.display()), e))?;
+    visit(root, &mut items, 0, first, rep)?;
+    Ok((items, dir))
 }
 
-/// Depth first, children in name order: each directory's subtree follows it.
-fn visit(items: &mut Vec<Item>, d: usize) -> Result<()> {
-    let path = items[d].path.clone();
-    let mut ents: Vec<(Vec<u8>, PathBuf)> = std::fs::read_dir(&path)
-        .map_err(io(format!("listing {}", path.display())))?
-        .map(|e| e.map(|e| (e.file_name().as_bytes().to_vec(), e.path())))
-        .collect::<std::io::Result<_>>()
-        .map_err(io(format!("listing {}", path.display())))?;
-    ents.sort();
-    for (name, p) in ents {
-        let meta = std::fs::symlink_metadata(&p).map_err(io(format!("reading {}", p.display())))?;
-        let is_dir = meta.is_dir();
-        items.push(Item { path: p, parent: Some(d), name, meta });
-        if is_dir {
-            visit(items, items.len() - 1)?;
+fn visit(root: &Path, items: &mut Vec<Item>, d: usize, dir: File, rep: &mut ImportReport) -> Result<()> {
+    let names = match read_names(&dir) {
+        Ok(n) => n,
+        Err(e) => {
+            rep.skipped.push((path_of(root, items, d), format!("listing: {e}")));
+            return Ok(());
+        }
+    };
+    for name in names {
+        let meta = match open_in(&dir, &name, OFlag::O_PATH).and_then(|f| f.metadata()) {
+            Ok(m) => m,
+            Err(e) => {
+                let p = format!("{}/{}", path_of(root, items, d), String::from_utf8_lossy(&name));
+                rep.skipped.push((p, e.to_string()));
+                continue;
+            }
+        };
+        if meta.is_dir() {
+            match open_in(&dir, &name, OFlag::O_RDONLY | OFlag::O_DIRECTORY) {
+                Ok(sub) => {
+                    items.push(Item { parent: Some(d), name, meta });
+                    visit(root, items, items.len() - 1, sub, rep)?;
+                }
+                Err(e) => {
+                    let p = format!("{}/{}", path_of(root, items, d), String::from_utf8_lossy(&name));
+                    rep.skipped.push((p, e.to_string()));
+                }
+            }
+        } else {
+            items.push(Item { parent: Some(d), name, meta });
         }
     }
     Ok(())
 }
 
+/// The names in directory `dir`, sorted, without "." and "..".
+fn read_names(dir: &File) -> std::io::Result<Vec<Vec<u8>>> {
+    let fd = dir.try_clone()?;
+    let mut d = nix::dir::Dir::from_fd(OwnedFd::from(fd)).map_err(nix_io)?;
+    let mut names = Vec::new();
+    for e in d.iter() {
+        let e = e.map_err(nix_io)?;
+        let n = e.file_name().to_bytes();
+        if n != b"." && n != b".." {
+            names.push(n.to_vec());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
 /// The data ranges of a file: (offset, bytes), holes left out.
-fn read_data(path: &Path, size: u64) -> Result<Ranges> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut f = File::open(path).map_err(io(format!("opening {}", path.display())))?;
+fn read_data(f: &File, size: u64) -> std::io::Result<Ranges> {
     let mut out = Vec::new();
     let mut pos = 0u64;
     while pos < size {
-        let start = match seek(&f, pos, libc::SEEK_DATA) {
+        let start = match seek(f, pos, libc::SEEK_DATA) {
             Some(s) => s,
             None => break,
         };
-        let end = seek(&f, start, libc::SEEK_HOLE).unwrap_or(size).min(size);
+        let end = seek(f, start, libc::SEEK_HOLE).unwrap_or(size).min(size);
         if end <= start {
             break;
         }
-        f.seek(SeekFrom::Start(start)).map_err(io(format!("seeking in {}", path.display())))?;
         let mut buf = vec![0u8; (end - start) as usize];
-        f.read_exact(&mut buf).map_err(io(format!("reading {}", path.display())))?;
+        f.read_exact_at(&mut buf, start)?;
         out.push((start, buf));
         pos = end;
     }
@@ -115,95 +207,147 @@ fn time(sec: i64, nsec: i64) -> Time {
     Time { sec, nsec: nsec.clamp(0, 999_999_999) as u32 }
 }
 
+/// The xattrs of an open file or directory.
+fn xattrs_of_file(f: &File) -> std::io::Result<Vec<(OsString, Vec<u8>)>> {
+    use xattr::FileExt as _;
+    let names = match f.list_xattr() {
+        Ok(n) => n,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut out = Vec::new();
+    for n in names {
+        if let Some(v) = f.get_xattr(&n)? {
+            out.push((n, v));
+        }
+    }
+    Ok(out)
+}
+
+/// The xattrs of something that cannot be opened for reading (a symlink,
+/// a device node), through /proc/self/fd of an O_PATH descriptor of it:
+/// that path leads to the entry itself, symlink or not.
+fn xattrs_of_path(dir: &File, name: &[u8]) -> std::io::Result<Vec<(OsString, Vec<u8>)>> {
+    let f = open_in(dir, name, OFlag::O_PATH)?;
+    let p = format!("/proc/self/fd/{}", f.as_raw_fd());
+    let names = match xattr::list_deref(&p) {
+        Ok(n) => n,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTSUP | libc::EPERM)) => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut out = Vec::new();
+    for n in names {
+        if let Some(v) = xattr::get_deref(&p, &n)? {
+            out.push((n, v));
+        }
+    }
+    Ok(out)
+}
+
+/// Read what the image needs of item `k` from the source: a file opened,
+/// a symlink's target, xattrs. `stack` holds the open directories of the
+/// current path (the order of the items keeps it a path); a directory is
+/// opened and pushed.
+fn read_host(items: &[Item], k: usize, stack: &mut Vec<(usize, File)>) -> std::io::Result<Host> {
+    let it = &items[k];
+    let parent = it.parent.expect("only the root has none");
+    while stack.last().is_some_and(|(d, _)| *d != parent) {
+        stack.pop();
+    }
+    let Some((_, dir)) = stack.last() else {
+        return Err(std::io::Error::other("its directory is not open"));
+    };
+    let ft = it.meta.file_type();
+    let mut h = Host::default();
+    if ft.is_dir() {
+        let sub = open_in(dir, &it.name, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
+        h.xattrs = xattrs_of_file(&sub)?;
+        stack.push((k, sub));
+    } else if ft.is_file() {
+        let f = open_in(dir, &it.name, OFlag::O_RDONLY)?;
+        h.xattrs = xattrs_of_file(&f)?;
+        h.file = Some(f);
+    } else {
+        if ft.is_symlink() {
+            let t = nix::fcntl::readlinkat(dir, OsStr::from_bytes(&it.name)).map_err(nix_io)?;
+            h.target = Some(t.as_bytes().to_vec());
+        }
+        h.xattrs = xattrs_of_path(dir, &it.name)?;
+    }
+    Ok(h)
+}
+
 /// Import the tree under `src` into the root of `fs`. `progress` is told
 /// the bytes of each file loaded.
 pub fn import(fs: &Fs, src: &Path, progress: &dyn Fn(u64, u64)) -> Result<ImportReport> {
-    let items = list(src)?;
-    let total: u64 = items.iter().filter(|i| i.meta.is_file()).map(|i| i.meta.len()).sum();
+    raise_open_file_limit();
     let mut rep = ImportReport::default();
-    let mut inos: Vec<Ino> = vec![0; items.len()];
-    inos[0] = ROOT;
+    let (items, root_dir) = list(src, &mut rep)?;
+    let total: u64 = items.iter().filter(|i| i.meta.is_file()).map(|i| i.meta.len()).sum();
+    let mut inos: Vec<Option<Ino>> = vec![None; items.len()];
+    inos[0] = Some(ROOT);
+    // Items left out, and so their subtrees.
+    let mut gone = vec![false; items.len()];
     let mut links: HashMap<(u64, u64), Ino> = HashMap::new();
+    let mut stack: Vec<(usize, File)> = Vec::new();
+    let root_xattrs =
+        xattrs_of_file(&root_dir).map_err(|e| Error::io(format!("reading {}", src.display()), e))?;
+    stack.push((0, root_dir));
     let mut done = 0u64;
     let mut i = 1;
     while i < items.len() {
-        // A batch: up to 1024 entries or 64 MiB of file data.
+        // A batch: up to 512 entries (each file is held open until it is
+        // loaded) or 64 MiB of file data.
         let mut j = i;
         let mut bytes = 0u64;
-        while j < items.len() && j - i < 1024 && bytes < 64 << 20 {
+        while j < items.len() && j - i < 512 && bytes < 64 << 20 {
             if items[j].meta.is_file() {
                 bytes += items[j].meta.len();
             }
             j += 1;
         }
-        let contents: Vec<Option<Ranges>> = items[i..j]
-            .par_iter()
-            .map(|it| {
-                if it.meta.is_file() && it.meta.len() <= 16 << 20 {
-                    read_data(&it.path, it.meta.len()).map(Some)
-                } else {
-                    Ok(None)
+        let mut host: Vec<Option<Host>> = Vec::with_capacity(j - i);
+        for k in i..j {
+            // Under a directory left out: left out with it (reported once).
+            if gone[items[k].parent.expect("only the root has none")] {
+                gone[k] = true;
+                host.push(None);
+                continue;
+            }
+            match read_host(&items, k, &mut stack) {
+                Ok(h) => host.push(Some(h)),
+                Err(e) => {
+                    rep.skipped.push((path_of(src, &items, k), e.to_string()));
+                    gone[k] = true;
+                    host.push(None);
                 }
-            })
-            .collect::<Result<_>>()?;
-        for (k, data) in (i..j).zip(contents) {
-            let it = &items[k];
-            let parent = inos[it.parent.expect("only the root has none")];
-            let m = &it.meta;
-            let ft = m.file_type();
-            let ctx = |e: Error| match e {
-                Error::Posix { errno, msg } => Error::posix(errno, format!("{}: {msg}", it.path.display())),
-                e => e,
+            }
+        }
+        // File contents, on all cores.
+        host.par_iter_mut().zip(&items[i..j]).for_each(|(h, it)| {
+            let Some(h) = h.as_mut() else { return };
+            if let (Some(f), true) = (&h.file, it.meta.len() <= 16 << 20) {
+                match read_data(f, it.meta.len()) {
+                    Ok(d) => h.data = Some(d),
+                    Err(e) => h.error = Some(format!("reading: {e}")),
+                }
+            }
+        });
+        for (k, h) in (i..j).zip(host) {
+            let Some(h) = h else { continue };
+            let Some(parent) = inos[items[k].parent.expect("only the root has none")] else {
+                // Its directory could not be made: reported there.
+                continue;
             };
-            if !ft.is_dir() && m.nlink() > 1 {
-                if let Some(&target) = links.get(&(m.dev(), m.ino())) {
-                    fs.link(target, parent, &it.name).map_err(ctx)?;
-                    inos[k] = target;
-                    rep.hardlinks += 1;
-                    continue;
-                }
+            match load(fs, &items, k, parent, h, &mut links, &mut rep) {
+                Ok(Some(ino)) => inos[k] = Some(ino),
+                Ok(None) => {}
+                Err(Skip(why)) => rep.skipped.push((path_of(src, &items, k), why)),
+                Err(Fatal(e)) => return Err(in_image(e, &image_path(&items, k), &path_of(src, &items, k))),
             }
-            let attr = if ft.is_dir() {
-                rep.dirs += 1;
-                fs.mkdir(parent, &it.name, m.mode(), m.uid(), m.gid())
-            } else if ft.is_symlink() {
-                rep.symlinks += 1;
-                let t = std::fs::read_link(&it.path)
-                    .map_err(io(format!("reading link {}", it.path.display())))?;
-                fs.symlink(parent, &it.name, t.as_os_str().as_bytes(), m.uid(), m.gid())
-            } else if ft.is_file() {
-                rep.files += 1;
-                fs.mknod(parent, &it.name, m.mode(), m.uid(), m.gid(), 0)
-            } else if ft.is_fifo() || ft.is_socket() || ft.is_char_device() || ft.is_block_device() {
-                rep.specials += 1;
-                fs.mknod(parent, &it.name, m.mode(), m.uid(), m.gid(), m.rdev())
-            } else {
-                return Err(Error::Invalid(format!("{}: unknown file type", it.path.display())));
-            }
-            .map_err(ctx)?;
-            let ino = attr.ino;
-            inos[k] = ino;
-            if !ft.is_dir() && m.nlink() > 1 {
-                links.insert((m.dev(), m.ino()), ino);
-            }
-            if ft.is_file() {
-                let ranges = match data {
-                    Some(r) => r,
-                    None => read_data(&it.path, m.len())?,
-                };
-                for (off, buf) in ranges {
-                    fs.write(ino, off, &buf).map_err(ctx)?;
-                    rep.bytes += buf.len() as u64;
-                }
-                if m.len() > 0 {
-                    fs.setattr(ino, &SetAttr { size: Some(m.len()), ..SetAttr::default() }).map_err(ctx)?;
-                }
-                done += m.len();
+            if items[k].meta.is_file() {
+                done += items[k].meta.len();
                 progress(done, total);
-            }
-            rep.xattrs += copy_xattrs(fs, ino, &it.path)?;
-            if !ft.is_dir() {
-                set_times(fs, ino, m).map_err(ctx)?;
             }
         }
         i = j;
@@ -219,16 +363,156 @@ pub fn import(fs: &Fs, src: &Path, progress: &dyn Fn(u64, u64)) -> Result<Import
             ..SetAttr::default()
         },
     )?;
-    rep.xattrs += copy_xattrs(fs, ROOT, &items[0].path)?;
+    rep.xattrs +=
+        set_xattrs(fs, ROOT, &root_xattrs).map_err(|e| in_image(e, "/", &src.display().to_string()))?;
     for k in (0..items.len()).rev() {
-        if items[k].meta.is_dir() {
-            set_times(fs, inos[k], &items[k].meta)?;
+        if let (true, Some(ino)) = (items[k].meta.is_dir(), inos[k]) {
+            set_times(fs, ino, &items[k].meta)?;
         }
     }
     Ok(rep)
 }
 
-fn set_times(fs: &Fs, ino: Ino, m: &std::fs::Metadata) -> Result<()> {
+/// The path of item `k` in the image.
+fn image_path(items: &[Item], k: usize) -> String {
+    path_of(Path::new(""), items, k)
+}
+
+/// An error of an entry's load: one that leaves the entry out, or one that
+/// stops the import (the image said no: full, damaged).
+enum LoadError {
+    Skip(String),
+    Fatal(Error),
+}
+use LoadError::{Fatal, Skip};
+
+impl From<Error> for LoadError {
+    fn from(e: Error) -> LoadError {
+        Fatal(e)
+    }
+}
+
+/// Make item `k` in directory `parent` of the image from what was read of
+/// it; its inode (None: an extra name of a file loaded already).
+fn load(
+    fs: &Fs,
+    items: &[Item],
+    k: usize,
+    parent: Ino,
+    h: Host,
+    links: &mut HashMap<(u64, u64), Ino>,
+    rep: &mut ImportReport,
+) -> std::result::Result<Option<Ino>, LoadError> {
+    let it = &items[k];
+    let m = &it.meta;
+    let ft = m.file_type();
+    if let Some(e) = h.error {
+        return Err(Skip(e));
+    }
+    if !ft.is_dir() && m.nlink() > 1 {
+        if let Some(&target) = links.get(&(m.dev(), m.ino())) {
+            fs.link(target, parent, &it.name)?;
+            rep.hardlinks += 1;
+            return Ok(Some(target));
+        }
+    }
+    let attr = if ft.is_dir() {
+        rep.dirs += 1;
+        fs.mkdir(parent, &it.name, m.mode(), m.uid(), m.gid())?
+    } else if ft.is_symlink() {
+        rep.symlinks += 1;
+        let t = h.target.unwrap_or_default();
+        fs.symlink(parent, &it.name, &t, m.uid(), m.gid())?
+    } else if ft.is_file() {
+        rep.files += 1;
+        fs.mknod(parent, &it.name, m.mode(), m.uid(), m.gid(), 0)?
+    } else if ft.is_fifo() || ft.is_socket() || ft.is_char_device() || ft.is_block_device() {
+        rep.specials += 1;
+        fs.mknod(parent, &it.name, m.mode(), m.uid(), m.gid(), m.rdev())?
+    } else {
+        return Err(Skip("unknown file type".into()));
+    };
+    let ino = attr.ino;
+    if ft.is_file() {
+        match (h.data, &h.file) {
+            (Some(ranges), _) => {
+                for (off, buf) in ranges {
+                    fs.write(ino, off, &buf)?;
+                    rep.bytes += buf.len() as u64;
+                }
+            }
+            (None, Some(f)) => {
+                if let Err(e) = stream(fs, ino, f, m.len(), rep) {
+                    // Half a file is no copy of it: leave it out.
+                    fs.unlink(parent, &it.name)?;
+                    rep.files -= 1;
+                    return match e {
+                        StreamError::Source(e) => Err(Skip(format!("reading: {e}"))),
+                        StreamError::Image(e) => Err(Fatal(e)),
+                    };
+                }
+            }
+            (None, None) => {}
+        }
+        if m.len() > 0 {
+            fs.setattr(ino, &SetAttr { size: Some(m.len()), ..SetAttr::default() })?;
+        }
+    }
+    rep.xattrs += set_xattrs(fs, ino, &h.xattrs)?;
+    if !ft.is_dir() {
+        set_times(fs, ino, m)?;
+    }
+    if !ft.is_dir() && m.nlink() > 1 {
+        links.insert((m.dev(), m.ino()), ino);
+    }
+    Ok(Some(ino))
+}
+
+enum StreamError {
+    Source(std::io::Error),
+    Image(Error),
+}
+
+/// Copy a large file's data ranges into `ino` a MiB at a time.
+fn stream(
+    fs: &Fs,
+    ino: Ino,
+    f: &File,
+    size: u64,
+    rep: &mut ImportReport,
+) -> std::result::Result<(), StreamError> {
+    let mut pos = 0u64;
+    let mut buf = vec![0u8; 1 << 20];
+    while pos < size {
+        let Some(start) = seek(f, pos, libc::SEEK_DATA) else { break };
+        let end = seek(f, start, libc::SEEK_HOLE).unwrap_or(size).min(size);
+        let mut at = start;
+        while at < end {
+            let n = ((end - at) as usize).min(buf.len());
+            f.read_exact_at(&mut buf[..n], at).map_err(StreamError::Source)?;
+            fs.write(ino, at, &buf[..n]).map_err(StreamError::Image)?;
+            rep.bytes += n as u64;
+            at += n as u64;
+        }
+        pos = end.max(start + 1);
+    }
+    Ok(())
+}
+
+/// An error of the image while loading `image_path` (from `host_path`),
+/// said with both paths; a name that exists already is said plainly.
+fn in_image(e: Error, image_path: &str, host_path: &str) -> Error {
+    match e {
+        Error::Posix { errno: libc::EEXIST, .. } => Error::posix(
+            libc::EEXIST,
+            format!("{host_path}: {image_path} exists in the image already (import into an empty image)"),
+        ),
+        Error::Posix { errno, msg } => Error::posix(errno, format!("{host_path} (to {image_path}): {msg}")),
+        e => e,
+    }
+}
+
+fn set_times(fs: &Fs, ino: Ino, m: &Metadata) -> Result<()> {
     let btime = m.created().ok().map(Time::from_system);
     fs.setattr(
         ino,
@@ -243,28 +527,28 @@ fn set_times(fs: &Fs, ino: Ino, m: &std::fs::Metadata) -> Result<()> {
     Ok(())
 }
 
-fn copy_xattrs(fs: &Fs, ino: Ino, path: &Path) -> Result<u64> {
-    let names = match xattr::list(path) {
-        Ok(n) => n,
-        Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => return Ok(0),
-        Err(e) => return Err(Error::io(format!("listing xattrs of {}", path.display()), e)),
-    };
+fn set_xattrs(fs: &Fs, ino: Ino, xattrs: &[(OsString, Vec<u8>)]) -> Result<u64> {
     let mut n = 0;
-    for name in names {
+    for (name, v) in xattrs {
         let nb = name.as_bytes();
         if nb == crate::fs::XATTR_PHYSICAL {
             continue;
         }
-        let v = match xattr::get(path, &name) {
-            Ok(Some(v)) => v,
-            Ok(None) => continue,
-            Err(e) => return Err(Error::io(format!("reading xattr {:?} of {}", name, path.display()), e)),
-        };
-        fs.setxattr(ino, nb, &v, 0).map_err(|e| match e {
-            Error::Posix { errno, msg } => Error::posix(errno, format!("{}: {msg}", path.display())),
-            e => e,
-        })?;
+        fs.setxattr(ino, nb, v, 0)?;
         n += 1;
     }
     Ok(n)
+}
+
+/// Each file of a batch is held open until it is loaded, and each
+/// directory of the current path: raise the soft limit on open files to
+/// the hard one, as far as 65536.
+fn raise_open_file_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let want = hard.min(65536);
+        if soft < want {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, want, hard);
+        }
+    }
 }

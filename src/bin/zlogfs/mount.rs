@@ -171,13 +171,19 @@ fn preflight(dir: &Path) -> Result<(), String> {
 }
 
 fn open_for_mount(image: &Path, p: &Parsed) -> Result<Fs, String> {
-    let f = super::open_store(image)?;
+    // Read-only, the image is opened so (with a shared lock): it may be
+    // read-only to the caller, and other read-only users may share it.
+    let f = if p.mount.read_only {
+        super::wait_for_lock(image, || zlogfs::store::FileStore::open_read_only(image))?
+    } else {
+        super::open_store(image)?
+    };
     let sb = engine::read_superblock(&f).map_err(|e| format!("{}: {e}", image.display()))?;
     let f = f.with_geometry(sb.geometry).map_err(|e| format!("{}: {e}", image.display()))?;
     let opts = FsOptions {
         engine: Options::default(),
-        // A read-only mount writes no atimes.
-        atime: if p.mount.read_only { Atime::Noatime } else { p.atime },
+        atime: p.atime,
+        read_only: p.mount.read_only,
         diratime: p.diratime,
         sync: p.sync,
         patches: p.patches,

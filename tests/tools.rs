@@ -1,0 +1,275 @@
+//! The command-line tools on trees and images that are not plain: trees
+//! deeper than PATH_MAX, entries that cannot be read, damaged images,
+//! images the caller may not write, and the small refusals of issue 24
+//! (items 10, 11 and 12).
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use nix::fcntl::{openat, OFlag};
+use nix::sys::stat::{mkdirat, Mode};
+
+fn zlogfs(args: &[&OsStr]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_zlogfs")).args(args).output().expect("running zlogfs")
+}
+
+fn ok(args: &[&OsStr]) -> String {
+    let o = zlogfs(args);
+    assert!(o.status.success(), "zlogfs {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn s(p: &Path) -> &OsStr {
+    p.as_os_str()
+}
+
+fn work(name: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("zlogfs-tools-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    std::fs::create_dir_all(&p).expect("mkdir");
+    p
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Open `name` in `dir` (a directory, unless `flags` say otherwise).
+fn at(dir: impl AsFd, name: &[u8], flags: OFlag) -> File {
+    let fd = openat(dir, OsStr::from_bytes(name), flags | OFlag::O_CLOEXEC, Mode::from_bits_truncate(0o644))
+        .unwrap_or_else(|e| panic!("openat {}: {e}", String::from_utf8_lossy(name)));
+    File::from(fd)
+}
+
+/// Every entry under `dir`, by descriptors: (relative path, what it is:
+/// a file's bytes, a symlink's target, or "dir").
+fn contents(dir: &File, prefix: &[u8], out: &mut Vec<(Vec<u8>, Vec<u8>)>) {
+    let mut d = nix::dir::Dir::from_fd(dir.try_clone().expect("dup").into()).expect("opendir");
+    let mut names: Vec<Vec<u8>> = d
+        .iter()
+        .map(|e| e.expect("entry").file_name().to_bytes().to_vec())
+        .filter(|n| n != b"." && n != b"..")
+        .collect();
+    names.sort();
+    for n in names {
+        let mut p = prefix.to_vec();
+        p.push(b'/');
+        p.extend_from_slice(&n);
+        let st =
+            nix::sys::stat::fstatat(dir, OsStr::from_bytes(&n), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+                .expect("fstatat");
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFDIR => {
+                out.push((p.clone(), b"dir".to_vec()));
+                let sub = at(dir, &n, OFlag::O_RDONLY | OFlag::O_DIRECTORY);
+                contents(&sub, &p, out);
+            }
+            libc::S_IFLNK => {
+                let t = nix::fcntl::readlinkat(dir, OsStr::from_bytes(&n)).expect("readlinkat");
+                out.push((p, [b"-> ".as_slice(), t.as_bytes()].concat()));
+            }
+            _ => {
+                let mut f = at(dir, &n, OFlag::O_RDONLY);
+                let mut v = Vec::new();
+                std::io::Read::read_to_end(&mut f, &mut v).expect("read");
+                out.push((p, v));
+            }
+        }
+    }
+}
+
+/// Issue 24, item 10: a tree 40 levels of 200-byte names deep (8 KB of
+/// path, twice PATH_MAX) imports, checks and exports whole, files, a
+/// symlink and hard links at every depth.
+#[test]
+fn trees_deeper_than_path_max_import_and_export() {
+    let w = work("deep");
+    let src = w.join("src");
+    std::fs::create_dir(&src).expect("mkdir");
+    let name = [b'd'; 200];
+    let mut dir = File::open(&src).expect("open");
+    for level in 0..40 {
+        let f = at(&dir, format!("file{level}").as_bytes(), OFlag::O_WRONLY | OFlag::O_CREAT);
+        std::io::Write::write_all(&mut &f, format!("level {level}\n").as_bytes()).expect("write");
+        if level % 10 == 9 {
+            let f = format!("file{level}");
+            nix::unistd::symlinkat(f.as_str(), &dir, "link").expect("symlink");
+            nix::unistd::linkat(&dir, f.as_str(), &dir, "hard", nix::fcntl::AtFlags::empty()).expect("link");
+        }
+        mkdirat(&dir, OsStr::from_bytes(&name), Mode::from_bits_truncate(0o755)).expect("mkdirat");
+        dir = at(&dir, &name, OFlag::O_RDONLY | OFlag::O_DIRECTORY);
+    }
+    let img = w.join("img");
+    ok(&[OsStr::new("import"), s(&src), s(&img)]);
+    ok(&[OsStr::new("fsck"), s(&img)]);
+    let out = w.join("out");
+    ok(&[OsStr::new("export"), s(&img), s(&out)]);
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    contents(&File::open(&src).expect("open"), b"", &mut a);
+    contents(&File::open(&out).expect("open"), b"", &mut b);
+    assert_eq!(a.len(), 40 * 2 + 4 * 2, "entries made");
+    assert!(a == b, "the exported tree differs from the source");
+    let _ = std::fs::remove_dir_all(&w);
+}
+
+/// Issue 24, item 12: an entry that cannot be read is skipped with a
+/// warning, the rest is imported, and the exit status is 1 (as tar and
+/// rsync). Run as nobody when root, so that modes apply.
+#[test]
+fn import_skips_what_it_cannot_read() {
+    let w = work("unreadable");
+    std::fs::set_permissions(&w, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let src = w.join("src");
+    std::fs::create_dir_all(src.join("closed")).expect("mkdir");
+    std::fs::create_dir_all(src.join("open")).expect("mkdir");
+    std::fs::write(src.join("open/a"), b"readable").expect("write");
+    std::fs::write(src.join("secret"), b"no").expect("write");
+    std::fs::write(src.join("closed/inside"), b"hidden").expect("write");
+    std::fs::write(src.join("z"), b"last").expect("write");
+    for p in ["secret", "closed"] {
+        std::fs::set_permissions(src.join(p), std::fs::Permissions::from_mode(0o000)).expect("chmod");
+    }
+    let img = w.join("img");
+    let mut cmd = if is_root() {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", env!("CARGO_BIN_EXE_zlogfs")]);
+        c
+    } else {
+        Command::new(env!("CARGO_BIN_EXE_zlogfs"))
+    };
+    let o = cmd.arg("import").arg(&src).arg(&img).arg("--size").arg("64M").output().expect("import");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "exit status 1 when entries were skipped: {err}");
+    assert!(err.contains("secret") && err.contains("closed"), "the skipped entries are named: {err}");
+    assert_eq!(ok(&[OsStr::new("cat"), s(&img), OsStr::new("/open/a")]), "readable");
+    assert_eq!(ok(&[OsStr::new("cat"), s(&img), OsStr::new("/z")]), "last", "entries after a skipped one");
+    let ls = ok(&[OsStr::new("ls"), s(&img), OsStr::new("/")]);
+    assert!(!ls.contains("secret"), "a file that could not be read is not half there: {ls}");
+    ok(&[OsStr::new("fsck"), s(&img)]);
+    let _ = std::fs::remove_dir_all(&w);
+}
+
+/// Issue 24, item 11: one flipped bit in a file's data: export copies
+/// everything else, leaves the damaged bytes a hole, names the file and
+/// range, and exits 1; fsck names the file too.
+#[test]
+fn export_salvages_a_damaged_image() {
+    let w = work("damaged");
+    let src = w.join("src");
+    std::fs::create_dir_all(src.join("raw")).expect("mkdir");
+    // Incompressible bytes are stored raw: they can be found in the image.
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut noise = |n: usize| -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    };
+    let victim = noise(300_000);
+    std::fs::write(src.join("raw/victim"), &victim).expect("write");
+    for i in 0..50 {
+        std::fs::write(src.join(format!("f{i}")), noise(5000 + i * 100)).expect("write");
+    }
+    let img = w.join("img");
+    ok(&[OsStr::new("import"), s(&src), s(&img), OsStr::new("--size"), OsStr::new("64M")]);
+    // Flip a bit in the middle of the victim's second chunk.
+    let mut bytes = std::fs::read(&img).expect("read image");
+    let probe = &victim[100_000..100_064];
+    let at = bytes.windows(probe.len()).position(|w| w == probe).expect("the victim's bytes in the image");
+    bytes[at + 10] ^= 0x10;
+    std::fs::write(&img, &bytes).expect("write image");
+    let out = w.join("out");
+    let o = zlogfs(&[OsStr::new("export"), s(&img), s(&out), OsStr::new("--json")]);
+    assert_eq!(o.status.code(), Some(1), "{}", String::from_utf8_lossy(&o.stderr));
+    let rep: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let damaged = rep["damaged"].as_array().expect("damaged list");
+    assert_eq!(damaged.len(), 1, "{damaged:?}");
+    assert_eq!(damaged[0]["path"], "/raw/victim");
+    let (start, end) =
+        (damaged[0]["start"].as_u64().expect("start"), damaged[0]["end"].as_u64().expect("end"));
+    assert!(start <= 100_010 && 100_010 < end && end - start <= 65536, "the damaged range {start}..{end}");
+    let got = std::fs::read(out.join("raw/victim")).expect("the damaged file is there");
+    assert_eq!(got.len(), victim.len());
+    assert!(
+        got[..start as usize] == victim[..start as usize] && got[end as usize..] == victim[end as usize..]
+    );
+    assert!(got[start as usize..end as usize].iter().all(|&b| b == 0), "the damaged bytes are a hole");
+    for i in 0..50 {
+        let f = format!("f{i}");
+        assert_eq!(
+            std::fs::read(out.join(&f)).expect("read"),
+            std::fs::read(src.join(&f)).expect("read"),
+            "{f}"
+        );
+    }
+    let o = zlogfs(&[OsStr::new("fsck"), s(&img)]);
+    assert_eq!(o.status.code(), Some(1));
+    let report = String::from_utf8_lossy(&o.stdout);
+    assert!(report.contains("/raw/victim"), "fsck names the file of the damaged block: {report}");
+    let _ = std::fs::remove_dir_all(&w);
+}
+
+/// Issue 24, item 12: the small refusals say what is wrong, and an image
+/// the caller may not write still serves the commands that only read.
+#[test]
+fn clear_refusals_and_read_only_images() {
+    let w = work("refusals");
+    let src = w.join("src");
+    std::fs::create_dir_all(src.join("d")).expect("mkdir");
+    std::fs::write(src.join("d/f"), b"data").expect("write");
+    let img = w.join("img");
+    ok(&[OsStr::new("import"), s(&src), s(&img), OsStr::new("--size"), OsStr::new("64M")]);
+    // cat of a directory.
+    let o = zlogfs(&[OsStr::new("cat"), s(&img), OsStr::new("/d")]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("is a directory"));
+    // Importing what does not exist makes no image.
+    let none = w.join("none.img");
+    let o = zlogfs(&[OsStr::new("import"), s(&w.join("missing")), s(&none)]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(!none.exists(), "no image made for a missing source");
+    // mkfs on a directory: no --force suggested.
+    let o = zlogfs(&[OsStr::new("mkfs"), s(&src)]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("is a directory") && !err.contains("--force"), "{err}");
+    // A name that exists: said with its path.
+    let o = zlogfs(&[OsStr::new("import"), s(&src), s(&img)]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("/d exists in the image"), "{err}");
+    // Read-only to the caller: mode 0444 as nobody (root passes modes).
+    std::fs::set_permissions(&img, std::fs::Permissions::from_mode(0o444)).expect("chmod");
+    std::fs::set_permissions(&w, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let as_user = |args: &[&OsStr]| -> Output {
+        let mut c = if is_root() {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups", env!("CARGO_BIN_EXE_zlogfs")]);
+            c
+        } else {
+            Command::new(env!("CARGO_BIN_EXE_zlogfs"))
+        };
+        c.args(args).output().expect("run")
+    };
+    for cmd in ["fsck", "ls", "stats", "du"] {
+        let o = as_user(&[OsStr::new(cmd), s(&img)]);
+        assert!(o.status.success(), "{cmd} of a read-only image: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    let o = as_user(&[OsStr::new("cat"), s(&img), OsStr::new("/d/f")]);
+    assert_eq!(o.stdout, b"data");
+    let o = as_user(&[OsStr::new("clean"), s(&img)]);
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("read-only to you"),
+        "a writing command says why it cannot: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&w);
+}
