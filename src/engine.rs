@@ -26,6 +26,22 @@ use crate::log::{self, max_block_raw, LogWriter, NewBlock, SegUsage};
 use crate::store::{MetaSlot, Store};
 pub use clean::{Reclaimed, SegBlock, Victim};
 
+/// A data block of an index run that cannot be read.
+#[derive(Debug)]
+pub struct DamagedBlock {
+    /// The run.
+    pub run: u64,
+    /// The block.
+    pub addr: BlockAddr,
+    /// The last key of the block before it (the run's first key for its
+    /// first block): the block held keys from about here...
+    pub from: Vec<u8>,
+    /// ...to its own last key, which the run's index names.
+    pub to: Vec<u8>,
+    /// Why it cannot be read.
+    pub error: Error,
+}
+
 /// Tunables of an open engine (none of them is part of the format).
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -43,6 +59,9 @@ pub struct Options {
     pub background: bool,
     /// Bytes of decoded run blocks to cache.
     pub cache_bytes: usize,
+    /// The store is open read-only: write nothing, not even the
+    /// superblock's copy an older image lacks.
+    pub read_only: bool,
 }
 
 impl Default for Options {
@@ -55,6 +74,7 @@ impl Default for Options {
             journal_codec: CodecSpec::new(CodecId::Zstd, 1),
             background: true,
             cache_bytes: 256 << 20,
+            read_only: false,
         }
     }
 }
@@ -284,6 +304,7 @@ pub fn mkfs(store: Arc<dyn Store>) -> Result<Superblock> {
     };
     wr(MetaSlot::CheckpointA, &slot.encode())?;
     wr(MetaSlot::CheckpointB, &[0u8; 4096])?;
+    wr(MetaSlot::SuperCopy, &sb.encode())?;
     store.sync().map_err(|e| Error::io("syncing the new image", e))?;
     // The superblock last: an image without one is not an image.
     wr(MetaSlot::Super, &sb.encode())?;
@@ -291,11 +312,31 @@ pub fn mkfs(store: Arc<dyn Store>) -> Result<Superblock> {
     Ok(sb)
 }
 
-/// Read and check the superblock.
+/// Read and check the superblock: the primary, or its copy when the
+/// primary is damaged.
 pub fn read_superblock(store: &dyn Store) -> Result<Superblock> {
-    let mut buf = [0u8; 4096];
-    store.read_meta(MetaSlot::Super, &mut buf).map_err(|e| Error::io("reading the superblock", e))?;
-    Superblock::decode(&buf)
+    read_superblock_noting(store).map(|(sb, _)| sb)
+}
+
+/// [`read_superblock`], and what was wrong with the primary when its copy
+/// (metadata slot 15, FORMAT.md §2.1) was used. An unsupported version or
+/// feature is the primary's answer: the copy is not asked.
+pub fn read_superblock_noting(store: &dyn Store) -> Result<(Superblock, Option<String>)> {
+    let read = |slot: MetaSlot| -> Result<Superblock> {
+        let mut buf = [0u8; 4096];
+        store.read_meta(slot, &mut buf).map_err(|e| Error::io(format!("reading {slot:?}"), e))?;
+        Superblock::decode(&buf)
+    };
+    match read(MetaSlot::Super) {
+        Ok(sb) => Ok((sb, None)),
+        Err(e @ Error::Unsupported(_)) => Err(e),
+        Err(e) => match read(MetaSlot::SuperCopy) {
+            Ok(sb) => {
+                Ok((sb, Some(format!("the superblock is damaged ({e}); its copy in slot 15 was read"))))
+            }
+            Err(_) => Err(e),
+        },
+    }
 }
 
 /// A frozen memtable waiting to be flushed.
@@ -407,6 +448,10 @@ struct Shared {
     failed: AtomicBool,
     snapshots: Mutex<BTreeMap<u64, usize>>,
     bg: (Mutex<BgState>, Condvar),
+    /// Damage found at open and worked around (a superblock read from its
+    /// copy, a run whose index was rebuilt or that has no filter), until
+    /// [`Engine::repair`] mends it.
+    damage: Mutex<Vec<String>>,
 }
 
 #[derive(Default)]
@@ -486,7 +531,8 @@ impl Drop for Snapshot {
 impl Engine {
     /// Open the image on `store`, recovering to its last durable state.
     pub fn open(store: Arc<dyn Store>, opts: Options) -> Result<Engine> {
-        let sb = read_superblock(store.as_ref())?;
+        let (sb, sb_note) = read_superblock_noting(store.as_ref())?;
+        let mut damage: Vec<String> = sb_note.into_iter().collect();
         if sb.geometry != store.geometry() {
             return Err(Error::Invalid(format!(
                 "the store's geometry {:?} differs from the superblock's {:?}",
@@ -530,11 +576,20 @@ impl Engine {
                 .next()
                 .unwrap_or_else(|| Error::corrupt("checkpoint slots", "neither slot holds a checkpoint")));
         };
-        let runs = body
-            .runs
-            .iter()
-            .map(|m| Run::open(store.as_ref(), m.clone()).map(Arc::new))
-            .collect::<Result<Vec<_>>>()?;
+        let mut runs = Vec::with_capacity(body.runs.len());
+        for m in &body.runs {
+            let r = match Run::open(store.as_ref(), m.clone()) {
+                Ok(r) => r,
+                // A damaged index or filter block: rebuilt, or done without.
+                Err(e) if e.is_corruption() => {
+                    let (r, note) = Run::open_damaged(store.as_ref(), sb.log_id(), m.clone(), e)?;
+                    damage.push(note);
+                    r
+                }
+                Err(e) => return Err(e),
+            };
+            runs.push(Arc::new(r));
+        }
         let mut usage = body.usage.clone();
         let body_seg = &mut usage[slot.body.seg as usize];
         body_seg.live += slot.body.len;
@@ -628,7 +683,11 @@ impl Engine {
             failed: AtomicBool::new(false),
             snapshots: Mutex::new(BTreeMap::new()),
             bg: (Mutex::new(BgState::default()), Condvar::new()),
+            damage: Mutex::new(damage),
         });
+        if !sh.opts.read_only {
+            Self::keep_superblock_copy(&sh)?;
+        }
         let worker = if sh.opts.background {
             let s2 = sh.clone();
             Some(
@@ -646,6 +705,79 @@ impl Engine {
     /// The superblock.
     pub fn superblock(&self) -> &Superblock {
         &self.sh.sb
+    }
+
+    /// An image made before the superblock had a copy gets one (a
+    /// superblock never changes after mkfs, so the copy is written once).
+    fn keep_superblock_copy(sh: &Shared) -> Result<()> {
+        let mut buf = [0u8; 4096];
+        sh.store.read_meta(MetaSlot::SuperCopy, &mut buf).map_err(|e| Error::io("reading SuperCopy", e))?;
+        if Superblock::decode(&buf).is_ok_and(|c| c == sh.sb) {
+            return Ok(());
+        }
+        sh.store
+            .write_meta(MetaSlot::SuperCopy, &sh.sb.encode())
+            .map_err(|e| Error::io("writing SuperCopy", e))?;
+        sh.store.sync().map_err(|e| Error::io("syncing the superblock's copy", e))
+    }
+
+    /// The blocks of each index run in use: (run id, index block, filter
+    /// block, data blocks).
+    pub fn run_blocks(&self) -> Vec<(u64, BlockAddr, BlockAddr, Vec<BlockAddr>)> {
+        let ver = self.version();
+        ver.runs
+            .iter()
+            .map(|r| {
+                let mut data = r.blocks();
+                data.truncate(data.len().saturating_sub(2));
+                (r.meta.id, r.meta.index, r.meta.filter, data)
+            })
+            .collect()
+    }
+
+    /// Read every data block of every index run, checking its checksum
+    /// and that it ends with the key its index entry names: the damaged
+    /// ones. The records they held cannot be read.
+    pub fn verify_runs(&self) -> Vec<DamagedBlock> {
+        let ver = self.version();
+        let mut bad = Vec::new();
+        for r in &ver.runs {
+            for i in 0..r.index.len() {
+                if let Err(error) = r.block(self.sh.store.as_ref(), &self.sh.cache, i) {
+                    let from = if i == 0 { r.meta.min_key.clone() } else { r.index[i - 1].last_key.clone() };
+                    let to = r.index[i].last_key.clone();
+                    bad.push(DamagedBlock { run: r.meta.id, addr: r.index[i].addr, from, to, error });
+                }
+            }
+        }
+        bad
+    }
+
+    /// Damage found at open and worked around: each says what and how.
+    pub fn damage(&self) -> Vec<String> {
+        lock(&self.sh.damage).clone()
+    }
+
+    /// Mend what [`Engine::damage`] lists: the superblock rewritten from
+    /// its copy, and every run rewritten (a merge writes new index and
+    /// filter blocks). Returns what was mended.
+    pub fn repair(&self) -> Result<Vec<String>> {
+        self.check_ok()?;
+        let found = self.damage();
+        if found.is_empty() {
+            return Ok(found);
+        }
+        let (_, sb_note) = read_superblock_noting(self.sh.store.as_ref())?;
+        if sb_note.is_some() {
+            self.sh
+                .store
+                .write_meta(MetaSlot::Super, &self.sh.sb.encode())
+                .map_err(|e| Error::io("rewriting the superblock", e))?;
+            self.sh.store.sync().map_err(|e| Error::io("syncing the superblock", e))?;
+        }
+        self.merge()?;
+        lock(&self.sh.damage).clear();
+        Ok(found)
     }
 
     /// The store.

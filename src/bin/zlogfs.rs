@@ -170,6 +170,11 @@ enum Cmd {
     Fsck {
         /// The image.
         image: PathBuf,
+        /// Mend first what can be mended (a damaged superblock from its
+        /// copy, index runs whose index or filter block is damaged), then
+        /// check. Writes to the image.
+        #[arg(long)]
+        repair: bool,
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
@@ -248,7 +253,7 @@ fn main() -> ExitCode {
         Cmd::Stat { image, path, json } => stat(&image, &path, json),
         Cmd::Du { image, path, json } => du(&image, &path, json),
         Cmd::Stats { image, json } => stats(&image, json),
-        Cmd::Fsck { image, json } => fsck(&image, json),
+        Cmd::Fsck { image, repair, json } => fsck(&image, repair, json),
         Cmd::Clean { target, segments, max_live, json } => clean(&target, segments, max_live, json),
     };
     finish(r)
@@ -896,8 +901,61 @@ fn is_zlogfs_mount(dir: &Path) -> bool {
     })
 }
 
-fn fsck(image: &Path, json: bool) -> Res {
-    let fs = open_fs_ro(image)?;
+/// When the file system does not open: what the engine underneath can
+/// still say of damaged index blocks (the records they held), or None.
+fn fsck_engine(image: &Path) -> Option<Vec<String>> {
+    let f = FileStore::open_read_only(image).ok()?;
+    let sb = engine::read_superblock(&f).ok()?;
+    let f = f.with_geometry(sb.geometry).ok()?;
+    let opts = Options { background: false, read_only: true, ..Options::default() };
+    let eng = zlogfs::Engine::open(Arc::new(f), opts).ok()?;
+    let bad = eng.verify_runs();
+    (!bad.is_empty()).then(|| {
+        bad.into_iter()
+            .map(|d| {
+                format!(
+                    "index run {}, block {}, holding the records from {} to {}: {}",
+                    d.run,
+                    d.addr,
+                    zfs::keys::describe_key(&d.from),
+                    zfs::keys::describe_key(&d.to),
+                    d.error
+                )
+            })
+            .collect()
+    })
+}
+
+fn fsck(image: &Path, repair: bool, json: bool) -> Res {
+    let opened = if repair { open_fs(image, zfs::Atime::Noatime) } else { open_fs_ro(image) };
+    let fs = match opened {
+        Ok(fs) => fs,
+        Err(e) => match fsck_engine(image) {
+            Some(problems) => {
+                if json {
+                    println!(
+                        "{:#}",
+                        serde_json::json!({"clean": false, "problems": problems, "opened": false})
+                    );
+                } else {
+                    for p in &problems {
+                        println!("problem: {p}");
+                    }
+                    println!("{e}");
+                    println!("the file system does not open: its records in damaged index blocks are lost");
+                }
+                return Ok(ExitCode::from(1));
+            }
+            None => return Err(e),
+        },
+    };
+    let mended =
+        if repair { fs.repair().map_err(|e| format!("{}: repair: {e}", image.display()))? } else { vec![] };
+    if !json {
+        for m in &mended {
+            println!("repaired: {m}");
+        }
+    }
     let pb = tools::progress(0, "checking blocks", json);
     let rep = fs
         .check(&|done, total| {
@@ -909,7 +967,7 @@ fn fsck(image: &Path, json: bool) -> Res {
     if json {
         let v = serde_json::json!({"clean": rep.problems.is_empty(), "problems": rep.problems, "inodes": rep.inodes,
             "dirents": rep.dirents, "extents": rep.extents, "blocks": rep.blocks, "block_bytes": rep.block_bytes,
-            "xattrs": rep.xattrs, "orphans": rep.orphans, "leaked_bytes": rep.leaked_bytes(),
+            "xattrs": rep.xattrs, "orphans": rep.orphans, "leaked_bytes": rep.leaked_bytes(), "repaired": mended,
             "leaked": rep.leaked.iter().map(|(s, b)| serde_json::json!({"segment": s, "bytes": b})).collect::<Vec<_>>()});
         println!("{v:#}");
     } else {
@@ -939,6 +997,9 @@ fn fsck(image: &Path, json: bool) -> Res {
                 format!("{} problems", rep.problems.len())
             }
         );
+    }
+    if repair {
+        close(fs, image)?;
     }
     Ok(if rep.problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

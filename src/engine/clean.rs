@@ -24,7 +24,6 @@
 use std::collections::HashSet;
 
 use super::*;
-use crate::bytes::crc;
 
 /// A block found in a segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,49 +134,37 @@ impl Engine {
         self.sh.store.read(seg, 0, &mut buf).map_err(|e| Error::io(format!("reading segment {seg}"), e))?;
         let what = |off: usize| format!("segment {seg} at offset {off}");
         let mut out = Vec::new();
-        let mut off = 0usize;
-        let mut prev: Option<(u64, u32)> = None;
-        loop {
-            let h = BatchHeader::decode(&buf[off.min(buf.len())..])?;
-            let ok = h.as_ref().is_some_and(|h| {
-                h.log_id == self.sh.sb.log_id()
-                    && (h.total_len as usize) >= BATCH_HEADER_SIZE
-                    && off + h.total_len as usize <= buf.len()
-                    && h.seq <= last
-                    && prev.is_none_or(|(s, c)| h.seq == s + 1 && h.prev_crc == c)
-                    && crc(&buf[off + 8..off + h.total_len as usize]) == h.batch_crc
-            });
-            let Some(h) = h.filter(|_| ok) else {
-                return Err(Error::corrupt(
-                    what(off),
-                    format!(
-                        "the batch chain of the segment ends before batch {last}, its last one \
-                         (after batch {})",
-                        prev.map_or(0, |p| p.0)
-                    ),
-                ));
-            };
-            let bytes = &buf[off..off + h.total_len as usize];
-            for e in SummaryEntry::decode_all(bytes, &h, &what(off))? {
-                let kind = BlockKind::from_u8(e.kind)
-                    .ok_or_else(|| Error::corrupt(what(off), format!("unknown block kind {}", e.kind)))?;
-                out.push(SegBlock {
-                    addr: BlockAddr { seg, offset: off as u32 + e.offset, len: e.len },
+        let mut reached = 0u64;
+        let stop = log::walk_segment(&buf, self.sh.sb.log_id(), false, &what, |b| {
+            if b.header.seq > last {
+                return false;
+            }
+            for e in &b.entries {
+                out.push((*e, b.offset, b.header.seq));
+            }
+            reached = b.header.seq;
+            reached < last
+        })?;
+        if reached != last {
+            return Err(Error::corrupt(
+                what(stop),
+                format!("the batch chain of the segment ends before batch {last}, its last one (after batch {reached})"),
+            ));
+        }
+        out.into_iter()
+            .map(|(e, off, batch)| {
+                let kind = BlockKind::from_u8(e.kind).ok_or_else(|| {
+                    Error::corrupt(what(off as usize), format!("unknown block kind {}", e.kind))
+                })?;
+                Ok(SegBlock {
+                    addr: BlockAddr { seg, offset: off + e.offset, len: e.len },
                     kind,
                     owner: e.owner,
                     raw_len: e.raw_len,
-                    batch: h.seq,
-                });
-            }
-            if h.seq == last {
-                return Ok(out);
-            }
-            prev = Some((h.seq, h.batch_crc));
-            off = align_up((off + h.total_len as usize) as u32) as usize;
-            if off + BATCH_HEADER_SIZE > buf.len() {
-                return Err(Error::corrupt(what(off), format!("segment ends before batch {last}")));
-            }
-        }
+                    batch,
+                })
+            })
+            .collect()
     }
 
     /// Free `segs` once the layer above has moved every live data block out

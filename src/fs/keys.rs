@@ -142,6 +142,35 @@ fn split(k: &[u8], tag: u8) -> Option<(u64, &[u8])> {
     a.copy_from_slice(&k[1..9]);
     Some((u64::from_be_bytes(a), &k[9..]))
 }
+/// What the record of key `k` is, in words (for reports of damage).
+pub fn describe_key(k: &[u8]) -> String {
+    let lossy = |n: &[u8]| String::from_utf8_lossy(n).into_owned();
+    if let Some(i) = parse_inode_key(k) {
+        return format!("inode {i}");
+    }
+    if let Some((p, n)) = parse_dirent_key(k) {
+        return format!("entry {:?} of directory {p}", lossy(n));
+    }
+    if let Some((i, c)) = parse_extent_key(k) {
+        return format!("chunk {c} of inode {i}");
+    }
+    if let Some((i, n)) = parse_xattr_key(k) {
+        return format!("xattr {:?} of inode {i}", lossy(n));
+    }
+    if let Some(i) = parse_orphan_key(k) {
+        return format!("orphan record of inode {i}");
+    }
+    if let Some(a) = parse_shared_key(k) {
+        return format!("reference list of block {a}");
+    }
+    match k.first() {
+        Some(&T_CONFIG) => "the config record".into(),
+        Some(&T_TRIPLE) => "an owner triple".into(),
+        Some(&T_COUNTERS) => "the counters record".into(),
+        _ => format!("key {k:02x?}"),
+    }
+}
+
 /// (ino) of an inode or orphan key.
 pub fn parse_inode_key(k: &[u8]) -> Option<Ino> {
     split(k, T_INODE).filter(|(_, r)| r.is_empty()).map(|(i, _)| i)

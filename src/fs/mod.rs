@@ -535,7 +535,8 @@ impl Fs {
     /// Open the file system on `store`, recovering it to its last durable
     /// state and finishing deletes and truncations a crash interrupted.
     pub fn open(store: Arc<dyn Store>, opts: FsOptions) -> Result<Fs> {
-        let eng = Arc::new(Engine::open(store, opts.engine.clone())?);
+        let eng_opts = Options { read_only: opts.read_only || opts.engine.read_only, ..opts.engine.clone() };
+        let eng = Arc::new(Engine::open(store, eng_opts)?);
         let cfg = match eng.get(&config_key())? {
             Some(v) => Config::decode(&v)?,
             None => {
@@ -622,6 +623,20 @@ impl Fs {
     /// Counters.
     pub fn stats(&self) -> FsStats {
         self.st().stats.clone()
+    }
+
+    /// Mend the damage the engine worked around at open (a superblock
+    /// read from its copy, runs with a rebuilt index or no filter): what
+    /// it was. EROFS on a read-only file system.
+    pub fn repair(&self) -> Result<Vec<String>> {
+        let mut st = self.st();
+        if st.read_only {
+            return Err(posix(libc::EROFS, "the file system is open read-only: nothing can be repaired"));
+        }
+        st.commit()?;
+        drop(st);
+        self.eng.sync()?;
+        self.eng.repair()
     }
 
     /// Write the current group to the log (not synced).

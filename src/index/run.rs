@@ -298,6 +298,60 @@ pub struct IndexEntry {
     pub addr: BlockAddr,
 }
 
+/// The sparse index of run `meta` rebuilt from its data blocks, which the
+/// log's summaries name (kind RunData, owner = the run's id): every
+/// segment is read and walked. Only a whole run will do: its blocks must
+/// hold exactly its entries, in ascending key ranges that do not overlap.
+fn rebuild_index(store: &dyn Store, log_id: u64, meta: &RunMeta) -> Result<Vec<IndexEntry>> {
+    let g = store.geometry();
+    let mut found: Vec<((Vec<u8>, u64), IndexEntry, usize)> = Vec::new();
+    let mut buf = vec![0u8; g.segment_size as usize];
+    for seg in 0..g.segment_count {
+        store.read(seg, 0, &mut buf).map_err(|e| Error::io(format!("reading segment {seg}"), e))?;
+        let what = |off: usize| format!("segment {seg} at offset {off}");
+        let mut blocks = Vec::new();
+        // A summary that does not decode ends this segment's walk.
+        let _ = crate::log::walk_segment(&buf, log_id, true, &what, |b| {
+            for e in &b.entries {
+                if e.kind == BlockKind::RunData as u8 && e.owner == meta.id {
+                    blocks.push(BlockAddr { seg, offset: b.offset + e.offset, len: e.len });
+                }
+            }
+            true
+        });
+        for addr in blocks {
+            let (lo, hi) = (addr.offset as usize, (addr.offset + addr.len) as usize);
+            let Some(bytes) = buf.get(lo..hi) else { continue };
+            // A block whose own checksum fails is not one of the run's.
+            let Ok(raw) = crate::log::decode_block(bytes, addr, BlockKind::RunData) else { continue };
+            let b = Block::decode(&raw, &format!("data block of run {} at {addr}", meta.id))?;
+            let n = b.len();
+            if n == 0 {
+                continue;
+            }
+            found.push((
+                (b.key(0).to_vec(), b.seq(0)),
+                IndexEntry { last_key: b.key(n - 1).to_vec(), last_seq: b.seq(n - 1), addr },
+                n,
+            ));
+        }
+    }
+    // Internal order (key, then newest first); versions of one key may
+    // end one block and begin the next.
+    found.sort_by(|a, b| cmp_internal(&a.0 .0, a.0 .1, &b.0 .0, b.0 .1));
+    let entries: usize = found.iter().map(|f| f.2).sum();
+    let ordered = found
+        .windows(2)
+        .all(|w| cmp_internal(&w[0].1.last_key, w[0].1.last_seq, &w[1].0 .0, w[1].0 .1) == Ordering::Less);
+    if entries as u64 != meta.entries || !ordered {
+        return Err(Error::corrupt(
+            format!("run {}", meta.id),
+            format!("its data blocks in the log hold {entries} entries of its {}", meta.entries),
+        ));
+    }
+    Ok(found.into_iter().map(|f| f.1).collect())
+}
+
 /// Encode the sparse index block payload.
 pub fn encode_index_block(idx: &[IndexEntry]) -> Vec<u8> {
     let mut v = Vec::new();
@@ -376,6 +430,11 @@ impl Bloom {
         }
         b
     }
+    /// A filter that rules out nothing (in place of a damaged one).
+    pub fn everything() -> Bloom {
+        Bloom { k: 7, bits: Vec::new() }
+    }
+
     /// False if `key` is certainly absent.
     pub fn may_contain(&self, key: &[u8]) -> bool {
         if self.bits.len() < BLOOM_LINE {
@@ -543,6 +602,37 @@ impl Run {
         let raw = read_block(store, meta.filter, BlockKind::RunFilter)?;
         let filter = Bloom::decode(&raw, &format!("filter block of run {} at {}", meta.id, meta.filter))?;
         Ok(Run::from_parts(meta, index, filter))
+    }
+
+    /// Open a run whose index or filter block is damaged (`err`, from
+    /// [`Run::open`]): a damaged filter is done without (every lookup reads
+    /// the run); a damaged index is rebuilt from the run's data blocks,
+    /// found in the log by their summaries (owner = the run's id). Returns
+    /// the run and what was done; `err` when the index cannot be rebuilt
+    /// whole (a data block is missing or damaged too).
+    pub fn open_damaged(store: &dyn Store, log_id: u64, meta: RunMeta, err: Error) -> Result<(Run, String)> {
+        let what = format!("run {}", meta.id);
+        let mut notes = Vec::new();
+        let index = match read_block(store, meta.index, BlockKind::RunIndex)
+            .and_then(|raw| decode_index_block(&raw, &format!("index block of {what} at {}", meta.index)))
+        {
+            Ok(i) => i,
+            Err(e) => {
+                let rebuilt = rebuild_index(store, log_id, &meta).map_err(|_| err)?;
+                notes.push(format!("its index block is damaged ({e}): rebuilt from its data blocks"));
+                rebuilt
+            }
+        };
+        let filter = match read_block(store, meta.filter, BlockKind::RunFilter)
+            .and_then(|raw| Bloom::decode(&raw, &format!("filter block of {what} at {}", meta.filter)))
+        {
+            Ok(f) => f,
+            Err(e) => {
+                notes.push(format!("its filter block is damaged ({e}): every lookup reads the run"));
+                Bloom::everything()
+            }
+        };
+        Ok((Run::from_parts(meta, index, filter), format!("{what}: {}", notes.join("; "))))
     }
 
     /// A run just written, from its parts (no need to read it back).

@@ -544,6 +544,56 @@ impl LogWriter {
     }
 }
 
+/// A batch found by [`walk_segment`]: its header, its offset in the
+/// segment, and its blocks' summary entries.
+pub struct WalkedBatch {
+    /// The header.
+    pub header: BatchHeader,
+    /// Its offset in the segment.
+    pub offset: u32,
+    /// Its summary entries (block offsets are relative to the batch).
+    pub entries: Vec<SummaryEntry>,
+}
+
+/// Walk the chain of batches of log `log_id` from the start of a segment
+/// whose bytes are `buf`: each batch whole, its crc right, and each the
+/// successor of the one before (sequence number and `prev_crc`). `f` gets
+/// each; the walk stops at the first batch that is not one of the chain,
+/// at the end of the segment, or when `f` returns false, and returns the
+/// offset where it stopped. A summary that does not decode is an error.
+/// `salvage` lets a batch whose crc is wrong through (its header still
+/// chains on): for salvage, where each block is trusted only if its own
+/// checksum is right.
+pub fn walk_segment(
+    buf: &[u8],
+    log_id: u64,
+    salvage: bool,
+    what: &dyn Fn(usize) -> String,
+    mut f: impl FnMut(&WalkedBatch) -> bool,
+) -> Result<usize> {
+    let mut off = 0usize;
+    let mut prev: Option<(u64, u32)> = None;
+    while off + BATCH_HEADER_SIZE <= buf.len() {
+        let Some(h) = BatchHeader::decode(&buf[off..])? else { break };
+        let whole = h.log_id == log_id
+            && (h.total_len as usize) >= BATCH_HEADER_SIZE
+            && off + h.total_len as usize <= buf.len()
+            && prev.is_none_or(|(s, c)| h.seq == s + 1 && h.prev_crc == c)
+            && (salvage || crc(&buf[off + 8..off + h.total_len as usize]) == h.batch_crc);
+        if !whole {
+            break;
+        }
+        let entries = SummaryEntry::decode_all(&buf[off..off + h.total_len as usize], &h, &what(off))?;
+        prev = Some((h.seq, h.batch_crc));
+        let next = align_up((off + h.total_len as usize) as u32) as usize;
+        if !f(&WalkedBatch { header: h, offset: off as u32, entries }) {
+            break;
+        }
+        off = next;
+    }
+    Ok(off)
+}
+
 /// Read and verify a block, returning its header and decompressed payload.
 pub fn read_block(store: &dyn Store, addr: BlockAddr, expect: BlockKind) -> Result<Vec<u8>> {
     let g = store.geometry();

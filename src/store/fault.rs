@@ -20,9 +20,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{check_range, Geometry, MetaSlot, Store, META_AREA_SIZE, META_SLOT_SIZE, SECTOR_SIZE};
-
-const META_SLOTS: usize = 3;
+use super::{
+    check_range, Geometry, MetaSlot, Store, META_AREA_SIZE, META_SLOTS, META_SLOT_SIZE, SECTOR_SIZE,
+};
 
 /// How [`FaultStore::power_cut`] treats writes not yet made durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,10 +4,7 @@
 use std::io;
 use std::sync::{Mutex, MutexGuard};
 
-use super::{check_range, Geometry, MetaSlot, Store, META_SLOT_SIZE};
-
-/// Number of metadata slots kept (one per [`MetaSlot`] variant).
-const META_SLOTS: usize = 3;
+use super::{check_range, Geometry, MetaSlot, Store, META_SLOTS, META_SLOT_SIZE};
 
 struct Inner {
     segments: Vec<Option<Vec<u8>>>,

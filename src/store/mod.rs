@@ -40,6 +40,9 @@ pub enum MetaSlot {
     CheckpointA,
     /// Checkpoint slot B (odd checkpoint numbers).
     CheckpointB,
+    /// A copy of the superblock, in the last slot: read when the
+    /// superblock is damaged.
+    SuperCopy,
 }
 
 impl MetaSlot {
@@ -49,9 +52,13 @@ impl MetaSlot {
             MetaSlot::Super => 0,
             MetaSlot::CheckpointA => 1,
             MetaSlot::CheckpointB => 2,
+            MetaSlot::SuperCopy => 15,
         }
     }
 }
+
+/// Metadata slots a store keeps (the metadata area's 16).
+pub const META_SLOTS: usize = 16;
 
 /// The shape of a store's segment space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
