@@ -40,6 +40,17 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// zlogfs as a user whom file modes bind: nobody when we are root.
+fn as_user() -> Command {
+    if is_root() {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", env!("CARGO_BIN_EXE_zlogfs")]);
+        c
+    } else {
+        Command::new(env!("CARGO_BIN_EXE_zlogfs"))
+    }
+}
+
 /// Open `name` in `dir` (a directory, unless `flags` say otherwise).
 fn at(dir: impl AsFd, name: &[u8], flags: OFlag) -> File {
     let fd = openat(dir, OsStr::from_bytes(name), flags | OFlag::O_CLOEXEC, Mode::from_bits_truncate(0o644))
@@ -136,14 +147,7 @@ fn import_skips_what_it_cannot_read() {
         std::fs::set_permissions(src.join(p), std::fs::Permissions::from_mode(0o000)).expect("chmod");
     }
     let img = w.join("img");
-    let mut cmd = if is_root() {
-        let mut c = Command::new("setpriv");
-        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", env!("CARGO_BIN_EXE_zlogfs")]);
-        c
-    } else {
-        Command::new(env!("CARGO_BIN_EXE_zlogfs"))
-    };
-    let o = cmd.arg("import").arg(&src).arg(&img).arg("--size").arg("64M").output().expect("import");
+    let o = as_user().arg("import").arg(&src).arg(&img).arg("--size").arg("64M").output().expect("import");
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "exit status 1 when entries were skipped: {err}");
     assert!(err.contains("secret") && err.contains("closed"), "the skipped entries are named: {err}");
@@ -249,16 +253,7 @@ fn clear_refusals_and_read_only_images() {
     // Read-only to the caller: mode 0444 as nobody (root passes modes).
     std::fs::set_permissions(&img, std::fs::Permissions::from_mode(0o444)).expect("chmod");
     std::fs::set_permissions(&w, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let as_user = |args: &[&OsStr]| -> Output {
-        let mut c = if is_root() {
-            let mut c = Command::new("setpriv");
-            c.args(["--reuid=65534", "--regid=65534", "--clear-groups", env!("CARGO_BIN_EXE_zlogfs")]);
-            c
-        } else {
-            Command::new(env!("CARGO_BIN_EXE_zlogfs"))
-        };
-        c.args(args).output().expect("run")
-    };
+    let as_user = |args: &[&OsStr]| -> Output { as_user().args(args).output().expect("run") };
     for cmd in ["fsck", "ls", "stats", "du"] {
         let o = as_user(&[OsStr::new(cmd), s(&img)]);
         assert!(o.status.success(), "{cmd} of a read-only image: {}", String::from_utf8_lossy(&o.stderr));
