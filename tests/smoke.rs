@@ -1,3 +1,6 @@
+//! Smoke tests of the engine: put, get, flush, merge, reopen; and an
+//! open after a clean close that does not scan the log.
+
 mod common;
 use common::*;
 use zlogfs::WriteBatch;

@@ -9,7 +9,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use zlogfs::log::format::{BatchHeader, SummaryEntry, BATCH_HEADER_SIZE, BATCH_MAGIC, SUMMARY_ENTRY_SIZE};
+use zlogfs_engine::log::format::{BatchHeader, SummaryEntry, BATCH_HEADER_SIZE, BATCH_MAGIC, SUMMARY_ENTRY_SIZE};
 
 fn check(batch: &[u8]) {
     let h = match BatchHeader::decode(batch) {

@@ -12,9 +12,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use zlogfs::codec::{CodecId, CodecSpec};
-use zlogfs::log::{decode_block, NewBlock};
-use zlogfs::log::format::{BlockAddr, BlockKind, BLOCK_HEADER_SIZE, MAX_SEGMENT_SIZE};
+use zlogfs_engine::codec::{CodecId, CodecSpec};
+use zlogfs_engine::log::{decode_block, NewBlock};
+use zlogfs_engine::log::format::{BlockAddr, BlockKind, BLOCK_HEADER_SIZE, MAX_SEGMENT_SIZE};
 
 /// Largest raw length `decode_block` accepts (max_block_raw of the largest segment).
 const MAX_RAW: u32 = MAX_SEGMENT_SIZE / 4;
@@ -62,7 +62,7 @@ fuzz_target!(|data: &[u8]| {
     b[8..12].copy_from_slice(&raw_len.to_le_bytes());
     let stored_len = (b.len() - BLOCK_HEADER_SIZE) as u32;
     b[12..16].copy_from_slice(&stored_len.to_le_bytes());
-    let c = zlogfs::bytes::crc(&b[4..]);
+    let c = zlogfs_engine::bytes::crc(&b[4..]);
     b[..4].copy_from_slice(&c.to_le_bytes());
     check(&b);
 });

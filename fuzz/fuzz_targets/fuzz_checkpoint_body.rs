@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use zlogfs::engine::CheckpointBody;
+use zlogfs_engine::engine::CheckpointBody;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(body) = CheckpointBody::decode(data, "checkpoint body") {

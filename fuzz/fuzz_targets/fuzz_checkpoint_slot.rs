@@ -6,9 +6,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use zlogfs::bytes::crc;
-use zlogfs::log::format::{CheckpointSlot, SLOT_CRC_OFFSET};
-use zlogfs::store::META_SLOT_SIZE;
+use zlogfs_engine::bytes::crc;
+use zlogfs_engine::log::format::{CheckpointSlot, SLOT_CRC_OFFSET};
+use zlogfs_engine::store::META_SLOT_SIZE;
 
 fn check(buf: &[u8; META_SLOT_SIZE]) {
     match CheckpointSlot::decode(buf, "checkpoint slot") {

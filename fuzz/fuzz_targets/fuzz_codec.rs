@@ -11,7 +11,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use zlogfs::codec::{self, CodecId, CodecSpec};
+use zlogfs_engine::codec::{self, CodecId, CodecSpec};
 
 const MAX_RAW: usize = 1 << 20;
 const ROUND_TRIP_MAX: usize = 64 << 10;

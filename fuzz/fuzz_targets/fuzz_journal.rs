@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use zlogfs::engine::decode_journal;
+use zlogfs_engine::engine::decode_journal;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(records) = decode_journal(data, "journal block") {

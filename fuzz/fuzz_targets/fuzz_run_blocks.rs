@@ -11,7 +11,7 @@
 use std::cmp::Ordering;
 
 use libfuzzer_sys::fuzz_target;
-use zlogfs::index::run::{cmp_internal, decode_data_block, decode_index_block, encode_data_block, encode_index_block, Bloom};
+use zlogfs_engine::index::run::{cmp_internal, decode_data_block, decode_index_block, encode_data_block, encode_index_block, Bloom};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(entries) = decode_data_block(data, "run data block") {

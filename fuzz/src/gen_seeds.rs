@@ -8,14 +8,14 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use zlogfs::bytes::{crc, Put};
-use zlogfs::codec::{self, CodecId, CodecSpec};
-use zlogfs::engine::CheckpointBody;
-use zlogfs::index::run::{encode_data_block, encode_index_block, Bloom, IndexEntry, RunMeta};
-use zlogfs::index::Entry;
-use zlogfs::log::format::*;
-use zlogfs::log::{NewBlock, SegUsage};
-use zlogfs::store::Geometry;
+use zlogfs_engine::bytes::{crc, Put};
+use zlogfs_engine::codec::{self, CodecId, CodecSpec};
+use zlogfs_engine::engine::CheckpointBody;
+use zlogfs_engine::index::run::{encode_data_block, encode_index_block, Bloom, IndexEntry, RunMeta};
+use zlogfs_engine::index::Entry;
+use zlogfs_engine::log::format::*;
+use zlogfs_engine::log::{NewBlock, SegUsage};
+use zlogfs_engine::store::Geometry;
 
 struct Out {
     root: PathBuf,

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::*;
-use crate::codec::{encode, raw_reason};
+use zlogfs_engine::codec::{encode, raw_reason};
 
 /// What [`Fs::check`] found.
 #[derive(Debug, Clone, Default)]

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use crate::engine::EncodedBlock;
+use zlogfs_engine::engine::EncodedBlock;
 
 use super::*;
 
@@ -23,7 +23,7 @@ mod buf {
 
     /// A buffered chunk.
     #[derive(Debug)]
-    pub(in crate::fs) struct Buf {
+    pub(crate) struct Buf {
         /// The chunk's whole logical content. Private, so that every
         /// change of it goes through [`Buf::data_mut`], which renews
         /// `stamp`: a block compressed from the bytes of one stamp is
@@ -970,7 +970,7 @@ impl State {
             }
             if self.group_full() {
                 let mut v = Vec::new();
-                crate::bytes::Put::put_var(&mut v, code);
+                zlogfs_engine::bytes::Put::put_var(&mut v, code);
                 self.put(orphan_key(i.ino), v);
                 marked = true;
                 self.save(i);

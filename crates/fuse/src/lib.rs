@@ -25,13 +25,16 @@
 //!   group of a set-group-ID directory inherited (and its S_ISGID bit by
 //!   subdirectories), as ext4 does;
 //! - directory offsets: a hash of the entry's name, directories listed in
-//!   hash order ([`super::dirlist`]), so that no state is kept per open
+//!   hash order ([`crate::dirlist`]), so that no state is kept per open
 //!   directory and the kernel need not send OPENDIR and RELEASEDIR;
 //! - errors: every [`Error`] carries its errno; anything that is not a plain
 //!   POSIX error (I/O failure, damage) is also written to stderr.
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 mod abi;
 mod dev;
+pub mod dirlist;
 mod kmount;
 mod ring;
 
@@ -46,9 +49,9 @@ use std::time::Duration;
 pub use kmount::{MountFlags, Unmounter};
 
 use self::abi::{fopen, DirBuf, FileAttr, InHeader, Op};
-use super::dirlist::{self, Listing, Listings};
-use crate::error::Error;
-use crate::fs::{Attr, Caller, DirEntry, Fs, Ino, Kind, SetAttr, Time, ROOT, XATTR_KILL_SGID};
+use crate::dirlist::{Listing, Listings};
+use zlogfs_engine::error::Error;
+use zlogfs_fs::{Attr, Caller, DirEntry, Fs, Ino, Kind, SetAttr, Time, ROOT, XATTR_KILL_SGID};
 
 /// Whether requests come through io_uring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -939,6 +942,18 @@ pub fn mount(fs: Arc<Fs>, dir: &Path, opts: &MountOptions) -> io::Result<(Sessio
         None => Vec::new(),
     };
     Ok((Session { dev, handler, max_write: n.max_write, queues }, unmounter))
+}
+
+/// Seed for a randomised test: `ZLOGFS_SEED` if set, else random; printed
+/// so that a failure can be replayed.
+#[cfg(test)]
+pub(crate) fn test_seed() -> u64 {
+    let seed = match std::env::var("ZLOGFS_SEED") {
+        Ok(s) => s.trim().parse().expect("ZLOGFS_SEED must be a u64"),
+        Err(_) => rand::random(),
+    };
+    eprintln!("ZLOGFS_SEED={seed}");
+    seed
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::log::format::BlockAddr;
+use zlogfs_engine::log::format::BlockAddr;
 
 /// Mutations waiting for the next commit.
 #[derive(Default)]

@@ -13,6 +13,8 @@
 //!   become holes, and the other chunks are compressed one block each; all
 //!   blocks of a group are compressed in parallel.
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod acl;
 pub mod keys;
 pub mod pending;
@@ -27,12 +29,12 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::codec::{CodecId, CodecSpec};
-use crate::engine::{self, Engine, Options, Room, WriteBatch};
-use crate::error::{Error, Result};
-use crate::log::format::BlockAddr;
-use crate::log::max_block_raw;
-use crate::store::Store;
+use zlogfs_engine::codec::{CodecId, CodecSpec};
+use zlogfs_engine::engine::{self, Engine, Options, Room, WriteBatch};
+use zlogfs_engine::error::{Error, Result};
+use zlogfs_engine::log::format::BlockAddr;
+use zlogfs_engine::log::max_block_raw;
+use zlogfs_engine::store::Store;
 
 pub use check::{CheckReport, CodecUse, TreeUsage, Usage};
 pub use clean::{CleanOptions, CleanReport};
@@ -1088,7 +1090,7 @@ impl State {
             for (k, v) in batch {
                 let ino =
                     parse_orphan_key(&k).ok_or_else(|| Error::corrupt("orphan key", format!("{k:02x?}")))?;
-                let from = crate::bytes::Reader::new(&v, "orphan record").var()?;
+                let from = zlogfs_engine::bytes::Reader::new(&v, "orphan record").var()?;
                 self.trim_all(ino, from)?;
             }
         }

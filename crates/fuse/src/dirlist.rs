@@ -24,7 +24,7 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::Hasher;
 use std::sync::{Arc, Mutex};
 
-use crate::fs::{DirEntry, Ino, Kind};
+use zlogfs_fs::{DirEntry, Ino, Kind};
 
 /// Offset of the entry ".".
 pub const DOT: u64 = 1;

@@ -15,10 +15,12 @@
 
 use std::io;
 
+#[cfg(any(test, feature = "testing"))]
 mod fault;
 mod file;
 mod mem;
 
+#[cfg(any(test, feature = "testing"))]
 pub use fault::{CrashMode, FaultConfig, FaultStore, OpKind, Target};
 pub use file::FileStore;
 pub use mem::MemStore;

@@ -6,10 +6,10 @@
 //! directory's entries by name, a file's chunks by offset, its xattrs by
 //! name.
 
-use crate::bytes::{Put, Reader};
-use crate::codec::{CodecId, CodecSpec};
-use crate::error::{Error, Result};
-use crate::log::format::BlockAddr;
+use zlogfs_engine::bytes::{Put, Reader};
+use zlogfs_engine::codec::{CodecId, CodecSpec};
+use zlogfs_engine::error::{Error, Result};
+use zlogfs_engine::log::format::BlockAddr;
 
 /// An inode number. Allocated in creation order, never reused.
 pub type Ino = u64;

@@ -16,8 +16,8 @@ use std::collections::{BTreeMap, HashSet};
 
 use super::data::{shown, shows};
 use super::*;
-use crate::engine::{Room, SegBlock};
-use crate::log::format::BlockKind;
+use zlogfs_engine::engine::{Room, SegBlock};
+use zlogfs_engine::log::format::BlockKind;
 
 /// What [`Fs::clean`] may do.
 #[derive(Debug, Clone)]

@@ -318,7 +318,7 @@ impl State {
     }
 
     fn xattr_limit(&self) -> usize {
-        (self.max_group / 8).min(crate::index::MAX_VALUE)
+        (self.max_group / 8).min(zlogfs_engine::MAX_VALUE)
     }
 }
 
