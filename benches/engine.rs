@@ -30,6 +30,7 @@ use rayon::prelude::*;
 
 use common::*;
 use zlogfs::codec;
+use zlogfs::engine::{BlockWrite, Room};
 use zlogfs::store::{Geometry, MemStore, Store};
 use zlogfs::{mkfs, Engine, Options, WriteBatch};
 
@@ -111,7 +112,8 @@ fn bench_append(corpus: &Path) {
                 let before = e.stats().device_bytes_written;
                 let m = measure(|| {
                     for chunk in blks.chunks(64) {
-                        black_box(e.write_blocks(1, sp, chunk).expect("write_blocks"));
+                        let w = chunk.iter().map(|b| BlockWrite::new(1, sp, b)).collect();
+                        black_box(e.write_blocks(Room::User, w).expect("write_blocks"));
                     }
                     e.sync().expect("sync");
                 });

@@ -4,6 +4,7 @@
 use std::process::Command;
 use std::sync::Arc;
 
+use zlogfs::engine::{BlockWrite, Room};
 use zlogfs::store::{FileStore, Geometry, Store};
 use zlogfs::{engine, Engine, Options, WriteBatch};
 
@@ -47,7 +48,10 @@ fn file_image_round_trip_and_lock() {
     let mut b = WriteBatch::new();
     b.put(b"tail".to_vec(), b"in the journal".to_vec());
     e.write_sync(&b).unwrap();
-    let blocks = e.write_blocks(7, "zstd:3".parse().unwrap(), &[&vec![b'q'; 65536][..], b"tiny"]).unwrap();
+    let spec = "zstd:3".parse().unwrap();
+    let q = vec![b'q'; 65536];
+    let writes = vec![BlockWrite::new(7, spec, &q), BlockWrite::new(7, spec, b"tiny")];
+    let blocks = e.write_blocks(Room::User, writes).unwrap();
     e.sync().unwrap();
     drop(e);
     let e = open(&img).unwrap();

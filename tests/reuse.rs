@@ -10,6 +10,7 @@ use std::sync::Arc;
 use common::*;
 use rand::Rng;
 use zlogfs::codec::{CodecId, CodecSpec};
+use zlogfs::engine::{BlockWrite, Room};
 use zlogfs::store::{CrashMode, FaultStore, Geometry};
 use zlogfs::WriteBatch;
 
@@ -112,9 +113,12 @@ fn blocks_that_do_not_fit_are_not_placed_at_all() {
     let raw: Vec<Vec<u8>> = (0..80).map(|_| (0..30_000).map(|_| r.gen()).collect()).collect();
     let refs: Vec<&[u8]> = raw.iter().map(|v| &v[..]).collect();
     let live0 = e.stats().live_bytes;
-    let err = e.write_blocks(7, CodecSpec::new(CodecId::None, 0), &refs).expect_err("2.4 MB into 1.5 MB");
+    fn writes<'a>(refs: &[&'a [u8]]) -> Vec<BlockWrite<'a>> {
+        refs.iter().map(|r| BlockWrite::new(7, CodecSpec::new(CodecId::None, 0), r)).collect()
+    }
+    let err = e.write_blocks(Room::User, writes(&refs)).expect_err("2.4 MB into 1.5 MB");
     assert!(matches!(err, zlogfs::Error::NoSpace(_)), "{err}");
     assert_eq!(e.stats().live_bytes, live0, "a failed group left live bytes behind");
-    let addrs = e.write_blocks(7, CodecSpec::new(CodecId::None, 0), &refs[..4]).expect("four blocks fit");
+    let addrs = e.write_blocks(Room::User, writes(&refs[..4])).expect("four blocks fit");
     assert_eq!(e.read_block(addrs[3]).unwrap(), raw[3]);
 }

@@ -4,6 +4,7 @@ use rand::rngs::StdRng;
 use rand::Rng;
 use zlogfs::WriteBatch;
 
+use zlogfs::engine::{BlockWrite, Room};
 use zlogfs::log::format::BlockAddr;
 use zlogfs::Engine;
 
@@ -12,7 +13,7 @@ use super::{key, value, Model, BLOB_PREFIX};
 /// Execute a blob step: the block, then the batch that references it.
 pub fn write_blob(e: &Engine, key: &[u8], content: &[u8]) -> zlogfs::Result<()> {
     let spec = "zstd:1".parse()?;
-    let addr = e.write_blocks(1, spec, &[content])?[0];
+    let addr = e.write_blocks(Room::User, vec![BlockWrite::new(1, spec, content)])?[0];
     let mut b = WriteBatch::new();
     if let Some(prev) = e.get(key)? {
         b.free(decode_addr(&prev));

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use zlogfs_engine::engine::EncodedBlock;
+use zlogfs_engine::engine::{BlockWrite, EncodedBlock};
 
 use super::*;
 
@@ -1287,16 +1287,18 @@ impl State {
             .map(|p| p.stamp.and_then(|st| self.take_ahead(p.ino, p.idx, st, p.spec, p.data.len())))
             .collect();
         self.stats.ahead_used += ready.iter().filter(|r| r.is_some()).count() as u64;
-        let mut reqs: Vec<(u64, CodecSpec, &[u8])> =
-            own.iter().map(|p| (p.ino, p.spec, &p.data[..])).collect();
-        reqs.extend(packs.iter().map(|(s, b, _)| (0, *s, &b[..])));
+        let mut reqs: Vec<BlockWrite> = own
+            .iter()
+            .zip(ready)
+            .map(|(p, ready)| BlockWrite { owner: p.ino, spec: p.spec, raw: &p.data[..], ready })
+            .collect();
+        reqs.extend(packs.iter().map(|(s, b, _)| BlockWrite::new(0, *s, &b[..])));
         let addrs = if reqs.is_empty() {
             Vec::new()
         } else {
-            match self.eng.write_blocks_ready(room, &reqs, ready) {
+            match self.eng.write_blocks(room, reqs) {
                 Ok(a) => a,
                 Err(e) => {
-                    drop(reqs);
                     let mut back: HashMap<Ino, BTreeMap<u64, Buf>> = HashMap::new();
                     for p in own.into_iter().chain(pack).chain(inline).chain(holes) {
                         let b = match patched.remove(&(p.ino, p.idx)) {
@@ -1311,7 +1313,6 @@ impl State {
                 }
             }
         };
-        drop(reqs);
         drop(patched);
         for (n, a) in addrs.iter().enumerate() {
             let b = u64::from(a.len);

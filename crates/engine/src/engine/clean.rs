@@ -24,6 +24,7 @@
 use std::collections::HashSet;
 
 use super::*;
+use crate::log;
 
 /// A block found in a segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

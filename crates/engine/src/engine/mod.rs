@@ -1,0 +1,535 @@
+//! The storage engine: one log holding journal records, index runs, data
+//! blocks and checkpoints; an LSM index over it; recovery from the newest
+//! valid checkpoint by rolling the log forward.
+//!
+//! One job a file: this one holds the engine's state and its read and
+//! write API; [`journal`] the journal's records, [`checkpoint`] the
+//! checkpoint body and writing one, [`recovery`] mkfs and opening an image,
+//! [`compaction`] flushing the memtable and merging runs, [`background`]
+//! the thread that does both, [`blocks`] data blocks, [`damage`] checks and
+//! repair of damaged index blocks, [`clean`] the cleaner's half.
+//!
+//! Locks, always taken in this order: `ckpt` (one flush, merge or checkpoint
+//! at a time), `sync` (the group-commit leader), `core` (log writer, sequence
+//! numbers, memtable switch), `version` (what readers see).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtOrd};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::thread::JoinHandle;
+
+use crate::codec::{CodecId, CodecSpec};
+use crate::error::{Error, Result};
+use crate::index::run::{BlockCache, Run};
+use crate::index::{Entry, Memtable, MergeIter, MAX_KEY, MAX_VALUE};
+use crate::log::format::*;
+use crate::log::{LogWriter, SegUsage};
+use crate::store::Store;
+
+mod background;
+mod blocks;
+mod checkpoint;
+mod clean;
+mod compaction;
+mod damage;
+mod journal;
+mod recovery;
+
+pub use crate::log::Room;
+use background::BgState;
+pub use blocks::{BlockWrite, EncodedBlock};
+pub use checkpoint::CheckpointBody;
+use checkpoint::CkptState;
+pub use clean::{Reclaimed, SegBlock, Victim};
+pub use damage::DamagedBlock;
+pub use journal::{decode_journal, Op, WriteBatch};
+pub use recovery::{mkfs, read_superblock, read_superblock_noting};
+
+/// Tunables of an open engine (none of them is part of the format).
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Freeze and flush the memtable past this many bytes.
+    pub memtable_bytes: usize,
+    /// Merge runs when there are more than this many.
+    pub max_runs: usize,
+    /// Target uncompressed size of a run data block.
+    pub run_block_bytes: usize,
+    /// Codec for index runs and checkpoints.
+    pub index_codec: CodecSpec,
+    /// Codec for journal blocks.
+    pub journal_codec: CodecSpec,
+    /// Flush and merge on a background thread (otherwise inline).
+    pub background: bool,
+    /// Bytes of decoded run blocks to cache.
+    pub cache_bytes: usize,
+    /// The store is open read-only: write nothing, not even the
+    /// superblock's copy an older image lacks.
+    pub read_only: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            memtable_bytes: 32 << 20,
+            max_runs: 6,
+            run_block_bytes: 16 << 10,
+            index_codec: CodecSpec::new(CodecId::Zstd, 3),
+            journal_codec: CodecSpec::new(CodecId::Zstd, 1),
+            background: true,
+            cache_bytes: 256 << 20,
+            read_only: false,
+        }
+    }
+}
+
+/// A frozen memtable waiting to be flushed.
+struct Frozen {
+    mem: Arc<Memtable>,
+    /// Log position after its last record.
+    end: LogPos,
+    /// Its largest sequence number.
+    max_seq: u64,
+}
+
+/// What readers see: memtables and runs.
+struct Version {
+    active: Arc<Memtable>,
+    /// Newest first.
+    frozen: Vec<Arc<Frozen>>,
+    /// Newest first.
+    runs: Vec<Arc<Run>>,
+}
+
+struct Core {
+    log: LogWriter,
+    next_seq: u64,
+    ckpt: CkptState,
+    /// Frees waiting for their journal batch to become durable.
+    pending_frees: Vec<(u64, BlockAddr)>,
+}
+
+struct Shared {
+    store: Arc<dyn Store>,
+    sb: Superblock,
+    opts: Options,
+    core: Mutex<Core>,
+    version: RwLock<Arc<Version>>,
+    sync_lock: Mutex<()>,
+    ckpt_lock: Mutex<()>,
+    cache: Arc<BlockCache>,
+    visible: AtomicU64,
+    horizon: AtomicU64,
+    failed: AtomicBool,
+    snapshots: Mutex<BTreeMap<u64, usize>>,
+    bg: (Mutex<BgState>, Condvar),
+    /// Damage found at open and worked around (a superblock read from its
+    /// copy, a run whose index was rebuilt or that has no filter), until
+    /// [`Engine::repair`] mends it.
+    damage: Mutex<Vec<String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Counters for `stats` and benchmarks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Segments in the store.
+    pub segments: u32,
+    /// Segments free for reuse.
+    pub free_segments: u32,
+    /// Segments with nothing live, kept only until the next memtable
+    /// flush moves the replay start past them (the engine does that when
+    /// free segments run low): free space in all but name.
+    pub pinned_segments: u32,
+    /// Segments kept for deletes, the cleaner and the engine's own writes.
+    pub reserve_segments: u32,
+    /// Live bytes of blocks.
+    pub live_bytes: u64,
+    /// Bytes written to the device since open.
+    pub device_bytes_written: u64,
+    /// Stored bytes of blocks written since open, by block kind (indexed
+    /// by the kind byte of FORMAT.md: 1 journal ... 6 data).
+    pub kind_bytes: [u64; 8],
+    /// Number of index runs.
+    pub runs: usize,
+    /// Entries in all runs.
+    pub run_entries: u64,
+    /// Bytes of all runs' blocks on disk.
+    pub run_bytes: u64,
+    /// Versions in memtables.
+    pub memtable_entries: usize,
+    /// Last checkpoint number.
+    pub checkpoint: u64,
+    /// Highest visible sequence number.
+    pub seq: u64,
+}
+
+/// An open image.
+pub struct Engine {
+    sh: Arc<Shared>,
+    worker: Option<JoinHandle<()>>,
+}
+
+/// A pinned read point: versions it can see are kept by merges.
+pub struct Snapshot {
+    sh: Arc<Shared>,
+    /// The sequence number it reads at.
+    pub seq: u64,
+}
+
+impl Drop for Snapshot {
+    fn drop(&mut self) {
+        let mut s = lock(&self.sh.snapshots);
+        if let Some(c) = s.get_mut(&self.seq) {
+            *c -= 1;
+            if *c == 0 {
+                s.remove(&self.seq);
+            }
+        }
+    }
+}
+
+impl Engine {
+    /// The superblock.
+    pub fn superblock(&self) -> &Superblock {
+        &self.sh.sb
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.sh.store
+    }
+
+    /// The highest sequence number readers see.
+    pub fn seq(&self) -> u64 {
+        self.sh.visible.load(AtOrd::Acquire)
+    }
+
+    fn check_ok(&self) -> Result<()> {
+        if self.sh.failed.load(AtOrd::Acquire) {
+            return Err(Error::Failed);
+        }
+        Ok(())
+    }
+
+    /// When free segments run low while dead ones are pinned only by
+    /// recovery (their journal batches are newer than the replay start,
+    /// which moves only when the memtable is flushed), flush the memtable
+    /// and checkpoint twice, so that the replay start passes them and
+    /// they are free. Without this, deleted data would stay unusable
+    /// until the memtable filled, which small index updates may never do.
+    /// `bytes` is the size of the write about to be placed.
+    fn relieve(&self, bytes: usize) -> Result<()> {
+        let pinned = {
+            let core = lock(&self.sh.core);
+            let seg = self.sh.sb.geometry.segment_size as usize;
+            let need = core.log.low_water() as usize + bytes.div_ceil(seg);
+            if core.log.free_segments() as usize >= need {
+                return Ok(());
+            }
+            core.log.pinned_segments()
+        };
+        if pinned == 0 {
+            return Ok(());
+        }
+        self.flush()?;
+        self.checkpoint()
+    }
+
+    /// Apply `batch` atomically; returns the sequence number of its last
+    /// mutation. Not durable until [`Engine::sync`].
+    pub fn write(&self, batch: &WriteBatch) -> Result<u64> {
+        self.check_ok()?;
+        self.relieve(0)?;
+        for op in &batch.ops {
+            match op {
+                Op::Put(k, v) if k.len() > MAX_KEY || v.len() > MAX_VALUE => {
+                    return Err(Error::Invalid(format!(
+                        "key of {} bytes or value of {} bytes exceeds the limits ({MAX_KEY}, {MAX_VALUE})",
+                        k.len(),
+                        v.len()
+                    )))
+                }
+                Op::Delete(k) if k.len() > MAX_KEY => {
+                    return Err(Error::Invalid(format!("key of {} bytes exceeds {MAX_KEY}", k.len())))
+                }
+                _ => {}
+            }
+        }
+        let need_flush;
+        let last;
+        {
+            let mut core = lock(&self.sh.core);
+            let first = core.next_seq;
+            let mut rec = Vec::new();
+            batch.encode(first, &mut rec);
+            let r = core.log.add_journal(&rec, first, batch.room);
+            self.latch(&core, r)?;
+            let batch_seq = core.log.pos().batch_seq;
+            let ver = self.version();
+            let mut seq = first;
+            for op in &batch.ops {
+                match op {
+                    Op::Put(k, v) => ver.active.insert(k.clone(), seq, Some(v.clone())),
+                    Op::Delete(k) => ver.active.insert(k.clone(), seq, None),
+                    Op::Free(a) => {
+                        core.pending_frees.push((batch_seq, *a));
+                        continue;
+                    }
+                }
+                seq += 1;
+            }
+            core.next_seq = seq;
+            last = seq - 1;
+            self.sh.visible.store(last, AtOrd::Release);
+            need_flush = ver.active.bytes() >= self.sh.opts.memtable_bytes;
+            if need_flush {
+                self.freeze(&mut core)?;
+            }
+        }
+        if need_flush {
+            if self.sh.opts.background && self.version().frozen.len() < 2 {
+                self.kick();
+            } else {
+                self.flush_frozen()?;
+                self.maybe_merge()?;
+            }
+        }
+        Ok(last)
+    }
+
+    fn latch<T>(&self, core: &Core, r: Result<T>) -> Result<T> {
+        if core.log.failed {
+            self.sh.failed.store(true, AtOrd::Release);
+        }
+        r
+    }
+
+    fn version(&self) -> Arc<Version> {
+        self.sh.version.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set_version(&self, v: Version) {
+        *self.sh.version.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(v);
+    }
+
+    /// Make every write so far durable. Concurrent callers share one device
+    /// sync (group commit).
+    pub fn sync(&self) -> Result<()> {
+        self.check_ok()?;
+        let target = {
+            let core = lock(&self.sh.core);
+            core.log.pos().batch_seq - u64::from(core.log.pending_empty())
+        };
+        let _leader = lock(&self.sh.sync_lock);
+        let upto = {
+            let mut core = lock(&self.sh.core);
+            if core.log.durable_batch >= target {
+                return Ok(());
+            }
+            if !core.log.pending_empty() {
+                let r = core.log.write_pending(Room::User);
+                self.latch(&core, r)?;
+            }
+            core.log.pos().batch_seq - 1
+        };
+        if let Err(e) = self.sh.store.sync() {
+            let mut core = lock(&self.sh.core);
+            core.log.failed = true;
+            self.sh.failed.store(true, AtOrd::Release);
+            return Err(Error::io("syncing the device", e));
+        }
+        let mut core = lock(&self.sh.core);
+        core.log.durable_batch = core.log.durable_batch.max(upto);
+        Self::apply_frees(&mut core);
+        Ok(())
+    }
+
+    fn apply_frees(core: &mut Core) {
+        let durable = core.log.durable_batch;
+        let mut frees = std::mem::take(&mut core.pending_frees);
+        frees.retain(|&(b, a)| {
+            if b <= durable {
+                core.log.free_block(a);
+                false
+            } else {
+                true
+            }
+        });
+        core.pending_frees = frees;
+    }
+
+    /// Hand the pending batch to the device without waiting for it to be
+    /// durable (what a page-cache writeback would do).
+    pub fn write_out(&self) -> Result<()> {
+        self.check_ok()?;
+        let mut core = lock(&self.sh.core);
+        if core.log.pending_empty() {
+            return Ok(());
+        }
+        let r = core.log.write_pending(Room::User);
+        self.latch(&core, r)
+    }
+
+    /// [`Engine::write`] then [`Engine::sync`].
+    pub fn write_sync(&self, batch: &WriteBatch) -> Result<u64> {
+        let s = self.write(batch)?;
+        self.sync()?;
+        Ok(s)
+    }
+
+    /// The current value of `key`.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.get_at(key, self.seq())
+    }
+
+    /// The value of `key` as of sequence number `seq`.
+    pub fn get_at(&self, key: &[u8], seq: u64) -> Result<Option<Vec<u8>>> {
+        self.check_horizon(seq)?;
+        let ver = self.version();
+        if let Some(v) = ver.active.get(key, seq) {
+            return Ok(v);
+        }
+        for f in &ver.frozen {
+            if let Some(v) = f.mem.get(key, seq) {
+                return Ok(v);
+            }
+        }
+        for r in &ver.runs {
+            if let Some(v) = r.get(self.sh.store.as_ref(), &self.sh.cache, key, seq)? {
+                return Ok(v);
+            }
+        }
+        Ok(None)
+    }
+
+    fn check_horizon(&self, seq: u64) -> Result<()> {
+        let h = self.sh.horizon.load(AtOrd::Acquire);
+        if seq < h {
+            return Err(Error::SnapshotTooOld { requested: seq, horizon: h });
+        }
+        Ok(())
+    }
+
+    /// Keys in `[start, end)` (end `None`: to the last key) with their
+    /// values as of the current sequence number, at most `limit` of them.
+    pub fn scan(&self, start: &[u8], end: Option<&[u8]>, limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.scan_at(start, end, limit, self.seq())
+    }
+
+    /// [`Engine::scan`] as of sequence number `seq`.
+    pub fn scan_at(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+        seq: u64,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.check_horizon(seq)?;
+        let ver = self.version();
+        let mut sources: Vec<Box<dyn Iterator<Item = Result<Entry>>>> = Vec::new();
+        sources.push(Box::new(ver.active.range(start, end, usize::MAX).into_iter().map(Ok)));
+        for f in &ver.frozen {
+            sources.push(Box::new(f.mem.range(start, end, usize::MAX).into_iter().map(Ok)));
+        }
+        for r in &ver.runs {
+            sources.push(Box::new(r.cursor(self.sh.store.clone(), self.sh.cache.clone(), start)));
+        }
+        let mut out = Vec::new();
+        let mut last: Option<Vec<u8>> = None;
+        for e in MergeIter::new(sources)? {
+            let e = e?;
+            if end.is_some_and(|end| e.key.as_slice() >= end) || out.len() >= limit {
+                break;
+            }
+            if e.seq > seq || last.as_ref() == Some(&e.key) {
+                continue;
+            }
+            last = Some(e.key.clone());
+            if let Some(v) = e.value {
+                out.push((e.key, v));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Pin the current state for reads at its sequence number.
+    pub fn snapshot(&self) -> Snapshot {
+        // Read the sequence number under the lock a merge takes to choose
+        // its horizon: the merge either sees this snapshot or chose a
+        // horizon at or below the sequence number read here.
+        let mut snaps = lock(&self.sh.snapshots);
+        let seq = self.seq();
+        *snaps.entry(seq).or_insert(0) += 1;
+        Snapshot { sh: self.sh.clone(), seq }
+    }
+
+    /// Bytes that user data may still take in the log, uncompressed
+    /// accounting: free segments (with those a flush frees) less the
+    /// reserve, times the segment size.
+    pub fn free_bytes(&self) -> u64 {
+        let core = lock(&self.sh.core);
+        let free =
+            (core.log.free_segments() + core.log.pinned_segments()).saturating_sub(core.log.reserve_segments);
+        // Counted as the writer's room check counts a segment.
+        u64::from(free) * core.log.usable_per_segment() as u64
+    }
+
+    /// Space as if nothing compressed: `(capacity, free)` in bytes, the
+    /// segments outside the reserve and that less the bytes of live blocks
+    /// (so free counts what cleaning can reclaim). What statfs reports.
+    pub fn capacity(&self) -> (u64, u64) {
+        let core = lock(&self.sh.core);
+        let segs = self.sh.sb.geometry.segment_count.saturating_sub(core.log.reserve_segments);
+        let usable = u64::from(segs) * u64::from(self.sh.sb.geometry.segment_size);
+        let live: u64 = core.log.usage.iter().map(|u| u64::from(u.live)).sum();
+        (usable, usable.saturating_sub(live))
+    }
+
+    /// Bytes written to the device since open (cheaper than `stats`).
+    pub fn device_bytes_written(&self) -> u64 {
+        lock(&self.sh.core).log.device_bytes
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> EngineStats {
+        let core = lock(&self.sh.core);
+        let ver = self.version();
+        EngineStats {
+            segments: self.sh.sb.geometry.segment_count,
+            free_segments: core.log.free_segments(),
+            pinned_segments: core.log.pinned_segments(),
+            reserve_segments: core.log.reserve_segments,
+            live_bytes: core.log.usage.iter().map(|u| u64::from(u.live)).sum(),
+            device_bytes_written: core.log.device_bytes,
+            kind_bytes: core.log.kind_bytes,
+            runs: ver.runs.len(),
+            run_entries: ver.runs.iter().map(|r| r.meta.entries).sum(),
+            run_bytes: ver.runs.iter().map(|r| r.meta.bytes).sum(),
+            memtable_entries: ver.active.len() + ver.frozen.iter().map(|f| f.mem.len()).sum::<usize>(),
+            checkpoint: core.ckpt.number,
+            seq: self.seq(),
+        }
+    }
+
+    /// Per-segment usage.
+    pub fn segment_usage(&self) -> Vec<SegUsage> {
+        lock(&self.sh.core).log.usage.clone()
+    }
+
+    /// Stop the background thread, sync and settle ([`Engine::settle`]).
+    pub fn close(mut self) -> Result<()> {
+        self.stop_worker();
+        self.check_ok()?;
+        self.sync()?;
+        self.settle()
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stop_worker();
+    }
+}

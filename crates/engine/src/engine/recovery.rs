@@ -1,0 +1,340 @@
+//! Making an image (mkfs), reading its superblock, and opening it: the
+//! newest checkpoint that loads, its runs, and the log rolled forward from
+//! its replay start.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+
+use crate::error::{Error, Result};
+use crate::index::run::{BlockCache, Run};
+use crate::index::Memtable;
+use crate::log::format::*;
+use crate::log::{self, LogWriter, NewBlock, SegUsage};
+use crate::store::{MetaSlot, Store};
+
+use super::background::{background, BgState};
+use super::checkpoint::CkptState;
+use super::journal::{decode_journal, Op};
+use super::{CheckpointBody, Core, Engine, Options, Room, Shared, Version};
+
+/// Create an empty image on `store`: superblock and the first checkpoint.
+pub fn mkfs(store: Arc<dyn Store>) -> Result<Superblock> {
+    let geometry = store.geometry();
+    validate_geometry(geometry).map_err(Error::Invalid)?;
+    let uuid: [u8; 16] = rand::random();
+    let created_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let sb = Superblock {
+        version: FORMAT_VERSION,
+        compat: 0,
+        incompat: 0,
+        ro_compat: 0,
+        uuid,
+        geometry,
+        created_ns,
+    };
+    let start = LogPos { seg: 0, offset: 0, batch_seq: 1, prev_crc: 0, next_seg: NO_SEGMENT };
+    let usage = vec![SegUsage::default(); geometry.segment_count as usize];
+    let mut log = LogWriter::new(store.clone(), sb.log_id(), start, usage, Options::default().journal_codec);
+    let body = CheckpointBody {
+        number: 0,
+        flushed_seq: 0,
+        next_seq: 1,
+        horizon: 0,
+        next_run_id: 1,
+        prev_body: BlockAddr::default(),
+        deferred: Vec::new(),
+        runs: Vec::new(),
+        usage: log.usage.clone(),
+    };
+    let blk = NewBlock::encode(BlockKind::Checkpoint, 0, Options::default().index_codec, &body.encode());
+    let addr = log.add_blocks(vec![blk], Room::System)?[0];
+    log.write_pending(Room::System)?;
+    let slot = CheckpointSlot { number: 0, uuid, body: addr, replay: start, after_body: log.pos() };
+    let wr = |s: MetaSlot, b: &[u8; 4096]| {
+        store.write_meta(s, b).map_err(|e| Error::io(format!("writing {s:?}"), e))
+    };
+    wr(MetaSlot::CheckpointA, &slot.encode())?;
+    wr(MetaSlot::CheckpointB, &[0u8; 4096])?;
+    wr(MetaSlot::SuperCopy, &sb.encode())?;
+    store.sync().map_err(|e| Error::io("syncing the new image", e))?;
+    // The superblock last: an image without one is not an image.
+    wr(MetaSlot::Super, &sb.encode())?;
+    store.sync().map_err(|e| Error::io("syncing the new image", e))?;
+    Ok(sb)
+}
+
+/// Read and check the superblock: the primary, or its copy when the
+/// primary is damaged.
+pub fn read_superblock(store: &dyn Store) -> Result<Superblock> {
+    read_superblock_noting(store).map(|(sb, _)| sb)
+}
+
+/// [`read_superblock`], and what was wrong with the primary when its copy
+/// (metadata slot 15, FORMAT.md §2.1) was used. An unsupported version or
+/// feature is the primary's answer: the copy is not asked.
+pub fn read_superblock_noting(store: &dyn Store) -> Result<(Superblock, Option<String>)> {
+    let read = |slot: MetaSlot| -> Result<Superblock> {
+        let mut buf = [0u8; 4096];
+        store.read_meta(slot, &mut buf).map_err(|e| Error::io(format!("reading {slot:?}"), e))?;
+        Superblock::decode(&buf)
+    };
+    match read(MetaSlot::Super) {
+        Ok(sb) => Ok((sb, None)),
+        Err(e @ Error::Unsupported(_)) => Err(e),
+        Err(e) => match read(MetaSlot::SuperCopy) {
+            Ok(sb) => {
+                Ok((sb, Some(format!("the superblock is damaged ({e}); its copy in slot 15 was read"))))
+            }
+            Err(_) => Err(e),
+        },
+    }
+}
+
+impl Engine {
+    /// Open the image on `store`: the newest checkpoint that loads, its
+    /// runs, and the log rolled forward from its replay start, so that
+    /// every batch written before a crash that its journal names is back.
+    pub fn open(store: Arc<dyn Store>, opts: Options) -> Result<Engine> {
+        let (sb, sb_note) = read_superblock_noting(store.as_ref())?;
+        let mut damage: Vec<String> = sb_note.into_iter().collect();
+        if sb.geometry != store.geometry() {
+            return Err(Error::Invalid(format!(
+                "the store's geometry {:?} differs from the superblock's {:?}",
+                store.geometry(),
+                sb.geometry
+            )));
+        }
+        let ckpt = load_checkpoint(store.as_ref(), &sb)?;
+        let runs = open_runs(store.as_ref(), &sb, &ckpt.body, &mut damage)?;
+        let r = roll_forward(store.as_ref(), &sb, &ckpt)?;
+        let mut log = LogWriter::new(store.clone(), sb.log_id(), r.end, r.usage, opts.journal_codec);
+        log.journal_blocks = r.journal_blocks;
+        let (slot, body) = (&ckpt.slot, &ckpt.body);
+        let other_replay = ckpt.other.as_ref().map(|o| o.replay.batch_seq);
+        log.keep_from_batch = other_replay.map_or(slot.replay.batch_seq, |o| o.min(slot.replay.batch_seq));
+        // What we recovered may sit in a volatile cache only: make it durable
+        // before building on it.
+        log.sync_store()?;
+        let next_seq = r.max_seq + 1;
+        let state = CkptState {
+            number: slot.number,
+            body: slot.body,
+            prev_body: body.prev_body,
+            replay: slot.replay,
+            prev_replay_batch: other_replay.unwrap_or(slot.replay.batch_seq),
+            flushed_seq: body.flushed_seq,
+            next_run_id: body.next_run_id,
+            deferred: body.deferred.clone(),
+        };
+        let version = Version { active: r.mem, frozen: Vec::new(), runs };
+        let sh = Arc::new(Shared {
+            store,
+            sb,
+            cache: Arc::new(BlockCache::new(opts.cache_bytes)),
+            opts,
+            core: Mutex::new(Core { log, next_seq, ckpt: state, pending_frees: Vec::new() }),
+            version: RwLock::new(Arc::new(version)),
+            sync_lock: Mutex::new(()),
+            ckpt_lock: Mutex::new(()),
+            visible: AtomicU64::new(next_seq - 1),
+            horizon: AtomicU64::new(body.horizon),
+            failed: AtomicBool::new(false),
+            snapshots: Mutex::new(BTreeMap::new()),
+            bg: (Mutex::new(BgState::default()), Condvar::new()),
+            damage: Mutex::new(damage),
+        });
+        if !sh.opts.read_only {
+            Self::keep_superblock_copy(&sh)?;
+        }
+        let worker = if sh.opts.background {
+            let s2 = sh.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("zlogfs-index".into())
+                    .spawn(move || background(s2))
+                    .map_err(|e| Error::io("starting the index thread", e))?,
+            )
+        } else {
+            None
+        };
+        Ok(Engine { sh, worker })
+    }
+
+    /// An image made before the superblock had a copy gets one (a
+    /// superblock never changes after mkfs, so the copy is written once).
+    pub(super) fn keep_superblock_copy(sh: &Shared) -> Result<()> {
+        let mut buf = [0u8; 4096];
+        sh.store.read_meta(MetaSlot::SuperCopy, &mut buf).map_err(|e| Error::io("reading SuperCopy", e))?;
+        if Superblock::decode(&buf).is_ok_and(|c| c == sh.sb) {
+            return Ok(());
+        }
+        sh.store
+            .write_meta(MetaSlot::SuperCopy, &sh.sb.encode())
+            .map_err(|e| Error::io("writing SuperCopy", e))?;
+        sh.store.sync().map_err(|e| Error::io("syncing the superblock's copy", e))
+    }
+}
+
+/// The checkpoint an open starts from, with the other slot's (older) one.
+struct Loaded {
+    slot: CheckpointSlot,
+    body: CheckpointBody,
+    other: Option<CheckpointSlot>,
+}
+
+/// Both checkpoint slots; the newest whose body loads and matches wins.
+/// The error of the newest when none does.
+fn load_checkpoint(store: &dyn Store, sb: &Superblock) -> Result<Loaded> {
+    let mut slots = Vec::new();
+    let mut errors = Vec::new();
+    for s in [MetaSlot::CheckpointA, MetaSlot::CheckpointB] {
+        let mut buf = [0u8; 4096];
+        store.read_meta(s, &mut buf).map_err(|e| Error::io(format!("reading {s:?}"), e))?;
+        match CheckpointSlot::decode(&buf, &format!("checkpoint slot {s:?}")) {
+            Ok(Some(c)) if c.uuid == sb.uuid => slots.push(c),
+            Ok(_) => {}
+            Err(e) => errors.push(e),
+        }
+    }
+    slots.sort_by_key(|c| std::cmp::Reverse(c.number));
+    for (i, slot) in slots.iter().enumerate() {
+        let what = format!("checkpoint {} body at {}", slot.number, slot.body);
+        let r = log::read_block(store, slot.body, BlockKind::Checkpoint)
+            .and_then(|raw| CheckpointBody::decode(&raw, &what));
+        match r {
+            Ok(b) if b.number == slot.number && b.usage.len() == sb.geometry.segment_count as usize => {
+                return Ok(Loaded { slot: slot.clone(), body: b, other: slots.get(i + 1).cloned() });
+            }
+            Ok(_) => errors.push(Error::corrupt(what, "does not match its slot")),
+            Err(e) => errors.push(e),
+        }
+    }
+    Err(errors
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| Error::corrupt("checkpoint slots", "neither slot holds a checkpoint")))
+}
+
+/// The runs a checkpoint lists. One with a damaged index or filter block
+/// is rebuilt or opened without it, and `damage` says so.
+fn open_runs(
+    store: &dyn Store,
+    sb: &Superblock,
+    body: &CheckpointBody,
+    damage: &mut Vec<String>,
+) -> Result<Vec<Arc<Run>>> {
+    let mut runs = Vec::with_capacity(body.runs.len());
+    for m in &body.runs {
+        let r = match Run::open(store, m.clone()) {
+            Ok(r) => r,
+            Err(e) if e.is_corruption() => {
+                let (r, note) = Run::open_damaged(store, sb.log_id(), m.clone(), e)?;
+                damage.push(note);
+                r
+            }
+            Err(e) => return Err(e),
+        };
+        runs.push(Arc::new(r));
+    }
+    Ok(runs)
+}
+
+/// What rolling the log forward gives back.
+struct RolledForward {
+    /// The mutations not flushed into runs yet.
+    mem: Arc<Memtable>,
+    max_seq: u64,
+    /// Segment usage: the checkpoint's, with what the batches after its
+    /// body add and free.
+    usage: Vec<SegUsage>,
+    /// (batch, segment, length) of the journal blocks read.
+    journal_blocks: Vec<(u64, u32, u32)>,
+    /// Where the log goes on.
+    end: LogPos,
+}
+
+/// Replay the journal from the checkpoint's replay start to the end of
+/// the log chain: its mutations newer than the flushed ones into a
+/// memtable, and the usage of the batches after the checkpoint's body
+/// (their blocks counted, their frees applied).
+fn roll_forward(store: &dyn Store, sb: &Superblock, ckpt: &Loaded) -> Result<RolledForward> {
+    let (slot, body) = (&ckpt.slot, &ckpt.body);
+    let mut usage = body.usage.clone();
+    let body_seg = &mut usage[slot.body.seg as usize];
+    body_seg.live += slot.body.len;
+    // The body's batch is the one before `after_body`.
+    body_seg.last_batch = body_seg.last_batch.max(slot.after_body.batch_seq.saturating_sub(1));
+    let mem = Arc::new(Memtable::new());
+    let mut max_seq = body.next_seq.saturating_sub(1);
+    let mut journal_blocks = Vec::new();
+    let mut frees = Vec::new();
+    let end = log::scan(store, sb.log_id(), slot.replay, |b| {
+        let accounted = b.header.seq >= slot.after_body.batch_seq;
+        for (i, e) in b.entries.iter().enumerate() {
+            let kind = BlockKind::from_u8(e.kind);
+            if accounted && matches!(kind, Some(BlockKind::Journal | BlockKind::Data)) {
+                usage[b.pos.seg as usize].live += e.len;
+            }
+            if kind != Some(BlockKind::Journal) {
+                continue;
+            }
+            journal_blocks.push((b.header.seq, b.pos.seg, e.len));
+            let addr = b.addr(i);
+            let raw = log::decode_block(b.block_bytes(i), addr, BlockKind::Journal)?;
+            for (first, wb) in decode_journal(&raw, &format!("journal block at {addr}"))? {
+                let last =
+                    replay_batch(&mem, first, wb.ops, body.flushed_seq, accounted.then_some(&mut frees));
+                max_seq = max_seq.max(last);
+            }
+        }
+        if accounted {
+            usage[b.pos.seg as usize].last_batch = b.header.seq;
+        }
+        Ok(())
+    })?;
+    for a in frees {
+        if let Some(u) = usage.get_mut(a.seg as usize) {
+            u.live = u.live.saturating_sub(a.len);
+        }
+    }
+    Ok(RolledForward { mem, max_seq, usage, journal_blocks, end })
+}
+
+/// One journal record's mutations, numbered from `first`, into `mem`
+/// (those newer than `flushed`, which runs do not hold), its frees into
+/// `frees` when they count; the sequence number of its last mutation.
+fn replay_batch(
+    mem: &Memtable,
+    first: u64,
+    ops: Vec<Op>,
+    flushed: u64,
+    mut frees: Option<&mut Vec<BlockAddr>>,
+) -> u64 {
+    let mut seq = first;
+    for op in ops {
+        match op {
+            Op::Put(k, v) => {
+                if seq > flushed {
+                    mem.insert(k, seq, Some(v));
+                }
+                seq += 1;
+            }
+            Op::Delete(k) => {
+                if seq > flushed {
+                    mem.insert(k, seq, None);
+                }
+                seq += 1;
+            }
+            Op::Free(a) => {
+                if let Some(f) = frees.as_deref_mut() {
+                    f.push(a);
+                }
+            }
+        }
+    }
+    seq.saturating_sub(1)
+}
