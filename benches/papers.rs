@@ -254,7 +254,7 @@ fn fs_options() -> FsOptions {
     }
 }
 
-fn err(e: zlogfs::Error) -> String {
+fn err(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
 

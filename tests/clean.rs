@@ -12,6 +12,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, RngCore, SeedableRng};
 use zlogfs::engine::Options;
+use zlogfs::frontends::fuse::errno as fuse_errno;
 use zlogfs::fs::{self, CleanOptions, Fs, FsOptions, Ino, MkfsOptions, ROOT};
 use zlogfs::store::{CrashMode, FaultConfig, FaultStore, Geometry, MemStore, OpKind, Store};
 
@@ -275,7 +276,7 @@ fn fill(
                 model.insert(name, data);
             }
             Err(e) => {
-                assert_eq!(e.errno(), libc::ENOSPC, "{what}: file {n}: {e}");
+                assert_eq!(fuse_errno(&e), libc::ENOSPC, "{what}: file {n}: {e}");
                 f.unlink(ROOT, &name).unwrap_or_else(|e| panic!("{what}: unlink after ENOSPC: {e}"));
                 f.sync().unwrap_or_else(|e| panic!("{what}: sync after the unlink: {e}"));
                 return n;
@@ -865,7 +866,7 @@ fn stress_round(seed: u64, secs: u64, patches: bool) {
                         // Removed meanwhile is fine; damage is not.
                         match f.read(a.ino, 0, 1 << 20) {
                             Ok(_) => {}
-                            Err(e) if e.errno() == libc::ENOENT => {}
+                            Err(e) if fuse_errno(&e) == libc::ENOENT => {}
                             Err(e) => panic!("seed {seed}: reader: {e}"),
                         }
                     }

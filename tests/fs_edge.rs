@@ -13,13 +13,13 @@ use std::sync::Arc;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use zlogfs::engine::Options;
+use zlogfs::frontends::fuse::{errno as fuse_errno, is_failure};
 use zlogfs::fs::{
     self, Fs, FsOptions, Ino, Kind, MkfsOptions, SetAttr, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE,
     FALLOC_FL_ZERO_RANGE, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT, XATTR_CODEC, XATTR_CREATE, XATTR_PHYSICAL,
     XATTR_REPLACE,
 };
 use zlogfs::store::{Geometry, MemStore, Store};
-use zlogfs::Error;
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -67,11 +67,11 @@ fn fsck(f: &Fs) {
 
 /// The errno of a call that must fail with a POSIX error.
 #[track_caller]
-fn errno<T: std::fmt::Debug>(r: zlogfs::Result<T>) -> i32 {
+fn errno<T: std::fmt::Debug>(r: zlogfs::fs::Result<T>) -> i32 {
     match r {
         Ok(v) => panic!("expected an error, got Ok({:.200})", format!("{v:?}")),
-        Err(Error::Posix { errno, .. }) => errno,
-        Err(e) => panic!("expected a POSIX error, got {e} (errno {})", e.errno()),
+        Err(e) if !is_failure(&e) => fuse_errno(&e),
+        Err(e) => panic!("expected a POSIX error, got {e} (errno {})", fuse_errno(&e)),
     }
 }
 
@@ -1245,7 +1245,7 @@ fn failed_commit_for_space_leaks_nothing() {
         let mut refused = None;
         for i in 0..40 {
             if let Err(e) = f.write(ino, i * MIB, &blob) {
-                assert_eq!(e.errno(), libc::ENOSPC, "round {round}: write {i}: {e}");
+                assert_eq!(fuse_errno(&e), libc::ENOSPC, "round {round}: write {i}: {e}");
                 refused = Some(i);
                 break;
             }

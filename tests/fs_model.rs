@@ -16,6 +16,7 @@ use std::sync::Arc;
 use rand::rngs::StdRng;
 use rand::Rng;
 use zlogfs::codec::{CodecId, CodecSpec};
+use zlogfs::frontends::fuse::errno as fuse_errno;
 use zlogfs::fs::{self, Fs, FsOptions, Ino, Kind, MkfsOptions, SetAttr, ROOT};
 use zlogfs::store::{CrashMode, FaultConfig, FaultStore, Geometry, Store};
 
@@ -277,16 +278,16 @@ impl Model {
     }
 }
 
-fn errno<T>(r: zlogfs::Result<T>) -> Result<T, i32> {
+fn errno<T>(r: fs::Result<T>) -> Result<T, i32> {
     r.map_err(|e| match e {
-        zlogfs::Error::Posix { errno, .. } => errno,
         // Device errors (injected ones, in the I/O-error run) are EIO;
         // the model never expects EIO, so an unexpected one still fails.
-        e @ (zlogfs::Error::Io { .. } | zlogfs::Error::Failed) => {
-            assert_eq!(e.errno(), libc::EIO, "{e}");
+        e @ fs::Error::Engine(zlogfs::Error::Io { .. } | zlogfs::Error::Failed) => {
+            assert_eq!(fuse_errno(&e), libc::EIO, "{e}");
             libc::EIO
         }
-        other => panic!("unexpected error {other}"),
+        fs::Error::Engine(other) => panic!("unexpected error {other}"),
+        e => fuse_errno(&e),
     })
 }
 
@@ -600,7 +601,7 @@ fn run(seed: u64, steps: usize, setup: Setup) {
                 match f.sync() {
                     Ok(()) => history = vec![m.clone()],
                     Err(e) if armed => {
-                        assert_eq!(e.errno(), libc::EIO, "{ctx}: sync failed with {e}");
+                        assert_eq!(fuse_errno(&e), libc::EIO, "{ctx}: sync failed with {e}");
                         (f, m) = recover(&st, f, &history, CrashMode::DropUnsynced, r.gen(), &ctx);
                         (armed, history) = (false, vec![m.clone()]);
                         io_faults += 1;
@@ -612,12 +613,12 @@ fn run(seed: u64, steps: usize, setup: Setup) {
             89..=92 => {
                 let mut res = f.commit();
                 if res.is_ok() && r.gen_bool(0.5) {
-                    res = f.engine().write_out();
+                    res = f.engine().write_out().map_err(fs::Error::from);
                 }
                 match res {
                     Ok(()) => {}
                     Err(e) if armed => {
-                        assert_eq!(e.errno(), libc::EIO, "{ctx}: commit failed with {e}");
+                        assert_eq!(fuse_errno(&e), libc::EIO, "{ctx}: commit failed with {e}");
                         (f, m) = recover(&st, f, &history, CrashMode::TearLast, r.gen(), &ctx);
                         (armed, history) = (false, vec![m.clone()]);
                         io_faults += 1;
@@ -670,7 +671,7 @@ fn run(seed: u64, steps: usize, setup: Setup) {
                         match Fs::open(s, fs_opts()) {
                             Ok(g) => f = g,
                             Err(e) => {
-                                assert_eq!(e.errno(), libc::EIO, "{ctx}: open failed with {e}");
+                                assert_eq!(fuse_errno(&e), libc::EIO, "{ctx}: open failed with {e}");
                                 (f, m) =
                                     recover_closed(&st, &history, CrashMode::DropUnsynced, r.gen(), &ctx);
                                 (armed, history) = (false, vec![m.clone()]);
@@ -683,7 +684,7 @@ fn run(seed: u64, steps: usize, setup: Setup) {
                         history = vec![m.clone()];
                     }
                     Err(e) if armed => {
-                        assert_eq!(e.errno(), libc::EIO, "{ctx}: close failed with {e}");
+                        assert_eq!(fuse_errno(&e), libc::EIO, "{ctx}: close failed with {e}");
                         (f, m) = recover_closed(&st, &history, CrashMode::Reorder, r.gen(), &ctx);
                         (armed, history) = (false, vec![m.clone()]);
                         io_faults += 1;

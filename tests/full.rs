@@ -13,6 +13,7 @@ use std::sync::Arc;
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 use zlogfs::engine::Options;
+use zlogfs::frontends::fuse::errno as fuse_errno;
 use zlogfs::fs::{self, Atime, Fs, FsOptions, Ino, MkfsOptions, ROOT};
 use zlogfs::store::{Geometry, MemStore, Store};
 
@@ -35,8 +36,8 @@ fn fresh(atime: Atime) -> (Arc<dyn Store>, Fs) {
     (s, f)
 }
 
-fn errno<T>(r: zlogfs::Result<T>) -> Option<i32> {
-    r.err().map(|e| e.errno())
+fn errno<T>(r: fs::Result<T>) -> Option<i32> {
+    r.err().map(|e| fuse_errno(&e))
 }
 
 /// Small files of random bytes, in directories of 1,000, until ENOSPC.
@@ -48,7 +49,7 @@ fn fill_with_small_files(f: &Fs, r: &mut StdRng) -> Vec<(Ino, Vec<u8>)> {
         let d = match f.mkdir(ROOT, format!("d{dir}").as_bytes(), 0o755, 0, 0) {
             Ok(a) => a.ino,
             Err(e) => {
-                assert_eq!(e.errno(), libc::ENOSPC, "mkdir on a full image: {e}");
+                assert_eq!(fuse_errno(&e), libc::ENOSPC, "mkdir on a full image: {e}");
                 return made;
             }
         };
@@ -58,14 +59,14 @@ fn fill_with_small_files(f: &Fs, r: &mut StdRng) -> Vec<(Ino, Vec<u8>)> {
             let ino = match f.create(d, format!("f{n}").as_bytes(), 0o644, 0, 0) {
                 Ok(a) => a.ino,
                 Err(e) => {
-                    assert_eq!(e.errno(), libc::ENOSPC, "create on a full image: {e}");
+                    assert_eq!(fuse_errno(&e), libc::ENOSPC, "create on a full image: {e}");
                     return made;
                 }
             };
             match f.write(ino, 0, &data) {
                 Ok(_) => made.push((ino, data)),
                 Err(e) => {
-                    assert_eq!(e.errno(), libc::ENOSPC, "write on a full image: {e}");
+                    assert_eq!(fuse_errno(&e), libc::ENOSPC, "write on a full image: {e}");
                     made.push((ino, Vec::new()));
                     return made;
                 }
@@ -133,7 +134,7 @@ fn fallocate_reserves_room_for_the_first_write() {
     let free0 = f.statfs().expect("statfs").bfree * 4096;
     let db = f.create(ROOT, b"db", 0o644, 0, 0).expect("create").ino;
     let e = f.fallocate(db, 0, 0, 4 << 30).expect_err("4 GiB in 64 MiB");
-    assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+    assert_eq!(fuse_errno(&e), libc::ENOSPC, "{e}");
     assert_eq!(f.getattr(db).expect("stat").size, 0, "a refused fallocate changes nothing");
     assert_eq!(f.getattr(db).expect("stat").blocks, 0);
     const RES: u64 = 20 << 20;
@@ -162,7 +163,7 @@ fn fallocate_reserves_room_for_the_first_write() {
         match f.write(other, off, &buf) {
             Ok(_) => off += buf.len() as u64,
             Err(e) => {
-                assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+                assert_eq!(fuse_errno(&e), libc::ENOSPC, "{e}");
                 break;
             }
         }

@@ -16,7 +16,7 @@ use zlogfs::fs::{self as zfs, Fs, FsOptions, Kind, MkfsOptions};
 use zlogfs::log::format::{validate_geometry, DEFAULT_SEGMENT_SIZE};
 use zlogfs::store::{FileStore, Geometry, Store, META_AREA_SIZE};
 use zlogfs::tools;
-use zlogfs::{engine, Error, Options};
+use zlogfs::{engine, Options};
 
 #[path = "zlogfs/mount.rs"]
 mod mount;
@@ -387,7 +387,7 @@ fn open_fs_ro(image: &Path) -> Result<Fs, String> {
         read_only: true,
         ..FsOptions::default()
     };
-    Fs::open(Arc::new(f), opts).map_err(|e: Error| format!("{}: {e}", image.display()))
+    Fs::open(Arc::new(f), opts).map_err(|e: zfs::Error| format!("{}: {e}", image.display()))
 }
 
 fn open_fs(image: &Path, atime: zfs::Atime) -> Result<Fs, String> {
@@ -400,7 +400,7 @@ fn open_fs(image: &Path, atime: zfs::Atime) -> Result<Fs, String> {
         atime,
         ..FsOptions::default()
     };
-    Fs::open(Arc::new(f), opts).map_err(|e: Error| format!("{}: {e}", image.display()))
+    Fs::open(Arc::new(f), opts).map_err(|e: zfs::Error| format!("{}: {e}", image.display()))
 }
 
 fn close(fs: Fs, image: &Path) -> Result<(), String> {

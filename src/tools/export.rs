@@ -23,8 +23,8 @@ use nix::sys::time::TimeSpec;
 use nix::unistd::{fchownat, linkat, symlinkat, Gid, Uid};
 
 use super::walk;
-use crate::fs::{Attr, DirEntry, Fs, Ino, Kind, ROOT};
-use crate::{Error, Result};
+use super::{Error, Result};
+use crate::fs::{self, Attr, DirEntry, Fs, Ino, Kind, ROOT};
 
 /// What an export did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -58,7 +58,7 @@ pub struct Damage {
 }
 
 fn nix_err(what: String) -> impl FnOnce(nix::errno::Errno) -> Error {
-    move |e| Error::io(what, std::io::Error::from_raw_os_error(e as i32))
+    move |e| Error::host(what, std::io::Error::from_raw_os_error(e as i32))
 }
 
 fn name_of(e: &DirEntry) -> &OsStr {
@@ -67,8 +67,9 @@ fn name_of(e: &DirEntry) -> &OsStr {
 
 /// Damage of the image (a checksum, a record that does not decode, a
 /// read that failed), as opposed to an error of the destination.
-fn is_damage(e: &Error) -> bool {
-    e.is_corruption() || matches!(e, Error::Io { .. })
+fn is_damage(e: &fs::Error) -> bool {
+    use zlogfs_engine::Error as E;
+    matches!(e, fs::Error::Engine(E::Io { .. } | E::ChecksumMismatch { .. } | E::Corrupt { .. }))
 }
 
 struct Export<'a> {
@@ -97,11 +98,12 @@ pub fn export(fs: &Fs, from: Ino, dst: &Path, progress: &dyn Fn(u64, u64)) -> Re
             }
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir_all(dst).map_err(|e| Error::io(format!("creating {}", dst.display()), e))?;
+            std::fs::create_dir_all(dst)
+                .map_err(|e| Error::host(format!("creating {}", dst.display()), e))?;
         }
-        Err(e) => return Err(Error::io(format!("opening {}", dst.display()), e)),
+        Err(e) => return Err(Error::host(format!("opening {}", dst.display()), e)),
     }
-    let dir = File::open(dst).map_err(|e| Error::io(format!("opening {}", dst.display()), e))?;
+    let dir = File::open(dst).map_err(|e| Error::host(format!("opening {}", dst.display()), e))?;
     let mut total = 0u64;
     // A damaged listing is met (and reported) again below.
     let _ = walk(fs, from, b"", &mut |_, e| {
@@ -137,7 +139,7 @@ impl Export<'_> {
         format!("{}{rel}", self.dst.display())
     }
 
-    fn damaged(&mut self, path: &str, range: Option<(u64, u64)>, e: &Error) {
+    fn damaged(&mut self, path: &str, range: Option<(u64, u64)>, e: &fs::Error) {
         self.rep.damaged.push(Damage { path: path.to_string(), range, reason: e.to_string() });
     }
 
@@ -152,14 +154,14 @@ impl Export<'_> {
                     self.damaged(if rel.is_empty() { "/" } else { rel }, None, &e);
                     return Ok(());
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             };
             let Some(last) = page.last() else { return Ok(()) };
             after = Some(last.name.clone());
             for e in &page {
                 let path = format!("{rel}/{}", String::from_utf8_lossy(&e.name));
                 match self.entry(e, dir, &path) {
-                    Err(err) if is_damage(&err) => self.damaged(&path, None, &err),
+                    Err(Error::Image(err)) if is_damage(&err) => self.damaged(&path, None, &err),
                     r => r?,
                 }
             }
@@ -200,7 +202,7 @@ impl Export<'_> {
                 let f = open(dir, name, OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL)
                     .map_err(nix_err(made("creating")))?;
                 self.copy_data(e.ino, &a, &f, path)?;
-                f.set_len(a.size).map_err(|err| Error::io(made("sizing"), err))?;
+                f.set_len(a.size).map_err(|err| Error::host(made("sizing"), err))?;
                 self.rep.files += 1;
                 self.done += a.size;
                 (self.progress)(self.done, self.total);
@@ -237,8 +239,8 @@ impl Export<'_> {
         while pos < a.size {
             let start = match self.fs.lseek(ino, pos, true) {
                 Ok(s) => s,
-                Err(Error::Posix { errno: libc::ENXIO, .. }) => break,
-                Err(e) => return Err(e),
+                Err(fs::Error::PastEnd(_)) => break,
+                Err(e) => return Err(e.into()),
             };
             let end = self.fs.lseek(ino, start, false)?.min(a.size);
             let mut at = start;
@@ -248,7 +250,7 @@ impl Export<'_> {
                     Ok(buf) if buf.is_empty() => break,
                     Ok(buf) => {
                         f.write_all_at(&buf, at)
-                            .map_err(|e| Error::io(format!("writing {}", self.host(path)), e))?;
+                            .map_err(|e| Error::host(format!("writing {}", self.host(path)), e))?;
                         self.rep.bytes += buf.len() as u64;
                         at += buf.len() as u64;
                     }
@@ -256,7 +258,7 @@ impl Export<'_> {
                         self.salvage(ino, at, at + n, f, path)?;
                         at += n;
                     }
-                    Err(e) => return Err(e),
+                    Err(e) => return Err(e.into()),
                 }
             }
             pos = end.max(start + 1);
@@ -273,7 +275,7 @@ impl Export<'_> {
             match self.fs.read(ino, at, (next - at) as usize) {
                 Ok(buf) => {
                     f.write_all_at(&buf, at)
-                        .map_err(|e| Error::io(format!("writing {}", self.host(path)), e))?;
+                        .map_err(|e| Error::host(format!("writing {}", self.host(path)), e))?;
                     self.rep.bytes += buf.len() as u64;
                 }
                 Err(e) if is_damage(&e) => match self.rep.damaged.last_mut() {
@@ -283,7 +285,7 @@ impl Export<'_> {
                     }
                     _ => self.damaged(path, Some((at, next)), &e),
                 },
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
             at = next;
         }
@@ -297,7 +299,7 @@ impl Export<'_> {
             let v = self.fs.getxattr(ino, &name)?;
             let n = OsStr::from_bytes(&name);
             f.set_xattr(n, &v)
-                .map_err(|e| Error::io(format!("setting xattr {n:?} on {}", self.host(path)), e))?;
+                .map_err(|e| Error::host(format!("setting xattr {n:?} on {}", self.host(path)), e))?;
         }
         Ok(())
     }
@@ -315,7 +317,7 @@ impl Export<'_> {
             let v = self.fs.getxattr(ino, &n)?;
             let n = OsStr::from_bytes(&n);
             xattr::set_deref(&p, n, &v)
-                .map_err(|e| Error::io(format!("setting xattr {n:?} on {}", self.host(path)), e))?;
+                .map_err(|e| Error::host(format!("setting xattr {n:?} on {}", self.host(path)), e))?;
         }
         Ok(())
     }

@@ -25,8 +25,8 @@ use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::Mode;
 use rayon::prelude::*;
 
-use crate::fs::{Fs, Ino, SetAttr, Time, ROOT};
-use crate::{Error, Result};
+use super::{Error, Result};
+use crate::fs::{self, Fs, Ino, SetAttr, Time, ROOT};
 
 /// What an import did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -112,13 +112,13 @@ fn path_of(root: &Path, items: &[Item], k: usize) -> String {
 /// directory's subtree follows it). Entries that cannot be looked at are
 /// skipped into `rep`.
 fn list(root: &Path, rep: &mut ImportReport) -> Result<(Vec<Item>, File)> {
-    let dir = File::open(root).map_err(|e| Error::io(format!("opening {}", root.display()), e))?;
-    let meta = dir.metadata().map_err(|e| Error::io(format!("reading {}", root.display()), e))?;
+    let dir = File::open(root).map_err(|e| Error::host(format!("opening {}", root.display()), e))?;
+    let meta = dir.metadata().map_err(|e| Error::host(format!("reading {}", root.display()), e))?;
     if !meta.is_dir() {
         return Err(Error::Invalid(format!("{} is not a directory", root.display())));
     }
     let mut items = vec![Item { parent: None, name: vec![], meta }];
-    let first = dir.try_clone().map_err(|e| Error::io(format!("opening {}", root.display()), e))?;
+    let first = dir.try_clone().map_err(|e| Error::host(format!("opening {}", root.display()), e))?;
     visit(root, &mut items, 0, first, rep)?;
     Ok((items, dir))
 }
@@ -291,7 +291,7 @@ pub fn import(fs: &Fs, src: &Path, progress: &dyn Fn(u64, u64)) -> Result<Import
     let mut links: HashMap<(u64, u64), Ino> = HashMap::new();
     let mut stack: Vec<(usize, File)> = Vec::new();
     let root_xattrs =
-        xattrs_of_file(&root_dir).map_err(|e| Error::io(format!("reading {}", src.display()), e))?;
+        xattrs_of_file(&root_dir).map_err(|e| Error::host(format!("reading {}", src.display()), e))?;
     stack.push((0, root_dir));
     let mut done = 0u64;
     let mut i = 1;
@@ -392,6 +392,12 @@ impl From<Error> for LoadError {
     }
 }
 
+impl From<fs::Error> for LoadError {
+    fn from(e: fs::Error) -> LoadError {
+        Fatal(e.into())
+    }
+}
+
 /// Make item `k` in directory `parent` of the image from what was read of
 /// it; its inode (None: an extra name of a file loaded already).
 fn load(
@@ -448,7 +454,7 @@ fn load(
                     rep.files -= 1;
                     return match e {
                         StreamError::Source(e) => Err(Skip(format!("reading: {e}"))),
-                        StreamError::Image(e) => Err(Fatal(e)),
+                        StreamError::Image(e) => Err(Fatal(e.into())),
                     };
                 }
             }
@@ -470,7 +476,7 @@ fn load(
 
 enum StreamError {
     Source(std::io::Error),
-    Image(Error),
+    Image(fs::Error),
 }
 
 /// Copy a large file's data ranges into `ino` a MiB at a time.
@@ -503,11 +509,10 @@ fn stream(
 /// said with both paths; a name that exists already is said plainly.
 fn in_image(e: Error, image_path: &str, host_path: &str) -> Error {
     match e {
-        Error::Posix { errno: libc::EEXIST, .. } => Error::posix(
-            libc::EEXIST,
-            format!("{host_path}: {image_path} exists in the image already (import into an empty image)"),
-        ),
-        Error::Posix { errno, msg } => Error::posix(errno, format!("{host_path} (to {image_path}): {msg}")),
+        Error::Image(fs::Error::Exists(_)) => Error::Image(fs::Error::Exists(format!(
+            "{host_path}: {image_path} exists in the image already (import into an empty image)"
+        ))),
+        Error::Image(e) => Error::Image(e.map_msg(|msg| format!("{host_path} (to {image_path}): {msg}"))),
         e => e,
     }
 }

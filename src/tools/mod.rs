@@ -5,8 +5,44 @@
 pub mod export;
 pub mod import;
 
-use crate::fs::{Fs, Ino, Kind, ROOT};
-use crate::{Error, Result};
+use crate::fs::{self, Fs, Ino, Kind, ROOT};
+
+/// Result of a tool.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What a tool can fail with: the image, the host's files, or its
+/// arguments.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The image refused or failed an operation.
+    #[error(transparent)]
+    Image(#[from] fs::Error),
+    /// The host's file system failed while doing `op`.
+    #[error("I/O error while {op}: {source}")]
+    Host {
+        /// What the tool was doing ("opening /srv/src").
+        op: String,
+        /// The host's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An argument the tool cannot take.
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+}
+
+impl From<crate::Error> for Error {
+    fn from(e: crate::Error) -> Self {
+        Error::Image(e.into())
+    }
+}
+
+impl Error {
+    /// A failure of the host's file system while doing `op`.
+    pub fn host(op: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Host { op: op.into(), source }
+    }
+}
 
 /// Resolve a path inside the image ("/" or "" is the root); symbolic links
 /// are not followed.
@@ -14,13 +50,8 @@ pub fn resolve(fs: &Fs, path: &str) -> Result<Ino> {
     let mut cur = ROOT;
     for c in path.split('/').filter(|c| !c.is_empty() && *c != ".") {
         let a = fs.lookup(cur, c.as_bytes()).map_err(|e| match e {
-            Error::Posix { errno, .. } => Error::posix(
-                errno,
-                format!(
-                    "{path}: {}",
-                    if errno == libc::ENOENT { "no such file or directory" } else { "not a directory" }
-                ),
-            ),
+            fs::Error::NotFound(_) => fs::Error::NotFound(format!("{path}: no such file or directory")),
+            fs::Error::NotDir(_) => fs::Error::NotDir(format!("{path}: not a directory")),
             e => e,
         })?;
         cur = a.ino;
@@ -55,9 +86,10 @@ pub fn walk(
     }
 }
 
-/// Map an I/O error to [`Error::Io`] naming what was being done.
+/// Map an I/O error of the host to [`Error::Host`] naming what was being
+/// done.
 pub fn io(what: String) -> impl FnOnce(std::io::Error) -> Error {
-    move |e| Error::io(what, e)
+    move |e| Error::host(what, e)
 }
 
 /// A progress bar on stderr when it is a terminal and output is not JSON.

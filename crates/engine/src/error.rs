@@ -54,14 +54,6 @@ pub enum Error {
     /// image is reopened (which recovers to the last durable state).
     #[error("a previous I/O error left the engine in a failed state: reopen required")]
     Failed,
-    /// A file system operation failed with a POSIX error (ENOENT, EEXIST, ...).
-    #[error("{msg}")]
-    Posix {
-        /// The errno.
-        errno: i32,
-        /// What went wrong, naming the operation and its arguments.
-        msg: String,
-    },
     /// A read asked for a sequence number whose versions were merged away.
     #[error("sequence number {requested} is older than the oldest retained version ({horizon})")]
     SnapshotTooOld {
@@ -83,26 +75,8 @@ impl Error {
         Error::Corrupt { what: what.into(), detail: detail.into() }
     }
 
-    /// A POSIX error.
-    pub fn posix(errno: i32, msg: impl Into<String>) -> Self {
-        Error::Posix { errno, msg: msg.into() }
-    }
-
     /// True for damage found on disk (checksum or decode failures).
     pub fn is_corruption(&self) -> bool {
         matches!(self, Error::ChecksumMismatch { .. } | Error::Corrupt { .. })
-    }
-
-    /// The errno a POSIX front end should report for this error.
-    pub fn errno(&self) -> i32 {
-        match self {
-            Error::Io { source, .. } => source.raw_os_error().unwrap_or(5),
-            Error::ChecksumMismatch { .. } | Error::Corrupt { .. } => 5, // EIO
-            Error::NotAnImage(_) | Error::Unsupported(_) | Error::Invalid(_) => 22, // EINVAL
-            Error::NoSpace(_) => 28,                                     // ENOSPC
-            Error::Failed => 5,
-            Error::SnapshotTooOld { .. } => 22,
-            Error::Posix { errno, .. } => *errno,
-        }
     }
 }

@@ -101,7 +101,7 @@ impl Fs {
     /// at a time.
     pub fn clean(&self, opts: &CleanOptions, progress: &dyn Fn(&CleanReport)) -> Result<CleanReport> {
         if self.st().read_only {
-            return Err(Error::posix(libc::EROFS, "the file system is open read-only: nothing to clean"));
+            return Err(Error::read_only("the file system is open read-only: nothing to clean"));
         }
         let mut rep = CleanReport::default();
         let mut tried = HashSet::new();
@@ -119,17 +119,14 @@ impl Fs {
     /// Setting [`XATTR_CLEAN`] on the root: clean, keep the report.
     pub(super) fn clean_by_xattr(&self, ino: Ino, value: &[u8]) -> Result<()> {
         if ino != ROOT {
-            return Err(Error::posix(libc::EINVAL, "user.zlogfs.clean is set on the root directory only"));
+            return Err(Error::invalid("user.zlogfs.clean is set on the root directory only"));
         }
         let v = String::from_utf8_lossy(value);
         let v = v.trim();
         let max_segments = match v {
             "" | "all" => usize::MAX,
             n => n.parse().map_err(|_| {
-                Error::posix(
-                    libc::EINVAL,
-                    format!("user.zlogfs.clean: {n:?} is not a number of segments or \"all\""),
-                )
+                Error::invalid(format!("user.zlogfs.clean: {n:?} is not a number of segments or \"all\""))
             })?,
         };
         let rep = self.clean(&CleanOptions { max_segments, ..CleanOptions::default() }, &|_| {})?;
@@ -291,7 +288,7 @@ impl State {
                 Ok(false) => {
                     rep.skipped.push((seg, "it holds chunks changed by operations not yet committed".into()))
                 }
-                Err(e @ Error::ChecksumMismatch { .. }) | Err(e @ Error::Corrupt { .. }) => {
+                Err(e) if e.is_corruption() => {
                     // Leave the segment (and whatever is readable in it) as
                     // it is: fsck reports the damage.
                     rep.skipped.push((seg, e.to_string()));

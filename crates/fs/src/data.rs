@@ -265,10 +265,12 @@ fn replaced_share(patches: &[Patch], stored: u32, len: u32) -> u32 {
 fn in_file(e: Error, ino: Ino, lo: u64, hi: u64) -> Error {
     let whose = |what: String| format!("{what}, which holds bytes {lo}..{hi} of inode {ino}");
     match e {
-        Error::ChecksumMismatch { what, expected, got } => {
-            Error::ChecksumMismatch { what: whose(what), expected, got }
+        Error::Engine(EngineError::ChecksumMismatch { what, expected, got }) => {
+            Error::Engine(EngineError::ChecksumMismatch { what: whose(what), expected, got })
         }
-        Error::Corrupt { what, detail } => Error::Corrupt { what: whose(what), detail },
+        Error::Engine(EngineError::Corrupt { what, detail }) => {
+            Error::Engine(EngineError::Corrupt { what: whose(what), detail })
+        }
         e => e,
     }
 }
@@ -988,7 +990,7 @@ impl State {
     pub(super) fn trim_all(&mut self, ino: Ino, code: u64) -> Result<()> {
         let mut i = match self.inode(ino) {
             Ok(i) => i,
-            Err(Error::Posix { .. }) => {
+            Err(Error::NotFound(_)) => {
                 self.del(orphan_key(ino));
                 return Ok(());
             }
@@ -1162,7 +1164,8 @@ impl State {
         for &ino in &inos {
             match self.inode(ino) {
                 Ok(i) => inodes.push(i),
-                Err(Error::Posix { .. }) => {}
+                // Deleted since its data was buffered.
+                Err(Error::NotFound(_)) => {}
                 Err(e) => return Err((e, Some(dirty))),
             }
         }
@@ -1309,7 +1312,7 @@ impl State {
                         };
                         back.entry(p.ino).or_default().insert(p.idx, b);
                     }
-                    return Err((e, Some(back)));
+                    return Err((e.into(), Some(back)));
                 }
             }
         };

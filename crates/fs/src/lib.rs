@@ -22,6 +22,7 @@ pub mod pending;
 mod check;
 mod clean;
 mod data;
+mod error;
 mod ops;
 
 use std::collections::{HashMap, VecDeque};
@@ -31,13 +32,14 @@ use std::time::Duration;
 
 use zlogfs_engine::codec::{CodecId, CodecSpec};
 use zlogfs_engine::engine::{self, Engine, Options, Room, WriteBatch};
-use zlogfs_engine::error::{Error, Result};
+use zlogfs_engine::error::Error as EngineError;
 use zlogfs_engine::log::format::BlockAddr;
 use zlogfs_engine::log::max_block_raw;
 use zlogfs_engine::store::Store;
 
 pub use check::{CheckReport, CodecUse, TreeUsage, Usage};
 pub use clean::{CleanOptions, CleanReport};
+pub use error::{Error, Result};
 use keys::*;
 pub use keys::{Counters, Ino, Inode, Kind, Time, ROOT};
 use pending::Pending;
@@ -530,7 +532,7 @@ pub fn mkfs(store: Arc<dyn Store>, o: &MkfsOptions) -> Result<()> {
     b.put(triple_key(0), encode_triple(root.triple()));
     b.put(inode_key(ROOT), root.encode(0, cfg.base_sec));
     eng.write_sync(&b)?;
-    eng.close()
+    Ok(eng.close()?)
 }
 
 impl Fs {
@@ -542,9 +544,9 @@ impl Fs {
         let cfg = match eng.get(&config_key())? {
             Some(v) => Config::decode(&v)?,
             None => {
-                return Err(Error::NotAnImage(
+                return Err(Error::Engine(EngineError::NotAnImage(
                     "the image has a zlogfs engine but no file system in it (run zlogfs mkfs)".into(),
-                ))
+                )))
             }
         };
         let mut triples = HashMap::new();
@@ -633,12 +635,12 @@ impl Fs {
     pub fn repair(&self) -> Result<Vec<String>> {
         let mut st = self.st();
         if st.read_only {
-            return Err(posix(libc::EROFS, "the file system is open read-only: nothing can be repaired"));
+            return Err(Error::read_only("the file system is open read-only: nothing can be repaired"));
         }
         st.commit()?;
         drop(st);
         self.eng.sync()?;
-        self.eng.repair()
+        Ok(self.eng.repair()?)
     }
 
     /// Write the current group to the log (not synced).
@@ -649,7 +651,7 @@ impl Fs {
     /// Commit and make everything durable (syncfs).
     pub fn sync(&self) -> Result<()> {
         self.st().commit()?;
-        self.eng.sync()
+        Ok(self.eng.sync()?)
     }
 
     /// After an operation that succeeded: sync if the [`SyncMode`] asks
@@ -678,7 +680,7 @@ impl Fs {
             return Ok(());
         }
         self.sync()?;
-        self.eng.settle()
+        Ok(self.eng.settle()?)
     }
 
     fn stop_worker(&mut self) {
@@ -754,10 +756,6 @@ fn is_zero(b: &[u8]) -> bool {
         && words.remainder().iter().all(|&x| x == 0)
 }
 
-fn posix(errno: i32, msg: impl Into<String>) -> Error {
-    Error::posix(errno, msg)
-}
-
 fn name_str(n: &[u8]) -> String {
     String::from_utf8_lossy(n).into_owned()
 }
@@ -765,13 +763,13 @@ fn name_str(n: &[u8]) -> String {
 /// Check a name for a new directory entry.
 fn check_name(name: &[u8]) -> Result<()> {
     if name.is_empty() || name == b"." || name == b".." {
-        return Err(posix(libc::EINVAL, format!("invalid name {:?}", name_str(name))));
+        return Err(Error::invalid(format!("invalid name {:?}", name_str(name))));
     }
     if name.len() > 255 {
-        return Err(posix(libc::ENAMETOOLONG, format!("name of {} bytes exceeds 255", name.len())));
+        return Err(Error::name_too_long(format!("name of {} bytes exceeds 255", name.len())));
     }
     if name.iter().any(|&c| c == b'/' || c == 0) {
-        return Err(posix(libc::EINVAL, format!("name {:?} contains '/' or NUL", name_str(name))));
+        return Err(Error::invalid(format!("name {:?} contains '/' or NUL", name_str(name))));
     }
     Ok(())
 }
@@ -780,7 +778,7 @@ impl State {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         match self.pend.get(key) {
             Some(v) => Ok(v.map(|v| v.to_vec())),
-            None => self.eng.get(key),
+            None => Ok(self.eng.get(key)?),
         }
     }
 
@@ -821,9 +819,9 @@ impl State {
         match self.get(&inode_key(ino))? {
             Some(v) => {
                 let base = self.cfg.base_sec;
-                Inode::decode(ino, &v, base, |id| self.triple_ids.get(&id).copied())
+                Ok(Inode::decode(ino, &v, base, |id| self.triple_ids.get(&id).copied())?)
             }
-            None => Err(posix(libc::ENOENT, format!("inode {ino} does not exist"))),
+            None => Err(Error::not_found(format!("inode {ino} does not exist"))),
         }
     }
 
@@ -855,7 +853,7 @@ impl State {
     fn dir(&self, ino: Ino) -> Result<Inode> {
         let i = self.inode(ino)?;
         if i.kind() != Kind::Dir {
-            return Err(posix(libc::ENOTDIR, format!("inode {ino} is not a directory")));
+            return Err(Error::not_dir(format!("inode {ino} is not a directory")));
         }
         Ok(i)
     }
@@ -865,7 +863,7 @@ impl State {
     fn live_dir(&self, ino: Ino) -> Result<Inode> {
         let i = self.dir(ino)?;
         if i.nlink == 0 {
-            return Err(posix(libc::ENOENT, format!("directory {ino} was removed")));
+            return Err(Error::not_found(format!("directory {ino} was removed")));
         }
         Ok(i)
     }
@@ -903,7 +901,7 @@ impl State {
     /// when nothing may change.
     fn bound_group(&mut self) -> Result<()> {
         if self.read_only {
-            return Err(posix(libc::EROFS, "the file system is open read-only"));
+            return Err(Error::read_only("the file system is open read-only"));
         }
         if self.pend.bytes + self.dirty_chunks * 64 > self.max_group / 2
             || self.dirty_bytes > self.dirty_limit
@@ -971,7 +969,7 @@ impl State {
         for a in &self.pend.frees {
             b.free(*a);
         }
-        match self.eng.write(&b) {
+        match self.eng.write(&b).map_err(Error::from) {
             // The group was accepted against the room counted then, which
             // the index and checkpoints may have taken since: its journal
             // record (a group is bounded to a fraction of a segment) may

@@ -14,7 +14,7 @@ pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 pub const MAX_SYMLINK: usize = 4095;
 
 fn noent(what: impl std::fmt::Display) -> Error {
-    posix(libc::ENOENT, format!("{what} does not exist"))
+    Error::not_found(format!("{what} does not exist"))
 }
 
 impl State {
@@ -22,7 +22,7 @@ impl State {
         self.dir(parent)?;
         if name.len() > 255 {
             // No such name can exist; POSIX wants it said this way.
-            return Err(posix(libc::ENAMETOOLONG, format!("name of {} bytes exceeds 255", name.len())));
+            return Err(Error::name_too_long(format!("name of {} bytes exceeds 255", name.len())));
         }
         self.lookup_entry(parent, name)?
             .ok_or_else(|| noent(format!("{:?} in directory {parent}", name_str(name))))
@@ -44,13 +44,13 @@ impl State {
         // An inode, a name, and the parent's inode again.
         self.pre_grow(name.len() + 256)?;
         let kind = Kind::from_mode(mode)
-            .ok_or_else(|| posix(libc::EINVAL, format!("mode {mode:o} names no file type")))?;
+            .ok_or_else(|| Error::invalid(format!("mode {mode:o} names no file type")))?;
         let mut p = self.live_dir(parent)?;
         if self.lookup_entry(parent, name)?.is_some() {
-            return Err(posix(libc::EEXIST, format!("{:?} exists in directory {parent}", name_str(name))));
+            return Err(Error::exists(format!("{:?} exists in directory {parent}", name_str(name))));
         }
         if kind == Kind::Dir && p.nlink >= u32::MAX - 1 {
-            return Err(posix(libc::EMLINK, format!("directory {parent} has too many subdirectories")));
+            return Err(Error::too_many_links(format!("directory {parent} has too many subdirectories")));
         }
         let default_acl =
             if kind == Kind::Symlink { None } else { self.get(&xattr_key(parent, acl::DEFAULT))? };
@@ -131,10 +131,9 @@ impl State {
         let mut cur = dir;
         for _ in 0..100_000 {
             if cur == moved {
-                return Err(posix(
-                    libc::EINVAL,
-                    format!("cannot move directory {moved} into itself or its own subdirectory {dir}"),
-                ));
+                return Err(Error::invalid(format!(
+                    "cannot move directory {moved} into itself or its own subdirectory {dir}"
+                )));
             }
             if cur == ROOT {
                 return Ok(());
@@ -146,7 +145,7 @@ impl State {
 
     fn rename(&mut self, p: Ino, n: &[u8], np: Ino, nn: &[u8], flags: u32) -> Result<()> {
         if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0 || flags == RENAME_NOREPLACE | RENAME_EXCHANGE {
-            return Err(posix(libc::EINVAL, format!("unsupported rename flags {flags:#x}")));
+            return Err(Error::invalid(format!("unsupported rename flags {flags:#x}")));
         }
         check_name(nn)?;
         let (sino, skind) = self.entry(p, n)?;
@@ -156,7 +155,7 @@ impl State {
             return Err(noent(format!("{:?} in directory {np}", name_str(nn))));
         }
         if flags & RENAME_NOREPLACE != 0 && dst.is_some() {
-            return Err(posix(libc::EEXIST, format!("{:?} exists in directory {np}", name_str(nn))));
+            return Err(Error::exists(format!("{:?} exists in directory {np}", name_str(nn))));
         }
         if p == np && n == nn {
             return Ok(());
@@ -210,13 +209,13 @@ impl State {
         let victim = match dst {
             Some((dino, dkind)) => {
                 if skind == Kind::Dir && dkind != Kind::Dir {
-                    return Err(posix(libc::ENOTDIR, format!("{:?} is not a directory", name_str(nn))));
+                    return Err(Error::not_dir(format!("{:?} is not a directory", name_str(nn))));
                 }
                 if skind != Kind::Dir && dkind == Kind::Dir {
-                    return Err(posix(libc::EISDIR, format!("{:?} is a directory", name_str(nn))));
+                    return Err(Error::is_dir(format!("{:?} is a directory", name_str(nn))));
                 }
                 if dkind == Kind::Dir && !self.is_empty_dir(dino)? {
-                    return Err(posix(libc::ENOTEMPTY, format!("directory {:?} is not empty", name_str(nn))));
+                    return Err(Error::not_empty(format!("directory {:?} is not empty", name_str(nn))));
                 }
                 Some(self.inode(dino)?)
             }
@@ -268,8 +267,8 @@ impl State {
         let i = self.inode(ino)?;
         match i.kind() {
             Kind::File => Ok(i),
-            Kind::Dir => Err(posix(libc::EISDIR, format!("inode {ino} is a directory"))),
-            _ => Err(posix(libc::EINVAL, format!("inode {ino} is not a regular file"))),
+            Kind::Dir => Err(Error::is_dir(format!("inode {ino} is a directory"))),
+            _ => Err(Error::invalid(format!("inode {ino} is not a regular file"))),
         }
     }
 
@@ -324,7 +323,7 @@ impl State {
 
 fn check_xattr_name(name: &[u8]) -> Result<()> {
     if name.is_empty() || name.len() > 255 {
-        return Err(posix(libc::ERANGE, format!("xattr name of {} bytes (1 to 255 allowed)", name.len())));
+        return Err(Error::out_of_range(format!("xattr name of {} bytes (1 to 255 allowed)", name.len())));
     }
     let ok = [&b"user."[..], b"trusted.", b"security."]
         .iter()
@@ -332,13 +331,10 @@ fn check_xattr_name(name: &[u8]) -> Result<()> {
         || name == b"system.posix_acl_access"
         || name == b"system.posix_acl_default";
     if !ok {
-        return Err(posix(
-            libc::EOPNOTSUPP,
-            format!(
-                "xattr {:?} is outside the user., trusted., security. namespaces and POSIX ACLs",
-                name_str(name)
-            ),
-        ));
+        return Err(Error::not_supported(format!(
+            "xattr {:?} is outside the user., trusted., security. namespaces and POSIX ACLs",
+            name_str(name)
+        )));
     }
     Ok(())
 }
@@ -399,7 +395,7 @@ impl Fs {
         let mut st = self.st();
         st.pre_op()?;
         if Kind::from_mode(mode) == Some(Kind::Symlink) {
-            return Err(posix(libc::EINVAL, "use symlink to create symbolic links"));
+            return Err(Error::invalid("use symlink to create symbolic links"));
         }
         let i = st.make(parent, name, mode, umask, (uid, gid), rdev)?;
         Ok(st.attr(&i))
@@ -422,10 +418,8 @@ impl Fs {
 
     fn symlink_now(&self, parent: Ino, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
         if target.is_empty() || target.len() > MAX_SYMLINK {
-            return Err(posix(
-                if target.is_empty() { libc::ENOENT } else { libc::ENAMETOOLONG },
-                format!("symlink target of {} bytes (1 to {MAX_SYMLINK} allowed)", target.len()),
-            ));
+            let msg = format!("symlink target of {} bytes (1 to {MAX_SYMLINK} allowed)", target.len());
+            return Err(if target.is_empty() { Error::not_found(msg) } else { Error::name_too_long(msg) });
         }
         let mut st = self.st();
         st.pre_op()?;
@@ -440,7 +434,7 @@ impl Fs {
         let mut st = self.st();
         let i = st.inode(ino)?;
         if i.kind() != Kind::Symlink {
-            return Err(posix(libc::EINVAL, format!("inode {ino} is not a symbolic link")));
+            return Err(Error::invalid(format!("inode {ino} is not a symbolic link")));
         }
         st.read_data(&i, 0, i.size as usize)
     }
@@ -457,20 +451,17 @@ impl Fs {
         st.pre_grow(newname.len() + 128)?;
         let mut i = st.inode(ino)?;
         if i.kind() == Kind::Dir {
-            return Err(posix(libc::EPERM, format!("inode {ino} is a directory: no hard links")));
+            return Err(Error::not_permitted(format!("inode {ino} is a directory: no hard links")));
         }
         if i.nlink == 0 {
             return Err(noent(format!("inode {ino} (unlinked)")));
         }
         if i.nlink >= 65_000 {
-            return Err(posix(libc::EMLINK, format!("inode {ino} has {} links", i.nlink)));
+            return Err(Error::too_many_links(format!("inode {ino} has {} links", i.nlink)));
         }
         let mut p = st.live_dir(newparent)?;
         if st.lookup_entry(newparent, newname)?.is_some() {
-            return Err(posix(
-                libc::EEXIST,
-                format!("{:?} exists in directory {newparent}", name_str(newname)),
-            ));
+            return Err(Error::exists(format!("{:?} exists in directory {newparent}", name_str(newname))));
         }
         let t = now();
         i.nlink += 1;
@@ -493,7 +484,7 @@ impl Fs {
         st.pre_relieve()?;
         let (ino, kind) = st.entry(parent, name)?;
         if kind == Kind::Dir {
-            return Err(posix(libc::EISDIR, format!("{:?} is a directory", name_str(name))));
+            return Err(Error::is_dir(format!("{:?} is a directory", name_str(name))));
         }
         let i = st.inode(ino)?;
         st.del(dirent_key(parent, name));
@@ -514,17 +505,17 @@ impl Fs {
         let mut st = self.st();
         st.pre_relieve()?;
         if name == b"." {
-            return Err(posix(libc::EINVAL, "cannot remove \".\""));
+            return Err(Error::invalid("cannot remove \".\""));
         }
         if name == b".." {
-            return Err(posix(libc::ENOTEMPTY, "cannot remove \"..\""));
+            return Err(Error::not_empty("cannot remove \"..\""));
         }
         let (ino, kind) = st.entry(parent, name)?;
         if kind != Kind::Dir {
-            return Err(posix(libc::ENOTDIR, format!("{:?} is not a directory", name_str(name))));
+            return Err(Error::not_dir(format!("{:?} is not a directory", name_str(name))));
         }
         if !st.is_empty_dir(ino)? {
-            return Err(posix(libc::ENOTEMPTY, format!("directory {:?} is not empty", name_str(name))));
+            return Err(Error::not_empty(format!("directory {:?} is not empty", name_str(name))));
         }
         let i = st.inode(ino)?;
         st.del(dirent_key(parent, name));
@@ -629,10 +620,10 @@ impl Fs {
         st.pre_op()?;
         let mut i = st.file(ino)?;
         if off.checked_add(data.len() as u64).is_none_or(|e| e > MAX_FILE_SIZE) {
-            return Err(posix(
-                libc::EFBIG,
-                format!("write at {off} of {} bytes passes the largest file size", data.len()),
-            ));
+            return Err(Error::file_too_big(format!(
+                "write at {off} of {} bytes passes the largest file size",
+                data.len()
+            )));
         }
         let fresh = st.fresh_bytes(ino, off, data.len())?;
         st.pre_write(fresh)?;
@@ -666,11 +657,11 @@ impl Fs {
         if let Some(size) = a.size {
             match i.kind() {
                 Kind::File => {}
-                Kind::Dir => return Err(posix(libc::EISDIR, format!("inode {ino} is a directory"))),
-                _ => return Err(posix(libc::EINVAL, format!("inode {ino} is not a regular file"))),
+                Kind::Dir => return Err(Error::is_dir(format!("inode {ino} is a directory"))),
+                _ => return Err(Error::invalid(format!("inode {ino} is not a regular file"))),
             }
             if size > MAX_FILE_SIZE {
-                return Err(posix(libc::EFBIG, format!("size {size} passes the largest file size")));
+                return Err(Error::file_too_big(format!("size {size} passes the largest file size")));
             }
             if size != i.size {
                 st.set_len(&mut i, size)?;
@@ -738,10 +729,10 @@ impl Fs {
         }
         let mut i = st.file(ino)?;
         if len == 0 {
-            return Err(posix(libc::EINVAL, "fallocate of 0 bytes"));
+            return Err(Error::invalid("fallocate of 0 bytes"));
         }
         let end = off.checked_add(len).filter(|&e| e <= MAX_FILE_SIZE).ok_or_else(|| {
-            posix(libc::EFBIG, format!("fallocate of {len} bytes at {off} passes the largest file size"))
+            Error::file_too_big(format!("fallocate of {len} bytes at {off} passes the largest file size"))
         })?;
         let keep = mode & FALLOC_FL_KEEP_SIZE != 0;
         match mode & !FALLOC_FL_KEEP_SIZE {
@@ -757,7 +748,7 @@ impl Fs {
                 st.zero_range(&mut i, off, len)?;
                 st.reserve(&mut i, off, end)?;
             }
-            _ => return Err(posix(libc::EOPNOTSUPP, format!("fallocate mode {mode:#x} is not supported"))),
+            _ => return Err(Error::not_supported(format!("fallocate mode {mode:#x} is not supported"))),
         }
         if !keep && end > i.size {
             i.size = end;
@@ -808,7 +799,7 @@ impl Fs {
         let mut st = self.st();
         let i = st.inode(ino)?;
         st.seek(&i, off, data)?.ok_or_else(|| {
-            posix(libc::ENXIO, format!("no {} at or after {off}", if data { "data" } else { "hole" }))
+            Error::past_end(format!("no {} at or after {off}", if data { "data" } else { "hole" }))
         })
     }
 
@@ -852,18 +843,18 @@ impl Fs {
         if name == XATTR_CLEAN && ino == ROOT {
             return match &st.last_clean {
                 Some(r) => Ok(r.to_json().to_string().into_bytes()),
-                None => Err(posix(libc::ENODATA, "no cleaning pass has run since the mount")),
+                None => Err(Error::no_attr("no cleaning pass has run since the mount")),
             };
         }
         if name == XATTR_CODEC {
             return match i.policy {
                 Some(p) => Ok(p.to_string().into_bytes()),
-                None => Err(posix(libc::ENODATA, format!("inode {ino} has no codec policy"))),
+                None => Err(Error::no_attr(format!("inode {ino} has no codec policy"))),
             };
         }
         check_xattr_name(name)?;
         st.get(&xattr_key(ino, name))?
-            .ok_or_else(|| posix(libc::ENODATA, format!("inode {ino} has no xattr {:?}", name_str(name))))
+            .ok_or_else(|| Error::no_attr(format!("inode {ino} has no xattr {:?}", name_str(name))))
     }
 
     /// Set an xattr ([`XATTR_CREATE`], [`XATTR_REPLACE`]).
@@ -880,7 +871,7 @@ impl Fs {
         st.pre_grow(name.len() + value.len() + 64)?;
         let mut i = st.inode(ino)?;
         if name == XATTR_PHYSICAL {
-            return Err(posix(libc::EPERM, "user.zlogfs.physical is read-only"));
+            return Err(Error::not_permitted("user.zlogfs.physical is read-only"));
         }
         if name == acl::ACCESS && flags & XATTR_KILL_SGID != 0 {
             i.mode &= !0o2000;
@@ -910,24 +901,24 @@ impl Fs {
         } else {
             check_xattr_name(name)?;
             if value.len() > st.xattr_limit() {
-                return Err(posix(
-                    libc::E2BIG,
-                    format!("xattr value of {} bytes exceeds {}", value.len(), st.xattr_limit()),
-                ));
+                return Err(Error::value_too_big(format!(
+                    "xattr value of {} bytes exceeds {}",
+                    value.len(),
+                    st.xattr_limit()
+                )));
             }
             st.get(&xattr_key(ino, name))?.is_some()
         };
         if flags & XATTR_CREATE != 0 && exists {
-            return Err(posix(libc::EEXIST, format!("xattr {:?} exists", name_str(name))));
+            return Err(Error::exists(format!("xattr {:?} exists", name_str(name))));
         }
         if flags & XATTR_REPLACE != 0 && !exists {
-            return Err(posix(libc::ENODATA, format!("xattr {:?} does not exist", name_str(name))));
+            return Err(Error::no_attr(format!("xattr {:?} does not exist", name_str(name))));
         }
         if name == XATTR_CODEC {
-            let s =
-                std::str::from_utf8(value).map_err(|_| posix(libc::EINVAL, "codec policy is not UTF-8"))?;
+            let s = std::str::from_utf8(value).map_err(|_| Error::invalid("codec policy is not UTF-8"))?;
             let spec: CodecSpec =
-                s.trim().parse().map_err(|e| posix(libc::EINVAL, format!("bad codec policy {s:?}: {e}")))?;
+                s.trim().parse().map_err(|e| Error::invalid(format!("bad codec policy {s:?}: {e}")))?;
             i.policy = Some(spec.normalized());
         } else {
             st.put(xattr_key(ino, name), value.to_vec());
@@ -965,13 +956,13 @@ impl Fs {
         let mut i = st.inode(ino)?;
         if name == XATTR_CODEC {
             if i.policy.take().is_none() {
-                return Err(posix(libc::ENODATA, format!("inode {ino} has no codec policy")));
+                return Err(Error::no_attr(format!("inode {ino} has no codec policy")));
             }
         } else {
             check_xattr_name(name)?;
             let k = xattr_key(ino, name);
             if st.get(&k)?.is_none() {
-                return Err(posix(libc::ENODATA, format!("inode {ino} has no xattr {:?}", name_str(name))));
+                return Err(Error::no_attr(format!("inode {ino} has no xattr {:?}", name_str(name))));
             }
             st.del(k);
         }

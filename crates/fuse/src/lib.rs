@@ -27,14 +27,16 @@
 //! - directory offsets: a hash of the entry's name, directories listed in
 //!   hash order ([`crate::dirlist`]), so that no state is kept per open
 //!   directory and the kernel need not send OPENDIR and RELEASEDIR;
-//! - errors: every [`Error`] carries its errno; anything that is not a plain
-//!   POSIX error (I/O failure, damage) is also written to stderr.
+//! - errors: the file system's typed [`Error`] becomes an errno here, in
+//!   [`errno()`], and nowhere else; anything that is not a refused
+//!   operation (an I/O failure, damage) is also logged.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 mod abi;
 mod dev;
 pub mod dirlist;
+mod errno;
 mod kmount;
 mod ring;
 
@@ -46,12 +48,12 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+pub use errno::{engine_errno, errno, is_failure};
 pub use kmount::{MountFlags, Unmounter};
 
 use self::abi::{fopen, DirBuf, FileAttr, InHeader, Op};
 use crate::dirlist::{Listing, Listings};
-use zlogfs_engine::error::Error;
-use zlogfs_fs::{Attr, Caller, DirEntry, Fs, Ino, Kind, SetAttr, Time, ROOT, XATTR_KILL_SGID};
+use zlogfs_fs::{Attr, Caller, DirEntry, Error, Fs, Ino, Kind, SetAttr, Time, ROOT, XATTR_KILL_SGID};
 
 /// Whether requests come through io_uring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -328,18 +330,20 @@ fn caller_of(pid: u32, gid: u32, fsetid: Option<bool>) -> Caller {
     Caller { fsetid, groups }
 }
 
-fn errno(e: Error) -> i32 {
-    if !matches!(e, Error::Posix { .. }) {
+/// The errno of a failed request, logging failures that are more than a
+/// refused operation.
+fn reply_errno(e: Error) -> i32 {
+    if is_failure(&e) {
         eprintln!("zlogfs: {e}");
     }
-    e.errno()
+    errno(&e)
 }
 
 /// Reply to a request that returns nothing.
 fn empty(r: Result<(), Error>, reply: Reply) {
     match r {
         Ok(()) => reply.ok(),
-        Err(e) => reply.error(errno(e)),
+        Err(e) => reply.error(reply_errno(e)),
     }
 }
 
@@ -347,7 +351,7 @@ fn empty(r: Result<(), Error>, reply: Reply) {
 fn written(r: Result<usize, Error>, reply: Reply) {
     match r {
         Ok(n) => reply.data(&abi::write_out(n as u32)),
-        Err(e) => reply.error(errno(e)),
+        Err(e) => reply.error(reply_errno(e)),
     }
 }
 
@@ -438,7 +442,7 @@ impl ZlogFuse {
                 self.looked_up(&a);
                 reply.data(&self.entry_bytes(&a))
             }
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(reply_errno(e)),
         }
     }
 
@@ -451,7 +455,7 @@ impl ZlogFuse {
         let n = held.entry(a.ino).or_insert(0);
         if *n == 0 {
             if let Err(e) = self.fs.open_file(a.ino) {
-                errno(e);
+                reply_errno(e);
             }
         }
         *n += 1;
@@ -466,7 +470,7 @@ impl ZlogFuse {
             held.remove(&ino);
             // Deletes it if it was removed meanwhile.
             if let Err(e) = self.fs.release_file(ino) {
-                errno(e);
+                reply_errno(e);
             }
         }
     }
@@ -474,7 +478,7 @@ impl ZlogFuse {
     fn attr(&self, r: Result<Attr, Error>, reply: Reply) {
         match r {
             Ok(a) => reply.data(&abi::attr_out(&file_attr(&a), self.opts.attr_timeout)),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(reply_errno(e)),
         }
     }
 
@@ -570,13 +574,13 @@ impl ZlogFuse {
         });
         match r {
             Ok(()) => reply.data(&buf.into_bytes()),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(reply_errno(e)),
         }
     }
 
     fn lookup(&self, parent: Ino, name: &[u8], reply: Reply) {
         match self.fs.lookup(parent, name) {
-            Err(e) if e.errno() == libc::ENOENT && !self.opts.negative_timeout.is_zero() => {
+            Err(e) if matches!(e, Error::NotFound(_)) && !self.opts.negative_timeout.is_zero() => {
                 // A node id of 0 is a negative entry the kernel may cache.
                 let mut b = Vec::with_capacity(abi::ENTRY_OUT);
                 let a = FileAttr { blksize: 4096, ..FileAttr::default() };
@@ -629,7 +633,7 @@ impl Handler for ZlogFuse {
             }
             Op::Readlink => match self.fs.readlink(ino) {
                 Ok(t) => reply.data(&t),
-                Err(e) => reply.error(errno(e)),
+                Err(e) => reply.error(reply_errno(e)),
             },
             Op::Mknod { name, mode, rdev, umask } => {
                 self.entry(self.make(h, name, mode, umask, u64::from(rdev)), reply)
@@ -670,13 +674,13 @@ impl Handler for ZlogFuse {
                     abi::put_open(&mut b, OPEN_FLAGS);
                     reply.data(&b)
                 }
-                Err(e) => reply.error(errno(e)),
+                Err(e) => reply.error(reply_errno(e)),
             },
             Op::Read { offset, size } => {
                 let fs = Arc::clone(&self.fs);
                 let serve = move || match fs.read(ino, offset, size as usize) {
                     Ok(d) => reply.data(&d),
-                    Err(e) => reply.error(errno(e)),
+                    Err(e) => reply.error(reply_errno(e)),
                 };
                 if size as usize >= LARGE_IO {
                     self.workers.run(serve);
@@ -705,7 +709,7 @@ impl Handler for ZlogFuse {
                 Ok(s) => reply.data(&abi::statfs_out(
                     s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize,
                 )),
-                Err(e) => reply.error(errno(e)),
+                Err(e) => reply.error(reply_errno(e)),
             },
             Op::Release => empty(self.fs.release_file(ino), reply),
             Op::Flush | Op::Releasedir | Op::Destroy => reply.ok(),
@@ -723,7 +727,7 @@ impl Handler for ZlogFuse {
             }
             Op::Getxattr { name, size } => match self.fs.getxattr(ino, name) {
                 Ok(v) => Self::xattr(&v, size, reply),
-                Err(e) => reply.error(errno(e)),
+                Err(e) => reply.error(reply_errno(e)),
             },
             Op::Listxattr { size } => match self.fs.listxattr(ino) {
                 Ok(names) => {
@@ -734,7 +738,7 @@ impl Handler for ZlogFuse {
                     }
                     Self::xattr(&v, size, reply)
                 }
-                Err(e) => reply.error(errno(e)),
+                Err(e) => reply.error(reply_errno(e)),
             },
             Op::Removexattr { name } => empty(self.fs.removexattr(ino, name), reply),
             Op::Opendir => {
@@ -752,7 +756,7 @@ impl Handler for ZlogFuse {
                         reply.data(&b)
                     }
                     Ok(_) => reply.error(libc::ENOTDIR),
-                    Err(e) => reply.error(errno(e)),
+                    Err(e) => reply.error(reply_errno(e)),
                 }
             }
             Op::Readdir { offset, size, plus } => self.readdir(ino, offset, size, plus, reply),
@@ -769,7 +773,7 @@ impl Handler for ZlogFuse {
                         abi::put_open(&mut b, OPEN_FLAGS);
                         reply.data(&b)
                     }
-                    Err(e) => reply.error(errno(e)),
+                    Err(e) => reply.error(reply_errno(e)),
                 }
             }
             Op::Fallocate { offset, length, mode } => {
@@ -796,7 +800,7 @@ impl Handler for ZlogFuse {
                 }
                 match self.fs.lseek(ino, offset, data) {
                     Ok(o) => reply.data(&abi::lseek_out(o)),
-                    Err(e) => reply.error(errno(e)),
+                    Err(e) => reply.error(reply_errno(e)),
                 }
             }
             Op::CopyFileRange { off_in, ino_out, off_out, len } => {

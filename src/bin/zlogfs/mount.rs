@@ -7,10 +7,10 @@ use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use zlogfs::engine;
 use zlogfs::engine::Options;
 use zlogfs::frontends::fuse::{self, MountOptions, Uring};
 use zlogfs::fs::{Atime, Fs, FsOptions, SyncMode};
-use zlogfs::{engine, Error};
 
 use super::Res;
 
@@ -189,7 +189,7 @@ fn open_for_mount(image: &Path, p: &Parsed) -> Result<Fs, String> {
         patches: p.patches,
         ..FsOptions::default()
     };
-    Fs::open(Arc::new(f), opts).map_err(|e: Error| format!("{}: {e}", image.display()))
+    Fs::open(Arc::new(f), opts).map_err(|e: zlogfs::fs::Error| format!("{}: {e}", image.display()))
 }
 
 /// `zlogfs mount IMAGE DIR [-o OPTS] [-f]`.
