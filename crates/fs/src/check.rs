@@ -2,8 +2,13 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use super::*;
-use zlogfs_engine::codec::{encode, raw_reason};
+use zlogfs_engine::codec::{encode, raw_reason, CodecId, CodecSpec};
+use zlogfs_engine::log::format::BlockAddr;
+
+use crate::error::Result;
+use crate::keys::*;
+use crate::namespace::{check_name, name_str};
+use crate::Fs;
 
 /// What [`Fs::check`] found.
 #[derive(Debug, Clone, Default)]
@@ -163,12 +168,15 @@ impl Fs {
                 bad(&mut rep, format!("malformed inode key {k:02x?}"));
                 continue;
             };
-            match Inode::decode(ino, &v, st.cfg.base_sec, |id| st.triple_ids.get(&id).copied()) {
+            match Inode::decode(ino, &v, st.group.cfg().base_sec, |id| st.group.triple(id)) {
                 Ok(i) => {
-                    if ino >= st.cfg.next_ino {
+                    if ino >= st.group.cfg().next_ino {
                         bad(
                             &mut rep,
-                            format!("inode {ino} is not below the next inode number {}", st.cfg.next_ino),
+                            format!(
+                                "inode {ino} is not below the next inode number {}",
+                                st.group.cfg().next_ino
+                            ),
                         );
                     }
                     inodes.insert(ino, i);
@@ -368,12 +376,12 @@ impl Fs {
                 }
             }
         }
-        if reserved != st.counters.reserved {
+        if reserved != st.group.counters().reserved {
             bad(
                 &mut rep,
                 format!(
                     "chunks reserve {reserved} bytes, the counters {} (free space is off by the difference)",
-                    st.counters.reserved
+                    st.group.counters().reserved
                 ),
             );
         }
@@ -556,8 +564,12 @@ impl Fs {
         let tree = self.du(ROOT)?;
         let mut st = self.st();
         st.commit()?;
-        let mut u =
-            Usage { tree, triples: st.triple_ids.len() as u64, counters: st.counters, ..Usage::default() };
+        let mut u = Usage {
+            tree,
+            triples: st.group.triple_count() as u64,
+            counters: *st.group.counters(),
+            ..Usage::default()
+        };
         let (lo, hi) = inodes_range();
         let mut block = Vec::new();
         let spec = CodecSpec::new(CodecId::Zstd, 3);

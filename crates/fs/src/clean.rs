@@ -14,10 +14,15 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use super::data::{shown, shows};
-use super::*;
 use zlogfs_engine::engine::{Room, SegBlock};
-use zlogfs_engine::log::format::BlockKind;
+use zlogfs_engine::log::format::{BlockAddr, BlockKind};
+
+use crate::error::{Error, Result};
+use crate::keys::*;
+use crate::patch::{shown, shows};
+use crate::pending::Pending;
+use crate::state::State;
+use crate::Fs;
 
 /// What [`Fs::clean`] may do.
 #[derive(Debug, Clone)]
@@ -117,7 +122,7 @@ impl Fs {
 
 impl Fs {
     /// Setting [`XATTR_CLEAN`] on the root: clean, keep the report.
-    pub(super) fn clean_by_xattr(&self, ino: Ino, value: &[u8]) -> Result<()> {
+    pub(crate) fn clean_by_xattr(&self, ino: Ino, value: &[u8]) -> Result<()> {
         if ino != ROOT {
             return Err(Error::invalid("user.zlogfs.clean is set on the root directory only"));
         }
@@ -164,16 +169,14 @@ impl State {
     /// or counts without the bytes written. So the cleaner works on the
     /// committed tree, and leaves alone the chunks whose records those
     /// operations changed (they are moved by a later round).
-    pub(super) fn clean_round(
+    pub(crate) fn clean_round(
         &mut self,
         opts: &CleanOptions,
         rep: &mut CleanReport,
         tried: &mut HashSet<u32>,
     ) -> Result<bool> {
-        let stash = std::mem::take(&mut self.dirty);
-        let held = if stash.is_empty() { Pending::default() } else { std::mem::take(&mut self.pend) };
-        self.dirty_bytes = 0;
-        self.dirty_chunks = 0;
+        let stash = self.bufs.take_all();
+        let held = if stash.is_empty() { Pending::default() } else { self.group.take_pending() };
         self.cleaning = true;
         let r = self.clean_round_inner(opts, rep, tried, &held);
         self.cleaning = false;
@@ -183,15 +186,11 @@ impl State {
         // Kept, they joined the writers' group: on a full image, 425
         // moved chunks counted 27 MB against a group that then could not
         // be stored, and every later change failed with it.
-        self.dirty.clear();
+        self.bufs.clear();
         // The writers' changes are newer than anything the cleaner loaded
         // and did not get to store (after an error).
-        self.pend.absorb(held);
-        for (ino, chunks) in stash {
-            self.dirty.entry(ino).or_default().extend(chunks);
-        }
-        self.dirty_chunks = self.dirty.values().map(|m| m.len()).sum();
-        self.dirty_bytes = self.dirty_chunks * self.cfg.chunk_size as usize;
+        self.group.absorb(held);
+        self.bufs.restore(stash);
         r
     }
 
@@ -203,7 +202,7 @@ impl State {
     /// something was committed since (a delete or an overwrite may have
     /// made dead space): a full file system answers ENOSPC at once instead
     /// of copying the same data around for every write it refuses.
-    pub(super) fn clean_for(&mut self, need: u64) -> Result<()> {
+    pub(crate) fn clean_for(&mut self, need: u64) -> Result<()> {
         if self.futile_at == Some(self.stats.commits) {
             return Ok(());
         }
@@ -300,7 +299,7 @@ impl State {
         if ok.is_empty() {
             return Ok(true);
         }
-        self.epoch += 1;
+        self.cache.moved();
         let r = self.eng.reclaim(&ok)?;
         // Every block moved out was released, and its cached copy with it;
         // a leaked one was not. Its address will hold another block.
@@ -459,7 +458,7 @@ impl State {
 
     /// After buffering a moved chunk: commit when the buffers are full.
     fn relocated(&mut self) -> Result<()> {
-        if self.dirty_bytes >= (64 << 20).min(self.dirty_limit) || self.group_full() {
+        if self.bufs.bytes() >= (64 << 20).min(self.bufs.limit()) || self.group_full() {
             self.commit_as(Room::Relieve)?;
         }
         Ok(())

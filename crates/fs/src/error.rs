@@ -120,48 +120,63 @@ impl Error {
     pub(crate) fn not_found(m: impl Into<String>) -> Self {
         Error::NotFound(m.into())
     }
+
     pub(crate) fn exists(m: impl Into<String>) -> Self {
         Error::Exists(m.into())
     }
+
     pub(crate) fn not_empty(m: impl Into<String>) -> Self {
         Error::NotEmpty(m.into())
     }
+
     pub(crate) fn not_dir(m: impl Into<String>) -> Self {
         Error::NotDir(m.into())
     }
+
     pub(crate) fn is_dir(m: impl Into<String>) -> Self {
         Error::IsDir(m.into())
     }
+
     pub(crate) fn name_too_long(m: impl Into<String>) -> Self {
         Error::NameTooLong(m.into())
     }
+
     pub(crate) fn invalid(m: impl Into<String>) -> Self {
         Error::Invalid(m.into())
     }
+
     pub(crate) fn file_too_big(m: impl Into<String>) -> Self {
         Error::FileTooBig(m.into())
     }
+
     pub(crate) fn too_many_links(m: impl Into<String>) -> Self {
         Error::TooManyLinks(m.into())
     }
+
     pub(crate) fn no_attr(m: impl Into<String>) -> Self {
         Error::NoAttr(m.into())
     }
+
     pub(crate) fn out_of_range(m: impl Into<String>) -> Self {
         Error::OutOfRange(m.into())
     }
+
     pub(crate) fn value_too_big(m: impl Into<String>) -> Self {
         Error::ValueTooBig(m.into())
     }
+
     pub(crate) fn past_end(m: impl Into<String>) -> Self {
         Error::PastEnd(m.into())
     }
+
     pub(crate) fn not_supported(m: impl Into<String>) -> Self {
         Error::NotSupported(m.into())
     }
+
     pub(crate) fn not_permitted(m: impl Into<String>) -> Self {
         Error::NotPermitted(m.into())
     }
+
     pub(crate) fn read_only(m: impl Into<String>) -> Self {
         Error::ReadOnly(m.into())
     }

@@ -1,0 +1,256 @@
+//! Buffering writes: loading a stored chunk into a buffer (whole, or only
+//! the patch blocks a write covers in part), writing into it, and handing
+//! full chunks to compression ahead.
+
+use crate::buffers::Buf;
+use crate::error::{Error, Result};
+use crate::keys::*;
+use crate::patch::{is_marked, mark, runs_of};
+use crate::state::State;
+
+/// How a chunk is loaded into a new buffer.
+#[derive(Clone, Copy)]
+enum Load {
+    /// Whole, to be stored whole.
+    Whole,
+    /// Whole, tracking the blocks written (they may become patches).
+    Track,
+    /// Only the blocks written, tracked (`Buf::partial`).
+    Partial,
+}
+
+impl State {
+    /// The buffer of a chunk, loading its stored content first; it will be
+    /// stored whole.
+    pub(crate) fn dirty_mut(&mut self, ino: Ino, idx: u64) -> Result<&mut Vec<u8>> {
+        let b = self.dirty_buf(ino, idx, false)?;
+        b.touched = None;
+        Ok(b.data_mut())
+    }
+
+    /// The buffer of a chunk, loading its stored content first (then, with
+    /// `track`, tracking the blocks written, so that the commit may store
+    /// only those).
+    fn dirty_buf(&mut self, ino: Ino, idx: u64, track: bool) -> Result<&mut Buf> {
+        self.complete(ino, idx)?;
+        if self.bufs.get(ino, idx).is_none() {
+            let e = self.stored_extent(ino, idx)?;
+            self.insert_buf(ino, idx, e, if track { Load::Track } else { Load::Whole })?;
+        }
+        Ok(self.bufs.get_mut(ino, idx).expect("just inserted"))
+    }
+
+    /// Buffer chunk `idx`, stored as `e`, loaded as `load` says (a chunk
+    /// not stored in a block is always loaded whole and not tracked).
+    fn insert_buf(&mut self, ino: Ino, idx: u64, e: Option<Extent>, load: Load) -> Result<()> {
+        let words = (self.group.cfg().chunk_size / PATCH_BLOCK).div_ceil(64) as usize;
+        let buf = match e {
+            Some(e @ (Extent::Own(..) | Extent::Shared { .. } | Extent::Patched { .. })) => match load {
+                Load::Partial => Buf::new(vec![0; e.len() as usize], Some(vec![0; words]), true),
+                Load::Track => Buf::new(self.extent_bytes(ino, idx, &e)?, Some(vec![0; words]), false),
+                Load::Whole => Buf::new(self.extent_bytes(ino, idx, &e)?, None, false),
+            },
+            Some(Extent::Reserved(len)) => {
+                // The chunk is written now: its reservation becomes this
+                // buffer (counted in the buffers' bytes from here on), and the
+                // record goes, as a hole's would have none.
+                self.release(ino, idx, &Extent::Reserved(len))?;
+                self.del(extent_key(ino, idx));
+                Buf::new(vec![0; len as usize], None, false)
+            }
+            Some(e) => Buf::new(self.extent_bytes(ino, idx, &e)?, None, false),
+            None => Buf::new(Vec::new(), None, false),
+        };
+        self.bufs.insert(ino, idx, buf);
+        Ok(())
+    }
+
+    /// Copy the stored chunk's bytes of `ranges` into its partial buffer.
+    fn fill_partial(&mut self, ino: Ino, idx: u64, ranges: &[(usize, usize)]) -> Result<()> {
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        let e = self.stored_extent(ino, idx)?.ok_or_else(|| {
+            Error::corrupt(format!("chunk {idx} of inode {ino}"), "a partial buffer but no record")
+        })?;
+        let mut bytes = Vec::new();
+        for &(lo, hi) in ranges {
+            bytes.clear();
+            self.copy_extent(ino, idx, &e, lo, hi, &mut bytes)?;
+            self.bufs.get_mut(ino, idx).expect("buffered").data_mut()[lo..hi].copy_from_slice(&bytes);
+        }
+        Ok(())
+    }
+
+    /// Make a partial buffer whole: the stored chunk, with the buffer's
+    /// touched blocks over it.
+    pub(crate) fn complete(&mut self, ino: Ino, idx: u64) -> Result<()> {
+        let Some(mut b) = self.bufs.remove(ino, idx) else {
+            return Ok(());
+        };
+        let r = self.complete_buf(ino, idx, &mut b);
+        self.bufs.insert(ino, idx, b);
+        r
+    }
+
+    pub(crate) fn complete_buf(&mut self, ino: Ino, idx: u64, b: &mut Buf) -> Result<()> {
+        if !b.partial {
+            return Ok(());
+        }
+        let runs = runs_of(b.touched.as_deref().unwrap_or(&[]), self.group.cfg().chunk_size / PATCH_BLOCK);
+        let e = self.stored_extent(ino, idx)?.ok_or_else(|| {
+            Error::corrupt(format!("chunk {idx} of inode {ino}"), "a partial buffer but no record")
+        })?;
+        let mut full = self.extent_bytes(ino, idx, &e)?;
+        full.resize(b.data().len(), 0);
+        for (lo, hi) in spans(&runs, b.data().len() as u64) {
+            full[lo as usize..hi as usize].copy_from_slice(&b.data()[lo as usize..hi as usize]);
+        }
+        *b.data_mut() = full;
+        b.partial = false;
+        Ok(())
+    }
+
+    /// The buffer for a write of `[from, from + n)` of a chunk. With
+    /// patches on, a stored chunk is not read whole: the buffer is partial,
+    /// and only the blocks the write covers in part are read.
+    fn write_buf(&mut self, ino: Ino, idx: u64, from: usize, n: usize) -> Result<&mut Buf> {
+        if self.bufs.get(ino, idx).is_none() {
+            let e = self.stored_extent(ino, idx)?;
+            let load = match (self.patches, self.cleaning) {
+                (true, false) => Load::Partial,
+                (true, true) => Load::Track,
+                (false, _) => Load::Whole,
+            };
+            self.insert_buf(ino, idx, e, load)?;
+        }
+        let b = self.bufs.get(ino, idx).expect("buffered");
+        if !b.partial {
+            return self.dirty_buf(ino, idx, self.patches);
+        }
+        // Blocks the write covers only in part, not yet in the buffer:
+        // their stored bytes first.
+        let pb = PATCH_BLOCK as usize;
+        let mut need = Vec::new();
+        for blk in [from / pb, (from + n).saturating_sub(1) / pb] {
+            let (lo, hi) = (blk * pb, ((blk + 1) * pb).min(b.data().len()));
+            let whole = from <= lo && from + n >= hi;
+            let had = b.touched.as_deref().is_some_and(|t| is_marked(t, blk));
+            if lo < hi && !whole && !had && !need.contains(&(lo, hi)) {
+                need.push((lo, hi));
+            }
+        }
+        self.fill_partial(ino, idx, &need)?;
+        Ok(self.bufs.get_mut(ino, idx).expect("buffered"))
+    }
+
+    /// For the cleaner: store the blocks `runs` of a stored chunk again,
+    /// as a patch holding the chunk's current bytes there, so that the
+    /// block of the patch that covered them can be freed without
+    /// rewriting the whole chunk. A chunk already buffered whole is left
+    /// as it is (it is stored whole).
+    pub(crate) fn move_patch(&mut self, ino: Ino, idx: u64, runs: &[(u32, u32)]) -> Result<()> {
+        if self.bufs.get(ino, idx).is_none() {
+            // Read only the blocks moved (a partial buffer).
+            let e = self.stored_extent(ino, idx)?;
+            if e.is_none() {
+                return Err(Error::corrupt(
+                    format!("chunk {idx} of inode {ino}"),
+                    "moved but it has no record",
+                ));
+            }
+            self.insert_buf(ino, idx, e, if self.cleaning { Load::Partial } else { Load::Track })?;
+        }
+        let b = self.bufs.get(ino, idx).expect("buffered");
+        if b.partial {
+            let len = b.data().len() as u64;
+            let ranges: Vec<(usize, usize)> =
+                spans(runs, len).map(|(lo, hi)| (lo as usize, hi as usize)).collect();
+            self.fill_partial(ino, idx, &ranges)?;
+        }
+        if let Some(t) = &mut self.bufs.get_mut(ino, idx).expect("buffered").touched {
+            for &(s, n) in runs {
+                mark(t, s as usize..(s + n) as usize);
+            }
+        }
+        Ok(())
+    }
+
+    /// Forget a buffered chunk; returns its length.
+    pub(crate) fn drop_dirty(&mut self, ino: Ino, idx: u64) -> Option<usize> {
+        self.bufs.remove(ino, idx).map(|b| b.data().len())
+    }
+
+    /// Bytes of a write of `len` at `off` that need room of their own: not
+    /// those that land in a buffered chunk (counted whole already) or in
+    /// a chunk's reservation (its room was set aside by fallocate).
+    pub(crate) fn fresh_bytes(&self, ino: Ino, off: u64, len: usize) -> Result<usize> {
+        let cs = self.cs();
+        let end = off.saturating_add(len as u64);
+        let mut fresh = 0u64;
+        let mut pos = off;
+        while pos < end {
+            let idx = pos / cs;
+            let to = end.min((idx + 1) * cs);
+            if self.bufs.get(ino, idx).is_none() {
+                let reserved = match self.group.counters().reserved {
+                    0 => 0,
+                    _ => match self.stored_extent(ino, idx)? {
+                        Some(Extent::Reserved(n)) => idx * cs + u64::from(n),
+                        _ => 0,
+                    },
+                };
+                fresh += to - pos.max(reserved.min(to));
+            }
+            pos = to;
+        }
+        Ok(fresh as usize)
+    }
+
+    /// Write `data` at `off`, growing the size; times are the caller's.
+    pub(crate) fn write_data(&mut self, i: &mut Inode, off: u64, data: &[u8]) -> Result<()> {
+        let cs = self.cs();
+        let mut pos = 0usize;
+        while pos < data.len() {
+            let at = off + pos as u64;
+            let idx = at / cs;
+            let from = (at - idx * cs) as usize;
+            let n = (cs as usize - from).min(data.len() - pos);
+            // Blocks are tracked only when they may become patches.
+            let b = self.write_buf(i.ino, idx, from, n)?;
+            if let Some(t) = &mut b.touched {
+                let pb = PATCH_BLOCK as usize;
+                mark(t, from / pb..(from + n).div_ceil(pb));
+            }
+            let buf = b.data_mut();
+            let old = buf.len();
+            if buf.len() < from + n {
+                buf.resize(from + n, 0);
+            }
+            buf[from..from + n].copy_from_slice(&data[pos..pos + n]);
+            let grown = buf.len() - old;
+            i.alloc += grown as u64;
+            pos += n;
+            if from + n == cs as usize {
+                // A write that reaches a chunk's end: the writer is likely
+                // done with it.
+                self.compress_ahead(i, idx);
+            }
+        }
+        if !data.is_empty() {
+            i.size = i.size.max(off + data.len() as u64);
+        }
+        self.stats.bytes_written += data.len() as u64;
+        self.group.counters_mut().user_bytes += data.len() as u64;
+        Ok(())
+    }
+
+    /// Compress chunk `idx` of `i` on the pool now, with the file's codec
+    /// ([`crate::buffers::Buffers::compress_ahead`]), unless the cleaner
+    /// runs.
+    fn compress_ahead(&mut self, i: &Inode, idx: u64) {
+        if !self.cleaning {
+            self.bufs.compress_ahead(i.ino, idx, i.policy.unwrap_or(self.group.cfg().codec));
+        }
+    }
+}

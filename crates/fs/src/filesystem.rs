@@ -1,0 +1,227 @@
+//! An open file system ([`Fs`]): opening (recovery, orphans), commit,
+//! sync and close, and making one ([`mkfs`]). The operations are in
+//! [`crate::namespace`], [`crate::files`] and [`crate::xattr`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use zlogfs_engine::engine::{self, Engine, Options, WriteBatch};
+use zlogfs_engine::log::max_block_raw;
+use zlogfs_engine::store::Store;
+
+use crate::buffers::Buffers;
+use crate::cache::BlockCache;
+use crate::error::{Error, Result};
+use crate::group::Group;
+use crate::keys::*;
+use crate::state::State;
+use crate::{lock, worker, Atime, FsOptions, FsStats, MkfsOptions, SyncMode};
+
+/// What the file system's handle and its commit thread share.
+pub(crate) struct Inner {
+    pub(crate) st: Mutex<State>,
+    pub(crate) stop: Mutex<bool>,
+    pub(crate) wake: Condvar,
+}
+
+/// An open file system.
+pub struct Fs {
+    inner: Arc<Inner>,
+    pub(crate) eng: Arc<Engine>,
+    worker: Option<JoinHandle<()>>,
+    sync_mode: SyncMode,
+}
+
+/// The coarse clock of timestamps: wall time truncated to milliseconds
+/// (Linux's own file times come from a clock of 1-10 ms granularity).
+pub fn now() -> Time {
+    let t = Time::from_system(std::time::SystemTime::now());
+    Time { sec: t.sec, nsec: t.nsec / 1_000_000 * 1_000_000 }
+}
+
+/// Make an empty file system on `store`: the engine's format plus the
+/// config record and the root directory.
+pub fn mkfs(store: Arc<dyn Store>, o: &MkfsOptions) -> Result<()> {
+    let max = max_block_raw(store.geometry()) as u32;
+    if !o.chunk_size.is_power_of_two() || o.chunk_size < 4096 || o.chunk_size > (1 << 20) {
+        return Err(Error::Invalid(format!(
+            "chunk size {} is not a power of two from 4 KiB to 1 MiB",
+            o.chunk_size
+        )));
+    }
+    if o.chunk_size > max || o.pack_bytes > max {
+        return Err(Error::Invalid(format!(
+            "chunk size {} or pack size {} exceeds the largest block of this segment size ({max})",
+            o.chunk_size, o.pack_bytes
+        )));
+    }
+    if o.inline_max > 4096 {
+        return Err(Error::Invalid(format!("inline limit {} exceeds 4096", o.inline_max)));
+    }
+    engine::mkfs(store.clone())?;
+    let eng = Engine::open(store, Options { background: false, ..Options::default() })?;
+    let t = now();
+    let cfg = Config {
+        chunk_size: o.chunk_size,
+        pack_bytes: o.pack_bytes.max(o.chunk_size),
+        inline_max: o.inline_max,
+        codec: o.codec.normalized(),
+        base_sec: t.sec,
+        next_ino: ROOT + 1,
+        next_triple: 1,
+        version: 1,
+    };
+    let root = Inode {
+        ino: ROOT,
+        mode: 0o040755,
+        uid: o.root_uid,
+        gid: o.root_gid,
+        nlink: 2,
+        size: 0,
+        alloc: 0,
+        rdev: 0,
+        atime: t,
+        mtime: t,
+        ctime: t,
+        btime: t,
+        parent: ROOT,
+        policy: None,
+    };
+    let mut b = WriteBatch::new();
+    b.put(config_key(), cfg.encode());
+    b.put(triple_key(0), encode_triple(root.triple()));
+    b.put(inode_key(ROOT), root.encode(0, cfg.base_sec));
+    eng.write_sync(&b)?;
+    Ok(eng.close()?)
+}
+
+impl Fs {
+    /// Open the file system on `store`, recovering it to its last durable
+    /// state and finishing deletes and truncations a crash interrupted.
+    pub fn open(store: Arc<dyn Store>, opts: FsOptions) -> Result<Fs> {
+        let eng_opts = Options { read_only: opts.read_only || opts.engine.read_only, ..opts.engine.clone() };
+        let eng = Arc::new(Engine::open(store, eng_opts)?);
+        let group = Group::open(&eng)?;
+        let space_hint = eng.free_bytes().saturating_sub(group.counters().reserved);
+        let st = State {
+            eng: eng.clone(),
+            bufs: Buffers::new(group.cfg().chunk_size, opts.dirty_bytes),
+            group,
+            cache: BlockCache::new(opts.cache_bytes),
+            open: HashMap::new(),
+            atime: if opts.read_only { Atime::Noatime } else { opts.atime },
+            diratime: opts.diratime,
+            read_only: opts.read_only,
+            patches: opts.patches,
+            stats: FsStats::default(),
+            space_hint,
+            cleaning: false,
+            last_clean: None,
+            futile_at: None,
+        };
+        let inner = Arc::new(Inner { st: Mutex::new(st), stop: Mutex::new(false), wake: Condvar::new() });
+        if !opts.read_only {
+            let mut st = lock(&inner.st);
+            st.finish_orphans()?;
+            st.commit()?;
+            eng.sync()?;
+        }
+        let worker = opts.commit_interval.map(|iv| {
+            let w = Arc::downgrade(&inner);
+            let e = eng.clone();
+            std::thread::Builder::new()
+                .name("zlogfs-commit".into())
+                .spawn(move || worker::commit_loop(w, e, iv))
+                .expect("spawning the commit thread")
+        });
+        Ok(Fs { inner, eng, worker, sync_mode: opts.sync })
+    }
+
+    pub(crate) fn st(&self) -> MutexGuard<'_, State> {
+        lock(&self.inner.st)
+    }
+
+    /// The engine underneath.
+    pub fn engine(&self) -> &Engine {
+        &self.eng
+    }
+
+    /// The config record.
+    pub fn config(&self) -> Config {
+        self.st().group.cfg().clone()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> FsStats {
+        self.st().stats.clone()
+    }
+
+    /// Mend the damage the engine worked around at open (a superblock
+    /// read from its copy, runs with a rebuilt index or no filter): what
+    /// it was. EROFS on a read-only file system.
+    pub fn repair(&self) -> Result<Vec<String>> {
+        let mut st = self.st();
+        if st.read_only {
+            return Err(Error::read_only("the file system is open read-only: nothing can be repaired"));
+        }
+        st.commit()?;
+        drop(st);
+        self.eng.sync()?;
+        Ok(self.eng.repair()?)
+    }
+
+    /// Write the current group to the log (not synced).
+    pub fn commit(&self) -> Result<()> {
+        self.st().commit()
+    }
+
+    /// Commit and make everything durable (syncfs).
+    pub fn sync(&self) -> Result<()> {
+        self.st().commit()?;
+        Ok(self.eng.sync()?)
+    }
+
+    /// After an operation that succeeded: sync if the [`SyncMode`] asks
+    /// for it (`dir`: the operation changed a directory).
+    pub(crate) fn synced<T>(&self, r: Result<T>, dir: bool) -> Result<T> {
+        let v = r?;
+        match self.sync_mode {
+            SyncMode::All => self.sync()?,
+            SyncMode::Dirs if dir => self.sync()?,
+            _ => {}
+        }
+        Ok(v)
+    }
+
+    /// fsync/fdatasync of one file: this file system commits whole groups,
+    /// so this is [`Fs::sync`].
+    pub fn fsync(&self, _ino: Ino, _datasync: bool) -> Result<()> {
+        self.sync()
+    }
+
+    /// Commit, sync, flush the index and checkpoint ([`Engine::settle`]),
+    /// and close: the next open replays nothing.
+    pub fn close(mut self) -> Result<()> {
+        self.stop_worker();
+        if self.st().read_only {
+            return Ok(());
+        }
+        self.sync()?;
+        Ok(self.eng.settle()?)
+    }
+
+    fn stop_worker(&mut self) {
+        *lock(&self.inner.stop) = true;
+        self.inner.wake.notify_all();
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+impl Drop for Fs {
+    fn drop(&mut self) {
+        self.stop_worker();
+    }
+}

@@ -1,0 +1,238 @@
+//! The commit group: the index mutations of the operations accepted since
+//! the last commit ([`Pending`]), with the records every group may change
+//! (the config record, the owner/mode triples, the lifetime counters), and
+//! what the group may use of the log's reserve.
+//!
+//! A group is written as ONE engine batch ([`Group::seal`]); until then
+//! reads see its mutations over the engine's ([`Group::get`]).
+
+use std::collections::HashMap;
+
+use zlogfs_engine::engine::{Engine, Room, WriteBatch};
+use zlogfs_engine::log::format::BlockAddr;
+use zlogfs_engine::log::max_block_raw;
+
+use crate::error::{Error, Result};
+use crate::keys::*;
+use crate::pending::Pending;
+
+/// The group and the records it carries.
+pub(crate) struct Group {
+    pend: Pending,
+    cfg: Config,
+    /// `cfg` changed since it was last put in a group.
+    cfg_dirty: bool,
+    /// (uid, gid, mode) triples by value and by id, all of them (a few
+    /// hundred on real trees): inodes store the id.
+    triples: HashMap<(u32, u32, u32), u32>,
+    triple_ids: HashMap<u32, (u32, u32, u32)>,
+    /// Lifetime counters, as of the last committed group plus this one.
+    counters: Counters,
+    /// Counters as last committed.
+    saved: Counters,
+    /// Engine device bytes when `counters.device_bytes` was last updated.
+    dev_seen: u64,
+    /// The group holds changes other than removals (new inodes, names,
+    /// xattrs, attribute and time changes, atime updates): it may not use
+    /// the part of the log's reserve that deletes and the cleaner may use.
+    grew: bool,
+    /// Commit when the group's estimated journal bytes pass this.
+    max_bytes: usize,
+}
+
+impl Group {
+    /// The group of a file system opened on `eng`: its config record,
+    /// triples and counters read, nothing pending.
+    pub(crate) fn open(eng: &Engine) -> Result<Group> {
+        let cfg = match eng.get(&config_key())? {
+            Some(v) => Config::decode(&v)?,
+            None => {
+                return Err(Error::Engine(zlogfs_engine::Error::NotAnImage(
+                    "the image has a zlogfs engine but no file system in it (run zlogfs mkfs)".into(),
+                )))
+            }
+        };
+        let mut triples = HashMap::new();
+        let mut triple_ids = HashMap::new();
+        for (k, v) in eng.scan(&triple_key(0), Some(&triples_end()), usize::MAX)? {
+            let id = triple_id(&k).ok_or_else(|| Error::corrupt("triple key", format!("{k:02x?}")))?;
+            let t = decode_triple(&v)?;
+            triples.insert(t, id);
+            triple_ids.insert(id, t);
+        }
+        let counters = match eng.get(&counters_key())? {
+            Some(v) => Counters::decode(&v)?,
+            None => Counters::default(),
+        };
+        Ok(Group {
+            pend: Pending::default(),
+            cfg,
+            cfg_dirty: false,
+            triples,
+            triple_ids,
+            counters,
+            saved: counters,
+            dev_seen: eng.device_bytes_written(),
+            grew: false,
+            max_bytes: max_block_raw(eng.superblock().geometry) / 2,
+        })
+    }
+
+    /// The pending value of `key`: None when untouched, Some(None) when
+    /// deleted.
+    pub(crate) fn get(&self, key: &[u8]) -> Option<Option<&[u8]>> {
+        self.pend.get(key)
+    }
+
+    pub(crate) fn put(&mut self, key: Vec<u8>, val: Vec<u8>) {
+        self.pend.put(key, val);
+    }
+
+    pub(crate) fn del(&mut self, key: Vec<u8>) {
+        self.pend.del(key);
+    }
+
+    /// Release (part of) a data block when the group commits.
+    pub(crate) fn free(&mut self, a: BlockAddr) {
+        self.pend.free(a);
+    }
+
+    /// The mutations, for scans that merge them over the engine's.
+    pub(crate) fn pending(&self) -> &Pending {
+        &self.pend
+    }
+
+    /// Set the mutations aside (a cleaning round works on the committed
+    /// tree); [`Group::absorb`] puts them back.
+    pub(crate) fn take_pending(&mut self) -> Pending {
+        std::mem::take(&mut self.pend)
+    }
+
+    /// Add `later`'s mutations, which win over those pending.
+    pub(crate) fn absorb(&mut self, later: Pending) {
+        self.pend.absorb(later);
+    }
+
+    /// Estimated journal bytes of the group.
+    pub(crate) fn bytes(&self) -> usize {
+        self.pend.bytes
+    }
+
+    /// Nothing to commit: no mutation, no config change.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.pend.is_empty() && !self.cfg_dirty
+    }
+
+    /// Estimated journal bytes past which the group is committed.
+    pub(crate) fn max_bytes(&self) -> usize {
+        self.max_bytes
+    }
+
+    pub(crate) fn cfg(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Bytes of file data per chunk.
+    pub(crate) fn chunk_size(&self) -> u64 {
+        u64::from(self.cfg.chunk_size)
+    }
+
+    /// The triple of id `id`.
+    pub(crate) fn triple(&self, id: u32) -> Option<(u32, u32, u32)> {
+        self.triple_ids.get(&id).copied()
+    }
+
+    /// Triples known.
+    pub(crate) fn triple_count(&self) -> usize {
+        self.triple_ids.len()
+    }
+
+    /// The id of triple `t`, a new one (its record in the group) if it has
+    /// none.
+    pub(crate) fn triple_id(&mut self, t: (u32, u32, u32)) -> u32 {
+        if let Some(&id) = self.triples.get(&t) {
+            return id;
+        }
+        let id = self.cfg.next_triple;
+        self.cfg.next_triple += 1;
+        self.cfg_dirty = true;
+        self.triples.insert(t, id);
+        self.triple_ids.insert(id, t);
+        self.put(triple_key(id), encode_triple(t));
+        id
+    }
+
+    /// A new inode number.
+    pub(crate) fn alloc_ino(&mut self) -> Ino {
+        self.grew = true;
+        let i = self.cfg.next_ino;
+        self.cfg.next_ino += 1;
+        self.cfg_dirty = true;
+        i
+    }
+
+    /// Record that the image holds records of fs version `v` (older
+    /// builds then refuse it instead of misreading them).
+    pub(crate) fn mark_version(&mut self, v: u8) {
+        if self.cfg.version < v {
+            self.cfg.version = v;
+            self.cfg_dirty = true;
+        }
+    }
+
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    pub(crate) fn counters_mut(&mut self) -> &mut Counters {
+        &mut self.counters
+    }
+
+    /// The group holds changes other than removals.
+    pub(crate) fn grew(&self) -> bool {
+        self.grew
+    }
+
+    /// Note a change other than a removal.
+    pub(crate) fn set_grew(&mut self) {
+        self.grew = true;
+    }
+
+    /// The group as one engine batch allowed `room` of the reserve, with
+    /// the config record and counters if they changed (`dev_written`: the
+    /// engine's device bytes now); None when nothing is pending.
+    pub(crate) fn seal(&mut self, dev_written: u64, room: Room) -> Option<WriteBatch> {
+        if self.cfg_dirty {
+            let v = self.cfg.encode();
+            self.put(config_key(), v);
+            self.cfg_dirty = false;
+        }
+        if self.pend.is_empty() {
+            return None;
+        }
+        self.counters.device_bytes += dev_written.saturating_sub(self.dev_seen);
+        self.dev_seen = dev_written;
+        if self.counters != self.saved {
+            self.put(counters_key(), self.counters.encode());
+        }
+        let mut b = WriteBatch::new();
+        b.room = room;
+        for (k, v) in &self.pend.map {
+            match v {
+                Some(v) => b.put(k.clone(), v.clone()),
+                None => b.delete(k.clone()),
+            };
+        }
+        for a in &self.pend.frees {
+            b.free(*a);
+        }
+        Some(b)
+    }
+
+    /// The sealed batch was written: a new, empty group.
+    pub(crate) fn committed(&mut self) {
+        self.pend = Pending::default();
+        self.grew = false;
+        self.saved = self.counters;
+    }
+}

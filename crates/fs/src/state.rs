@@ -1,0 +1,169 @@
+//! The state behind the file system's lock, and the records it reads
+//! and writes: the parts, each owning its fields ([`Group`], [`Buffers`],
+//! [`BlockCache`]), and the policy and counters the operations share. The
+//! operations' code lies by job in [`crate::namespace`], [`crate::files`],
+//! [`crate::xattr`], [`crate::data`], [`crate::commit`] and
+//! [`crate::clean`], each an `impl State` over these parts.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use zlogfs_engine::engine::Engine;
+
+use crate::buffers::Buffers;
+use crate::cache::BlockCache;
+use crate::error::{Error, Result};
+use crate::group::Group;
+use crate::keys::*;
+use crate::{pending, Atime, Attr, CleanReport, FsStats};
+
+/// Mutable state, behind one lock.
+pub(crate) struct State {
+    pub(crate) eng: Arc<Engine>,
+    /// The operations accepted since the last commit.
+    pub(crate) group: Group,
+    /// File data written since the last commit.
+    pub(crate) bufs: Buffers,
+    /// Decompressed blocks.
+    pub(crate) cache: BlockCache,
+    /// Open handles per inode: an inode unlinked while open lives until
+    /// its last handle is released.
+    pub(crate) open: HashMap<Ino, u32>,
+    pub(crate) atime: Atime,
+    pub(crate) diratime: bool,
+    /// Small overwrites may be stored as patches ([`crate::FsOptions::patches`]).
+    pub(crate) patches: bool,
+    /// Nothing may be written ([`crate::FsOptions::read_only`]).
+    pub(crate) read_only: bool,
+    pub(crate) stats: FsStats,
+    /// Free log bytes as of the last commit: buffered data past this is
+    /// committed before a write is accepted, so that a full log gives the
+    /// writer ENOSPC instead of failing a later commit.
+    pub(crate) space_hint: u64,
+    /// A cleaning round is running (its commits do not clean).
+    pub(crate) cleaning: bool,
+    /// The report of the last pass run through [`crate::XATTR_CLEAN`].
+    pub(crate) last_clean: Option<CleanReport>,
+    /// Commits so far when cleaning last failed to make the room a writer
+    /// needed (see `clean_for`).
+    pub(crate) futile_at: Option<u64>,
+}
+
+impl State {
+    pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        match self.group.get(key) {
+            Some(v) => Ok(v.map(|v| v.to_vec())),
+            None => Ok(self.eng.get(key)?),
+        }
+    }
+
+    pub(crate) fn put(&mut self, key: Vec<u8>, val: Vec<u8>) {
+        self.group.put(key, val);
+    }
+
+    pub(crate) fn del(&mut self, key: Vec<u8>) {
+        self.group.del(key);
+    }
+
+    /// Entries of `[lo, hi)`, pending mutations applied, at most `limit`.
+    pub(crate) fn scan(&self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut out = Vec::new();
+        let mut cur = lo.to_vec();
+        let step = limit.clamp(64, 4096);
+        loop {
+            let stored = self.eng.scan(&cur, Some(hi), step)?;
+            let done = stored.len() < step;
+            let next = if done {
+                hi.to_vec()
+            } else {
+                let mut k = stored.last().map(|(k, _)| k.clone()).unwrap_or_default();
+                k.push(0);
+                k
+            };
+            pending::merge_scan(stored, self.group.pending(), &cur, Some(&next), &mut out);
+            if done || out.len() >= limit {
+                break;
+            }
+            cur = next;
+        }
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    pub(crate) fn inode(&self, ino: Ino) -> Result<Inode> {
+        match self.get(&inode_key(ino))? {
+            Some(v) => {
+                let base = self.group.cfg().base_sec;
+                Ok(Inode::decode(ino, &v, base, |id| self.group.triple(id))?)
+            }
+            None => Err(Error::not_found(format!("inode {ino} does not exist"))),
+        }
+    }
+
+    pub(crate) fn save(&mut self, i: &Inode) {
+        let id = self.group.triple_id(i.triple());
+        let v = i.encode(id, self.group.cfg().base_sec);
+        self.put(inode_key(i.ino), v);
+    }
+
+    pub(crate) fn lookup_entry(&self, parent: Ino, name: &[u8]) -> Result<Option<(Ino, Kind)>> {
+        match self.get(&dirent_key(parent, name))? {
+            Some(v) => Ok(Some(decode_dirent(&v)?)),
+            None => Ok(None),
+        }
+    }
+
+    pub(crate) fn dir(&self, ino: Ino) -> Result<Inode> {
+        let i = self.inode(ino)?;
+        if i.kind() != Kind::Dir {
+            return Err(Error::not_dir(format!("inode {ino} is not a directory")));
+        }
+        Ok(i)
+    }
+
+    /// A directory that can take new entries: not removed (a removed
+    /// directory may still be open, but POSIX gives it no new names).
+    pub(crate) fn live_dir(&self, ino: Ino) -> Result<Inode> {
+        let i = self.dir(ino)?;
+        if i.nlink == 0 {
+            return Err(Error::not_found(format!("directory {ino} was removed")));
+        }
+        Ok(i)
+    }
+
+    pub(crate) fn attr(&self, i: &Inode) -> Attr {
+        Attr {
+            ino: i.ino,
+            kind: i.kind(),
+            mode: i.mode,
+            nlink: i.nlink,
+            uid: i.uid,
+            gid: i.gid,
+            rdev: i.rdev,
+            size: i.size,
+            blocks: i.alloc.div_ceil(512),
+            atime: i.atime,
+            mtime: i.mtime,
+            ctime: i.ctime,
+            btime: i.btime,
+            blksize: self.group.cfg().chunk_size,
+        }
+    }
+
+    /// Delete what an orphan record says is left to delete.
+    pub(crate) fn finish_orphans(&mut self) -> Result<()> {
+        let (lo, hi) = orphans_range();
+        loop {
+            let batch = self.scan(&lo, &hi, 64)?;
+            if batch.is_empty() {
+                return Ok(());
+            }
+            for (k, v) in batch {
+                let ino =
+                    parse_orphan_key(&k).ok_or_else(|| Error::corrupt("orphan key", format!("{k:02x?}")))?;
+                let from = zlogfs_engine::bytes::Reader::new(&v, "orphan record").var()?;
+                self.trim_all(ino, from)?;
+            }
+        }
+    }
+}

@@ -1,0 +1,38 @@
+//! Counters of an open file system ([`crate::Fs::stats`]).
+
+/// Counters of the file system layer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FsStats {
+    /// Commits written.
+    pub commits: u64,
+    /// User bytes written through `write`.
+    pub bytes_written: u64,
+    /// Logical bytes of chunks committed.
+    pub chunk_bytes: u64,
+    /// Blocks of packed small files written.
+    pub pack_blocks: u64,
+    /// Chunks stored inline.
+    pub inline_chunks: u64,
+    /// Chunks found all zero and stored as holes.
+    pub zero_chunks: u64,
+    /// Patches written (blocks of a stored chunk written again, stored
+    /// beside it instead of rewriting the chunk).
+    pub patches: u64,
+    /// Stored bytes of blocks written by writers: chunks written whole.
+    pub whole_stored: u64,
+    /// Whole chunks stored from a block compressed ahead, as a write
+    /// filled them (the rest of `whole_stored` was compressed at commit).
+    pub ahead_used: u64,
+    /// Stored bytes of blocks written by writers: packs of small chunks
+    /// and patches.
+    pub pack_stored: u64,
+    /// Stored bytes of blocks the cleaner wrote.
+    pub clean_stored: u64,
+    /// Segments the cleaner freed.
+    pub clean_freed: u64,
+    /// Counted live bytes of the segments the cleaner freed, when picked.
+    pub clean_live: u64,
+    /// atime updates dropped: the log had no room outside the reserve, or
+    /// the commit that would have made room for them failed.
+    pub atime_dropped: u64,
+}
