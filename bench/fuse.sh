@@ -28,6 +28,13 @@
 # every wakeup of a process on the other vCPU is a VM exit, and a FUSE
 # request makes two of them. Every system runs under the same setting;
 # the header of the results names it.
+#
+# BINS="LABEL=PATH ..." measures several zlogfs builds in the same run, in
+# turns within each round (for example the commit before a change and
+# after it: BINS="before=/tmp/old/zlogfs after=target/release/zlogfs"); a
+# column each, and the ratio of the last to the first beside the peers'
+# spread. PEERS="btrfs ext4" (the default) names the other systems; PEERS=
+# leaves them out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -39,6 +46,21 @@ else
     cargo build --release -q
     bin=$PWD/target/release/zlogfs
 fi
+declare -A zbin
+labels=()
+if [ -n "${BINS:-}" ]; then
+    for b in $BINS; do
+        labels+=("${b%%=*}")
+        zbin[${b%%=*}]=$(realpath "${b#*=}")
+    done
+else
+    labels=(zlogfs)
+    zbin[zlogfs]=$bin
+fi
+systems=()
+for l in "${labels[@]}"; do systems+=("z:$l"); done
+peers=${PEERS-btrfs ext4}
+for p in $peers; do systems+=("$p"); done
 tree=${1:-$(linux_tree /var/tmp/zlogfs-bench)}
 name=$(basename "$tree")
 work=$(mktemp -d /var/tmp/zlogfs-fusebench.XXXXXX)
@@ -61,30 +83,31 @@ fi
 now() { date +%s.%N; }
 drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 
+zb() { echo "${zbin[${1#z:}]}"; } # the binary of zlogfs system z:LABEL
 mount_sys() { # system
     case $1 in
-    zlogfs) "$bin" mount "$work/z.img" "$mnt" ;;
+    z:*) "$(zb "$1")" mount "$work/z.img" "$mnt" ;;
     btrfs) mount -o loop,compress=zstd:1 "$work/b.img" "$mnt" ;;
     ext4) mount -o loop "$work/e.img" "$mnt" ;;
     esac
 }
 umount_sys() { # system
     umount "$mnt"
-    if [ "$1" = zlogfs ]; then # the daemon closes the image after the unmount
-        for _ in $(seq 300); do "$bin" stats "$work/z.img" >/dev/null 2>&1 && break; sleep 0.1; done
+    if [ "${1%%:*}" = z ]; then # the daemon closes the image after the unmount
+        for _ in $(seq 300); do "$(zb "$1")" stats "$work/z.img" >/dev/null 2>&1 && break; sleep 0.1; done
     fi
 }
 make_sys() { # system
     rm -f "$work"/*.img
     case $1 in
-    zlogfs) "$bin" mkfs "$work/z.img" --size 16G 2>/dev/null ;;
+    z:*) "$(zb "$1")" mkfs "$work/z.img" --size 16G 2>/dev/null ;;
     btrfs) truncate -s 16G "$work/b.img" && mkfs.btrfs -q "$work/b.img" >/dev/null ;;
     ext4) truncate -s 16G "$work/e.img" && mkfs.ext4 -q "$work/e.img" ;;
     esac
 }
 used() { # system: bytes stored, data and metadata
     case $1 in
-    zlogfs) "$bin" stats "$work/z.img" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["live_bytes"])' ;;
+    z:*) "$(zb "$1")" stats "$work/z.img" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["live_bytes"])' ;;
     btrfs)
         mount_sys btrfs
         btrfs filesystem df -b "$mnt" | awk -F'used=' '/^(Data|Metadata|System)/ {split($2, a, " "); s += a[1]} END {print s}'
@@ -117,7 +140,7 @@ fio_common=(--name=seq --filename="$mnt/fio.dat" --size=1G --bs=1M --ioengine=ps
     --buffer_compress_percentage=50 --refill_buffers --output-format=json)
 rounds=${ROUNDS:-3}
 for round in $(seq "$rounds"); do
-for sys in zlogfs btrfs ext4; do
+for sys in "${systems[@]}"; do
     echo "== round $round: $sys" >&2
     make_sys $sys
     mount_sys $sys
@@ -150,22 +173,33 @@ med() { median_spread; }
 out=${OUT:-bench/results/fuse-$(date +%Y-%m-%d).md}
 mkdir -p bench/results
 {
-    echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r); $(date -u +%Y-%m-%dT%H:%MZ); commit $(git rev-parse --short HEAD)${BIN:+, zlogfs binary $BIN}"
-    echo "Tree: $name, $files entries, $logical bytes of file data. Command: ${URING:+URING=$URING }${HALT_POLL_NS:+HALT_POLL_NS=$HALT_POLL_NS }bash bench/fuse.sh ($rounds rounds: median, and min-max)"
+    echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r); $(date -u +%Y-%m-%dT%H:%MZ); commit $(git rev-parse --short HEAD)${BIN:+, zlogfs binary $BIN}${BINS:+, zlogfs binaries $BINS}"
+    echo "Tree: $name, $files entries, $logical bytes of file data. Command: ${BINS:+BINS=\"$BINS\" }${PEERS+PEERS=\"$PEERS\" }${URING:+URING=$URING }${HALT_POLL_NS:+HALT_POLL_NS=$HALT_POLL_NS }bash bench/fuse.sh ($rounds rounds: median, and min-max)"
     echo "cpuidle: $(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none), guest_halt_poll_ns $(cat "$poll_knob" 2>/dev/null || echo none), fuse enable_uring $(cat "$uring_knob" 2>/dev/null || echo none) during the run"
     echo
-    echo "| measure | zlogfs | btrfs zstd:1 | ext4 | zlogfs / btrfs (medians) |"
-    echo "|---|---:|---:|---:|---:|"
-    row() { # key label unit: median (min-max) of each system, ratio of medians
-        local z b x
-        z=$(med <<<"${R[zlogfs,$1]}")
-        b=$(med <<<"${R[btrfs,$1]}")
-        x=$(med <<<"${R[ext4,$1]}")
-        awk -v l="$2" -v u="$3" -v z="$z" -v b="$b" -v x="$x" 'BEGIN {
-            split(z, Z, " "); split(b, B, " "); split(x, X, " ")
-            f = "%.10g (%.10g-%.10g)"
-            printf "| %s (%s) | " f " | " f " | " f " | %.2f |\n", l, u, Z[1], Z[2], Z[3], B[1], B[2], B[3], X[1], X[2], X[3], (B[1] > 0 ? Z[1] / B[1] : 0)
-        }'
+    name_of() { case $1 in z:*) echo "${1#z:}" ;; btrfs) echo "btrfs zstd:1" ;; *) echo "$1" ;; esac; }
+    head="| measure |"
+    rule="|---|"
+    for sys in "${systems[@]}"; do head+=" $(name_of "$sys") |"; rule+="---:|"; done
+    first=z:${labels[0]}
+    last=z:${labels[${#labels[@]} - 1]}
+    [ "$first" != "$last" ] && { head+=" ${last#z:} / ${first#z:} (medians) |"; rule+="---:|"; }
+    [[ " $peers " == *" btrfs "* ]] && { head+=" ${last#z:} / btrfs (medians) |"; rule+="---:|"; }
+    echo "$head"
+    echo "$rule"
+    row() { # key label unit: median (min-max) of each system, ratios of medians
+        local line="| $2 ($3) |" m f=0 l=0 b=0
+        for sys in "${systems[@]}"; do
+            m=$(med <<<"${R[$sys,$1]}")
+            line+=$(awk -v m="$m" 'BEGIN { split(m, M, " "); printf " %.10g (%.10g-%.10g) |", M[1], M[2], M[3] }')
+            [ "$sys" = "$first" ] && f=${m%% *}
+            [ "$sys" = "$last" ] && l=${m%% *}
+            [ "$sys" = btrfs ] && b=${m%% *}
+        done
+        ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf " %.2f |", (b > 0 ? a / b : 0) }'; }
+        [ "$first" != "$last" ] && line+=$(ratio "$l" "$f")
+        [[ " $peers " == *" btrfs "* ]] && line+=$(ratio "$l" "$b")
+        echo "$line"
     }
     row cp "cp -a in + sync" s
     row find "find, cold" s

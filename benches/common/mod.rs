@@ -3,7 +3,7 @@
 //! time, medians), the corpus file and codec specs. Each program uses a
 //! part of them.
 
-#![allow(dead_code)]
+#![allow(dead_code, reason = "each test program uses a part of the helpers")]
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

@@ -18,6 +18,8 @@ use zlogfs::store::{FileStore, Geometry, Store, META_AREA_SIZE};
 use zlogfs::tools;
 use zlogfs::{engine, Options};
 
+#[path = "zlogfs/logging.rs"]
+mod logging;
 #[path = "zlogfs/mount.rs"]
 mod mount;
 
@@ -243,6 +245,11 @@ fn main() -> ExitCode {
         return finish(mount::helper(&argv[1..]));
     }
     let cli = Cli::parse();
+    if !matches!(cli.cmd, Cmd::Mount { .. }) {
+        if let Err(e) = logging::init(None, logging::Sink::Stderr) {
+            return finish(Err(e));
+        }
+    }
     let r = match cli.cmd {
         Cmd::Mount { image, dir, options, foreground } => mount::mount(&image, &dir, &options, foreground),
         Cmd::Mkfs { image, fmt, force } => mkfs(&image, &fmt, force).map(|_| ExitCode::SUCCESS),
@@ -303,10 +310,8 @@ fn mkfs(image: &Path, f: &FormatArgs, force: bool) -> Result<(), String> {
         pack_bytes: small(f.pack_size, "pack size")?,
         inline_max: small(f.inline_max, "inline limit")?,
         codec: f.codec,
-        // SAFETY: getuid and getgid have no preconditions and cannot fail.
-        root_uid: unsafe { libc::getuid() },
-        // SAFETY: as above.
-        root_gid: unsafe { libc::getgid() },
+        root_uid: nix::unistd::getuid().as_raw(),
+        root_gid: nix::unistd::getgid().as_raw(),
     };
     let store =
         FileStore::create(image, geometry).map_err(|e| format!("cannot create {}: {e}", image.display()))?;

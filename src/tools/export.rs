@@ -115,8 +115,7 @@ pub fn export(fs: &Fs, from: Ino, dst: &Path, progress: &dyn Fn(u64, u64)) -> Re
     let mut x = Export {
         fs,
         dst,
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        is_root: unsafe { libc::geteuid() == 0 },
+        is_root: nix::unistd::geteuid().is_root(),
         chunk: u64::from(fs.config().chunk_size),
         rep: ExportReport::default(),
         total,

@@ -23,6 +23,7 @@ use std::path::Path;
 
 use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::Mode;
+use nix::unistd::Whence;
 use rayon::prelude::*;
 
 use super::{Error, Result};
@@ -179,11 +180,11 @@ fn read_data(f: &File, size: u64) -> std::io::Result<Ranges> {
     let mut out = Vec::new();
     let mut pos = 0u64;
     while pos < size {
-        let start = match seek(f, pos, libc::SEEK_DATA) {
+        let start = match seek(f, pos, Whence::SeekData) {
             Some(s) => s,
             None => break,
         };
-        let end = seek(f, start, libc::SEEK_HOLE).unwrap_or(size).min(size);
+        let end = seek(f, start, Whence::SeekHole).unwrap_or(size).min(size);
         if end <= start {
             break;
         }
@@ -196,11 +197,9 @@ fn read_data(f: &File, size: u64) -> std::io::Result<Ranges> {
 }
 
 /// lseek with SEEK_DATA or SEEK_HOLE; None at ENXIO (no more data).
-fn seek(f: &File, off: u64, whence: i32) -> Option<u64> {
-    // SAFETY: the descriptor is owned by `f`, open for the whole call, and
-    // lseek touches no memory of ours.
-    let r = unsafe { libc::lseek(f.as_raw_fd(), off as libc::off_t, whence) };
-    (r >= 0).then_some(r as u64)
+fn seek(f: &File, off: u64, whence: Whence) -> Option<u64> {
+    let off = i64::try_from(off).ok()?;
+    nix::unistd::lseek(f, off, whence).ok().map(|r| r as u64)
 }
 
 fn time(sec: i64, nsec: i64) -> Time {
@@ -490,8 +489,8 @@ fn stream(
     let mut pos = 0u64;
     let mut buf = vec![0u8; 1 << 20];
     while pos < size {
-        let Some(start) = seek(f, pos, libc::SEEK_DATA) else { break };
-        let end = seek(f, start, libc::SEEK_HOLE).unwrap_or(size).min(size);
+        let Some(start) = seek(f, pos, Whence::SeekData) else { break };
+        let end = seek(f, start, Whence::SeekHole).unwrap_or(size).min(size);
         let mut at = start;
         while at < end {
             let n = ((end - at) as usize).min(buf.len());

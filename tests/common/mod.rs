@@ -1,5 +1,5 @@
 //! Helpers shared by the engine's randomised test suites.
-#![allow(dead_code)]
+#![allow(dead_code, reason = "each test program uses a part of the helpers")]
 
 pub mod workload;
 

@@ -8,6 +8,7 @@ use zlogfs_engine::log::format::BlockAddr;
 use crate::error::Result;
 use crate::keys::*;
 use crate::namespace::{check_name, name_str};
+use crate::state::State;
 use crate::Fs;
 
 /// What [`Fs::check`] found.
@@ -122,409 +123,480 @@ fn path_of(names: &HashMap<Ino, (Ino, Vec<u8>)>, ino: Ino) -> String {
     format!("/{}", parts.join("/"))
 }
 
+/// A block's users as fsck found them: the owning chunk (its length), or
+/// the pieces of a shared block (offset and length of each).
+type OwnBlocks = HashMap<BlockAddr, (Ino, u64, u32)>;
+type SharedUsers = HashMap<BlockAddr, Vec<(Ino, u64, u32, u32)>>;
+
+/// fsck's phases over one state, and what each gathers for the next.
+struct Checker<'a> {
+    st: &'a State,
+    /// Bytes per chunk.
+    cs: u64,
+    rep: CheckReport,
+    inodes: HashMap<Ino, Inode>,
+    orphans: HashSet<Ino>,
+    /// Names of each inode, subdirectories of each directory.
+    links: HashMap<Ino, u32>,
+    subdirs: HashMap<Ino, u32>,
+    children: HashMap<Ino, Vec<Ino>>,
+    /// A name of each inode, to say which file a damaged block holds.
+    names: HashMap<Ino, (Ino, Vec<u8>)>,
+    /// Bytes of each inode's chunks.
+    alloc: HashMap<Ino, u64>,
+    own_blocks: OwnBlocks,
+    shared_users: SharedUsers,
+    /// Bytes of blocks already released from their segments' counts
+    /// (patched bases, shared blocks some users left).
+    released: HashMap<BlockAddr, u32>,
+}
+
 impl Fs {
     /// Verify every checksum and cross-reference. Problems are collected,
     /// not raised; an error means the scan itself could not go on.
     pub fn check(&self, progress: &dyn Fn(u64, u64)) -> Result<CheckReport> {
         let mut st = self.st();
         st.commit()?;
-        let mut rep = CheckReport::default();
-        let cs = st.cs();
-        for d in st.eng.damage() {
-            rep.problems.push(format!("worked around at open: {d} (zlogfs fsck --repair mends it)"));
+        let mut c = Checker::new(&st);
+        if c.damage() {
+            return Ok(c.rep);
         }
-        // Damaged index blocks first: the records in them cannot be read,
-        // and the checks below, which read every record, would stop at
-        // the first. Name what they hold, and check nothing more.
-        let damaged = st.eng.verify_runs();
-        if !damaged.is_empty() {
-            for d in damaged {
-                rep.problems.push(format!(
-                    "index run {}, block {}, holding the records from {} to {}: {}",
-                    d.run,
-                    d.addr,
-                    describe_key(&d.from),
-                    describe_key(&d.to),
-                    d.error
-                ));
-            }
-            rep.problems.push(
-                "the records in damaged index blocks cannot be read: the other checks are skipped \
-                 (zlogfs export copies out what can be read)"
-                    .into(),
-            );
-            return Ok(rep);
+        c.inodes()?;
+        c.orphans()?;
+        c.dirents()?;
+        c.links();
+        c.chunks()?;
+        c.shared_lists()?;
+        let per_seg = c.blocks(progress);
+        c.segment_usage(&per_seg)?;
+        c.xattrs()?;
+        Ok(c.rep)
+    }
+}
+
+impl<'a> Checker<'a> {
+    fn new(st: &'a State) -> Self {
+        Checker {
+            st,
+            cs: st.cs(),
+            rep: CheckReport::default(),
+            inodes: HashMap::new(),
+            orphans: HashSet::new(),
+            links: HashMap::new(),
+            subdirs: HashMap::new(),
+            children: HashMap::new(),
+            names: HashMap::new(),
+            alloc: HashMap::new(),
+            own_blocks: HashMap::new(),
+            shared_users: HashMap::new(),
+            released: HashMap::new(),
         }
-        let bad = |rep: &mut CheckReport, s: String| {
-            if rep.problems.len() < 10_000 {
-                rep.problems.push(s);
-            }
-        };
-        // Inodes.
-        let mut inodes: HashMap<Ino, Inode> = HashMap::new();
+    }
+
+    fn bad(&mut self, s: String) {
+        if self.rep.problems.len() < 10_000 {
+            self.rep.problems.push(s);
+        }
+    }
+
+    /// What the engine worked around at open, and damaged index blocks:
+    /// the records in them cannot be read, and the phases after this,
+    /// which read every record, would stop at the first. True when there
+    /// are any (they are named, and nothing more is checked).
+    fn damage(&mut self) -> bool {
+        for d in self.st.eng.damage() {
+            self.rep.problems.push(format!("worked around at open: {d} (zlogfs fsck --repair mends it)"));
+        }
+        let damaged = self.st.eng.verify_runs();
+        if damaged.is_empty() {
+            return false;
+        }
+        for d in damaged {
+            self.rep.problems.push(format!(
+                "index run {}, block {}, holding the records from {} to {}: {}",
+                d.run,
+                d.addr,
+                describe_key(&d.from),
+                describe_key(&d.to),
+                d.error
+            ));
+        }
+        self.rep.problems.push(
+            "the records in damaged index blocks cannot be read: the other checks are skipped \
+             (zlogfs export copies out what can be read)"
+                .into(),
+        );
+        true
+    }
+
+    /// Inode records: they decode, lie below the next inode number, and
+    /// the root is a directory.
+    fn inodes(&mut self) -> Result<()> {
+        let st = self.st;
         let (lo, hi) = inodes_range();
+        let (base, next) = (st.group.cfg().base_sec, st.group.cfg().next_ino);
         for (k, v) in st.scan(&lo, &hi, usize::MAX)? {
             let Some(ino) = parse_inode_key(&k) else {
-                bad(&mut rep, format!("malformed inode key {k:02x?}"));
+                self.bad(format!("malformed inode key {k:02x?}"));
                 continue;
             };
-            match Inode::decode(ino, &v, st.group.cfg().base_sec, |id| st.group.triple(id)) {
+            match Inode::decode(ino, &v, base, |id| st.group.triple(id)) {
                 Ok(i) => {
-                    if ino >= st.group.cfg().next_ino {
-                        bad(
-                            &mut rep,
-                            format!(
-                                "inode {ino} is not below the next inode number {}",
-                                st.group.cfg().next_ino
-                            ),
-                        );
+                    if ino >= next {
+                        self.bad(format!("inode {ino} is not below the next inode number {next}"));
                     }
-                    inodes.insert(ino, i);
+                    self.inodes.insert(ino, i);
                 }
-                Err(e) => bad(&mut rep, format!("inode {ino}: {e}")),
+                Err(e) => self.bad(format!("inode {ino}: {e}")),
             }
         }
-        rep.inodes = inodes.len() as u64;
-        if !inodes.get(&ROOT).is_some_and(|r| r.kind() == Kind::Dir) {
-            bad(&mut rep, "the root directory is missing or not a directory".into());
+        self.rep.inodes = self.inodes.len() as u64;
+        if !self.inodes.get(&ROOT).is_some_and(|r| r.kind() == Kind::Dir) {
+            self.bad("the root directory is missing or not a directory".into());
         }
-        // Orphans.
-        let mut orphans = HashSet::new();
+        Ok(())
+    }
+
+    fn orphans(&mut self) -> Result<()> {
         let (lo, hi) = orphans_range();
-        for (k, _) in st.scan(&lo, &hi, usize::MAX)? {
+        for (k, _) in self.st.scan(&lo, &hi, usize::MAX)? {
             if let Some(i) = parse_orphan_key(&k) {
-                orphans.insert(i);
+                self.orphans.insert(i);
             }
         }
-        rep.orphans = orphans.len() as u64;
-        // Directory entries.
-        let mut links: HashMap<Ino, u32> = HashMap::new();
-        let mut subdirs: HashMap<Ino, u32> = HashMap::new();
-        let mut children: HashMap<Ino, Vec<Ino>> = HashMap::new();
-        // A name of each inode, to say which file a damaged block holds.
-        let mut names: HashMap<Ino, (Ino, Vec<u8>)> = HashMap::new();
+        self.rep.orphans = self.orphans.len() as u64;
+        Ok(())
+    }
+
+    /// Directory entries: valid names in directories, naming inodes of
+    /// their kind; a subdirectory names its directory as its parent.
+    fn dirents(&mut self) -> Result<()> {
         let (lo, hi) = all_dirents_range();
-        for (k, v) in st.scan(&lo, &hi, usize::MAX)? {
-            rep.dirents += 1;
-            let Some((parent, name)) = parse_dirent_key(&k) else {
-                bad(&mut rep, format!("malformed directory entry key {k:02x?}"));
-                continue;
-            };
-            let nm = name_str(name);
-            if let Err(e) = check_name(name) {
-                bad(&mut rep, format!("directory {parent}: entry {nm:?}: {e}"));
+        for (k, v) in self.st.scan(&lo, &hi, usize::MAX)? {
+            self.rep.dirents += 1;
+            match parse_dirent_key(&k) {
+                Some((parent, name)) => self.dirent(parent, name, &v),
+                None => self.bad(format!("malformed directory entry key {k:02x?}")),
             }
-            match inodes.get(&parent) {
-                Some(p) if p.kind() == Kind::Dir => {}
-                _ => bad(&mut rep, format!("entry {nm:?} lies in {parent}, which is not a directory")),
-            }
-            let (child, kind) = match decode_dirent(&v) {
-                Ok(x) => x,
-                Err(e) => {
-                    bad(&mut rep, format!("directory {parent}: entry {nm:?}: {e}"));
-                    continue;
-                }
-            };
-            match inodes.get(&child) {
-                None => {
-                    bad(&mut rep, format!("directory {parent}: entry {nm:?} points at missing inode {child}"))
-                }
-                Some(c) => {
-                    if c.kind() != kind {
-                        bad(
-                            &mut rep,
-                            format!(
-                                "directory {parent}: entry {nm:?} says {kind:?}, inode {child} is {:?}",
-                                c.kind()
-                            ),
-                        );
-                    }
-                    if c.kind() == Kind::Dir {
-                        *subdirs.entry(parent).or_default() += 1;
-                        if c.parent != parent {
-                            bad(
-                                &mut rep,
-                                format!(
-                                    "directory {child} is in {parent} but names {} as its parent",
-                                    c.parent
-                                ),
-                            );
-                        }
-                    }
-                }
-            }
-            *links.entry(child).or_default() += 1;
-            children.entry(parent).or_default().push(child);
-            names.entry(child).or_insert_with(|| (parent, name.to_vec()));
         }
-        // Link counts and reachability.
+        Ok(())
+    }
+
+    fn dirent(&mut self, parent: Ino, name: &[u8], v: &[u8]) {
+        let nm = name_str(name);
+        if let Err(e) = check_name(name) {
+            self.bad(format!("directory {parent}: entry {nm:?}: {e}"));
+        }
+        if !self.inodes.get(&parent).is_some_and(|p| p.kind() == Kind::Dir) {
+            self.bad(format!("entry {nm:?} lies in {parent}, which is not a directory"));
+        }
+        let (child, kind) = match decode_dirent(v) {
+            Ok(x) => x,
+            Err(e) => return self.bad(format!("directory {parent}: entry {nm:?}: {e}")),
+        };
+        match self.inodes.get(&child).map(|c| (c.kind(), c.parent)) {
+            None => self.bad(format!("directory {parent}: entry {nm:?} points at missing inode {child}")),
+            Some((ck, cparent)) => {
+                if ck != kind {
+                    self.bad(format!(
+                        "directory {parent}: entry {nm:?} says {kind:?}, inode {child} is {ck:?}"
+                    ));
+                }
+                if ck == Kind::Dir {
+                    *self.subdirs.entry(parent).or_default() += 1;
+                    if cparent != parent {
+                        self.bad(format!(
+                            "directory {child} is in {parent} but names {cparent} as its parent"
+                        ));
+                    }
+                }
+            }
+        }
+        *self.links.entry(child).or_default() += 1;
+        self.children.entry(parent).or_default().push(child);
+        self.names.entry(child).or_insert_with(|| (parent, name.to_vec()));
+    }
+
+    /// Each inode's number, kind, link count and `alloc`, in order of
+    /// number.
+    fn sorted_inodes(&self) -> Vec<(Ino, Kind, u32, u64)> {
+        let mut sorted: Vec<_> = self.inodes.values().map(|i| (i.ino, i.kind(), i.nlink, i.alloc)).collect();
+        sorted.sort_unstable_by_key(|i| i.0);
+        sorted
+    }
+
+    /// Link counts match the entries, directories have one name, and
+    /// every inode not waiting as an orphan is reachable from the root.
+    fn links(&mut self) {
         let mut seen = HashSet::from([ROOT]);
         let mut queue = vec![ROOT];
         while let Some(d) = queue.pop() {
-            for &c in children.get(&d).map(|v| v.as_slice()).unwrap_or(&[]) {
-                if seen.insert(c) && inodes.get(&c).is_some_and(|i| i.kind() == Kind::Dir) {
+            for &c in self.children.get(&d).map(|v| v.as_slice()).unwrap_or(&[]) {
+                if seen.insert(c) && self.inodes.get(&c).is_some_and(|i| i.kind() == Kind::Dir) {
                     queue.push(c);
                 }
             }
         }
-        let mut sorted: Vec<&Inode> = inodes.values().collect();
-        sorted.sort_by_key(|i| i.ino);
-        for i in &sorted {
-            let n = links.get(&i.ino).copied().unwrap_or(0);
-            if i.kind() == Kind::Dir {
-                let want = 2 + subdirs.get(&i.ino).copied().unwrap_or(0);
-                if i.nlink != want && !(orphans.contains(&i.ino) && i.nlink == 0) {
-                    bad(
-                        &mut rep,
-                        format!("directory {} has link count {}, its entries make {want}", i.ino, i.nlink),
-                    );
+        for (ino, kind, nlink, _) in self.sorted_inodes() {
+            let n = self.links.get(&ino).copied().unwrap_or(0);
+            let orphan = self.orphans.contains(&ino);
+            if kind == Kind::Dir {
+                let want = 2 + self.subdirs.get(&ino).copied().unwrap_or(0);
+                if nlink != want && !(orphan && nlink == 0) {
+                    self.bad(format!("directory {ino} has link count {nlink}, its entries make {want}"));
                 }
-                if i.ino != ROOT && n > 1 {
-                    bad(&mut rep, format!("directory {} has {n} names", i.ino));
+                if ino != ROOT && n > 1 {
+                    self.bad(format!("directory {ino} has {n} names"));
                 }
-            } else if i.nlink != n {
-                bad(&mut rep, format!("inode {} has link count {}, but {n} entries name it", i.ino, i.nlink));
+            } else if nlink != n {
+                self.bad(format!("inode {ino} has link count {nlink}, but {n} entries name it"));
             }
-            if !seen.contains(&i.ino) && !orphans.contains(&i.ino) {
-                bad(&mut rep, format!("inode {} ({:?}) is not reachable from the root", i.ino, i.kind()));
+            if !seen.contains(&ino) && !orphan {
+                self.bad(format!("inode {ino} ({kind:?}) is not reachable from the root"));
             }
         }
-        // Chunks and blocks.
-        let mut alloc: HashMap<Ino, u64> = HashMap::new();
-        let mut own_blocks: HashMap<BlockAddr, (Ino, u64, u32)> = HashMap::new();
-        // Bytes of patched bases already released from their segments' counts.
-        let mut released: HashMap<BlockAddr, u32> = HashMap::new();
-        let mut shared_users: HashMap<BlockAddr, Vec<(Ino, u64, u32, u32)>> = HashMap::new();
+    }
+
+    /// Chunk records: they decode, lie within their file, add up to its
+    /// `alloc`, and their reservations to the counters'; gather the
+    /// blocks they use.
+    fn chunks(&mut self) -> Result<()> {
         let mut reserved = 0u64;
         let (lo, hi) = all_extents_range();
-        for (k, v) in st.scan(&lo, &hi, usize::MAX)? {
-            rep.extents += 1;
+        for (k, v) in self.st.scan(&lo, &hi, usize::MAX)? {
+            self.rep.extents += 1;
             let Some((ino, idx)) = parse_extent_key(&k) else {
-                bad(&mut rep, format!("malformed chunk key {k:02x?}"));
+                self.bad(format!("malformed chunk key {k:02x?}"));
                 continue;
             };
-            let e = match Extent::decode(&v, &format!("chunk {idx} of inode {ino}")) {
-                Ok(e) => e,
-                Err(e) => {
-                    bad(&mut rep, e.to_string());
-                    continue;
-                }
-            };
-            if let Extent::Reserved(n) = e {
-                reserved += u64::from(n);
-            }
-            match inodes.get(&ino) {
-                // A reservation may lie past the size (fallocate's KEEP_SIZE).
-                Some(i) if matches!(i.kind(), Kind::File) && matches!(e, Extent::Reserved(_)) => {
-                    if e.len() > cs {
-                        bad(&mut rep, format!("chunk {idx} of inode {ino} reserves {} bytes", e.len()));
+            match Extent::decode(&v, &format!("chunk {idx} of inode {ino}")) {
+                Ok(e) => {
+                    if let Extent::Reserved(n) = e {
+                        reserved += u64::from(n);
                     }
+                    self.chunk(ino, idx, &e);
                 }
-                Some(i) if matches!(i.kind(), Kind::File | Kind::Symlink) => {
-                    let start = idx.saturating_mul(cs);
-                    if start >= i.size || e.len() > cs || e.len() > i.size - start {
-                        bad(
-                            &mut rep,
-                            format!(
-                                "chunk {idx} of inode {ino} ({} bytes) lies past its size {}",
-                                e.len(),
-                                i.size
-                            ),
-                        );
-                    }
-                }
-                _ => bad(&mut rep, format!("chunk {idx} belongs to inode {ino}, which is not a file")),
-            }
-            *alloc.entry(ino).or_default() += e.len();
-            if let Extent::Patched { base, freed, .. } = &e {
-                if let (Extent::Own(a, _), 1..) = (&**base, *freed) {
-                    released.insert(*a, *freed);
-                }
-            }
-            let parts = e.parts();
-            // Patches of several blocks of a chunk may share a block, but
-            // not with the chunk's base or at the same place.
-            let mut places: Vec<(BlockAddr, u32)> = parts
-                .iter()
-                .filter_map(|p| match p {
-                    Extent::Own(a, _) => Some((*a, 0)),
-                    Extent::Shared { addr, off, .. } => Some((*addr, *off)),
-                    _ => None,
-                })
-                .collect();
-            places.sort_by_key(|(a, o)| (a.seg, a.offset, *o));
-            let base_addr = parts.first().and_then(|b| b.addr());
-            if places.windows(2).any(|w| w[0] == w[1])
-                || base_addr.is_some_and(|b| parts[1..].iter().any(|p| p.addr() == Some(b)))
-            {
-                bad(&mut rep, format!("chunk {idx} of inode {ino} has two parts in one place"));
-            }
-            for p in parts {
-                match *p {
-                    Extent::Own(a, len) => {
-                        if let Some((pi, pc, _)) = own_blocks.insert(a, (ino, idx, len)) {
-                            bad(
-                                &mut rep,
-                                format!("block {a} is owned by chunk {idx} of {ino} and chunk {pc} of {pi}"),
-                            );
-                        }
-                    }
-                    Extent::Shared { addr, off, len, .. } => {
-                        shared_users.entry(addr).or_default().push((ino, idx, off, len));
-                    }
-                    _ => {}
-                }
+                Err(e) => self.bad(e.to_string()),
             }
         }
-        if reserved != st.group.counters().reserved {
-            bad(
-                &mut rep,
-                format!(
-                    "chunks reserve {reserved} bytes, the counters {} (free space is off by the difference)",
-                    st.group.counters().reserved
-                ),
-            );
+        let counted = self.st.group.counters().reserved;
+        if reserved != counted {
+            self.bad(format!(
+                "chunks reserve {reserved} bytes, the counters {counted} (free space is off by the difference)"
+            ));
         }
-        for i in &sorted {
-            let a = alloc.get(&i.ino).copied().unwrap_or(0);
-            if i.alloc != a {
-                bad(
-                    &mut rep,
-                    format!("inode {} counts {} allocated bytes, its chunks hold {a}", i.ino, i.alloc),
-                );
+        for (ino, _, _, alloc) in self.sorted_inodes() {
+            let a = self.alloc.get(&ino).copied().unwrap_or(0);
+            if alloc != a {
+                self.bad(format!("inode {ino} counts {alloc} allocated bytes, its chunks hold {a}"));
             }
         }
-        // Shared-block reference lists.
+        Ok(())
+    }
+
+    fn chunk(&mut self, ino: Ino, idx: u64, e: &Extent) {
+        let cs = self.cs;
+        match self.inodes.get(&ino).map(|i| (i.kind(), i.size)) {
+            // A reservation may lie past the size (fallocate's KEEP_SIZE).
+            Some((Kind::File, _)) if matches!(e, Extent::Reserved(_)) => {
+                if e.len() > cs {
+                    self.bad(format!("chunk {idx} of inode {ino} reserves {} bytes", e.len()));
+                }
+            }
+            Some((Kind::File | Kind::Symlink, size)) => {
+                let start = idx.saturating_mul(cs);
+                if start >= size || e.len() > cs || e.len() > size - start {
+                    self.bad(format!(
+                        "chunk {idx} of inode {ino} ({} bytes) lies past its size {size}",
+                        e.len()
+                    ));
+                }
+            }
+            _ => self.bad(format!("chunk {idx} belongs to inode {ino}, which is not a file")),
+        }
+        *self.alloc.entry(ino).or_default() += e.len();
+        if let Extent::Patched { base, freed, .. } = e {
+            if let (Extent::Own(a, _), 1..) = (&**base, *freed) {
+                self.released.insert(*a, *freed);
+            }
+        }
+        self.chunk_parts(ino, idx, e.parts());
+    }
+
+    /// The blocks a chunk's parts lie in. Patches of several blocks of a
+    /// chunk may share a block, but not with the chunk's base or at the
+    /// same place.
+    fn chunk_parts(&mut self, ino: Ino, idx: u64, parts: Vec<&Extent>) {
+        let mut places: Vec<(BlockAddr, u32)> = parts
+            .iter()
+            .filter_map(|p| match p {
+                Extent::Own(a, _) => Some((*a, 0)),
+                Extent::Shared { addr, off, .. } => Some((*addr, *off)),
+                _ => None,
+            })
+            .collect();
+        places.sort_by_key(|(a, o)| (a.seg, a.offset, *o));
+        let base_addr = parts.first().and_then(|b| b.addr());
+        if places.windows(2).any(|w| w[0] == w[1])
+            || base_addr.is_some_and(|b| parts[1..].iter().any(|p| p.addr() == Some(b)))
+        {
+            self.bad(format!("chunk {idx} of inode {ino} has two parts in one place"));
+        }
+        for p in parts {
+            match *p {
+                Extent::Own(a, len) => {
+                    if let Some((pi, pc, _)) = self.own_blocks.insert(a, (ino, idx, len)) {
+                        self.bad(format!(
+                            "block {a} is owned by chunk {idx} of {ino} and chunk {pc} of {pi}"
+                        ));
+                    }
+                }
+                Extent::Shared { addr, off, len, .. } => {
+                    self.shared_users.entry(addr).or_default().push((ino, idx, off, len));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Each shared block's reference list names exactly the chunks that
+    /// use it, and released no more than it holds.
+    fn shared_lists(&mut self) -> Result<()> {
         let mut listed: HashSet<BlockAddr> = HashSet::new();
         let (lo, hi) = all_shared_range();
-        for (k, v) in st.scan(&lo, &hi, usize::MAX)? {
+        for (k, v) in self.st.scan(&lo, &hi, usize::MAX)? {
             let Some(a) = parse_shared_key(&k) else {
-                bad(&mut rep, format!("malformed shared-block key {k:02x?}"));
+                self.bad(format!("malformed shared-block key {k:02x?}"));
                 continue;
             };
             listed.insert(a);
-            let (mut refs, rel) = match decode_refs(&v) {
-                Ok(r) => r,
-                Err(e) => {
-                    bad(&mut rep, format!("block {a}: {e}"));
-                    continue;
-                }
-            };
-            if rel >= a.len {
-                bad(
-                    &mut rep,
-                    format!("block {a}: {rel} of its {} bytes released while chunks use it", a.len),
-                );
-            } else if rel > 0 {
-                released.insert(a, rel);
-            }
-            let mut users: Vec<(Ino, u64)> =
-                shared_users.get(&a).map(|u| u.iter().map(|x| (x.0, x.1)).collect()).unwrap_or_default();
-            refs.sort_unstable();
-            users.sort_unstable();
-            if refs != users {
-                bad(
-                    &mut rep,
-                    format!(
-                        "block {a}: its reference list {refs:?} differs from the chunks using it {users:?}"
-                    ),
-                );
-            }
-            if own_blocks.contains_key(&a) {
-                bad(&mut rep, format!("block {a} is both shared and owned by one chunk"));
+            match decode_refs(&v) {
+                Ok((refs, rel)) => self.shared_list(a, refs, rel),
+                Err(e) => self.bad(format!("block {a}: {e}")),
             }
         }
-        for a in shared_users.keys() {
-            if !listed.contains(a) {
-                bad(&mut rep, format!("block {a} is shared by chunks but has no reference list"));
-            }
+        let unlisted: Vec<BlockAddr> =
+            self.shared_users.keys().filter(|a| !listed.contains(a)).copied().collect();
+        for a in unlisted {
+            self.bad(format!("block {a} is shared by chunks but has no reference list"));
         }
-        // Read every block: checksums and lengths.
-        let mut blocks: Vec<(BlockAddr, bool, u32)> = own_blocks.keys().map(|a| (*a, true, 0)).collect();
+        Ok(())
+    }
+
+    fn shared_list(&mut self, a: BlockAddr, mut refs: Vec<(Ino, u64)>, rel: u32) {
+        if rel >= a.len {
+            self.bad(format!("block {a}: {rel} of its {} bytes released while chunks use it", a.len));
+        } else if rel > 0 {
+            self.released.insert(a, rel);
+        }
+        let mut users = self.users(a, false);
+        refs.sort_unstable();
+        users.sort_unstable();
+        if refs != users {
+            self.bad(format!(
+                "block {a}: its reference list {refs:?} differs from the chunks using it {users:?}"
+            ));
+        }
+        if self.own_blocks.contains_key(&a) {
+            self.bad(format!("block {a} is both shared and owned by one chunk"));
+        }
+    }
+
+    /// The chunks that use block `a` (`own`: as their own block).
+    fn users(&self, a: BlockAddr, own: bool) -> Vec<(Ino, u64)> {
+        if own {
+            self.own_blocks.get(&a).map(|&(i, c, _)| vec![(i, c)]).unwrap_or_default()
+        } else {
+            self.shared_users.get(&a).map(|u| u.iter().map(|x| (x.0, x.1)).collect()).unwrap_or_default()
+        }
+    }
+
+    /// Read every data block: checksums and lengths; a damaged one is
+    /// said with the files it holds data of. The live bytes found per
+    /// segment.
+    fn blocks(&mut self, progress: &dyn Fn(u64, u64)) -> HashMap<u32, u64> {
+        let mut blocks: Vec<(BlockAddr, bool, u32)> = self.own_blocks.keys().map(|a| (*a, true, 0)).collect();
         blocks.extend(
-            shared_users.iter().map(|(a, u)| (*a, false, u.iter().map(|x| x.2 + x.3).max().unwrap_or(0))),
+            self.shared_users
+                .iter()
+                .map(|(a, u)| (*a, false, u.iter().map(|x| x.2 + x.3).max().unwrap_or(0))),
         );
         blocks.sort_by_key(|b| (b.0.seg, b.0.offset));
         let total: u64 = blocks.iter().map(|b| u64::from(b.0.len)).sum();
         let mut per_seg: HashMap<u32, u64> = HashMap::new();
-        for (a, own, need) in &blocks {
-            rep.blocks += 1;
-            rep.block_bytes += u64::from(a.len);
-            *per_seg.entry(a.seg).or_default() += u64::from(a.len - released.get(a).copied().unwrap_or(0));
-            progress(rep.block_bytes, total);
-            match st.eng.read_block(*a) {
-                Ok(raw) => {
-                    if *own {
-                        let (ino, idx, want) = own_blocks[a];
-                        if raw.len() as u64 != u64::from(want) {
-                            bad(
-                                &mut rep,
-                                format!(
-                                    "block {a} holds {} bytes, chunk {idx} of inode {ino} says {want}",
-                                    raw.len()
-                                ),
-                            );
-                        }
-                    } else if (raw.len() as u64) < u64::from(*need) {
-                        bad(&mut rep, format!("block {a} holds {} bytes, its pieces need {need}", raw.len()));
+        for (a, own, need) in blocks {
+            self.rep.blocks += 1;
+            self.rep.block_bytes += u64::from(a.len);
+            let released = self.released.get(&a).copied().unwrap_or(0);
+            *per_seg.entry(a.seg).or_default() += u64::from(a.len - released);
+            progress(self.rep.block_bytes, total);
+            match self.st.eng.read_block(a) {
+                Ok(raw) if own => {
+                    let (ino, idx, want) = self.own_blocks[&a];
+                    if raw.len() as u64 != u64::from(want) {
+                        let n = raw.len();
+                        self.bad(format!(
+                            "block {a} holds {n} bytes, chunk {idx} of inode {ino} says {want}"
+                        ));
                     }
                 }
+                Ok(raw) if (raw.len() as u64) < u64::from(need) => {
+                    self.bad(format!("block {a} holds {} bytes, its pieces need {need}", raw.len()))
+                }
+                Ok(_) => {}
                 Err(e) => {
-                    let users: Vec<(Ino, u64)> = if *own {
-                        own_blocks.get(a).map(|&(i, c, _)| vec![(i, c)]).unwrap_or_default()
-                    } else {
-                        shared_users
-                            .get(a)
-                            .map(|u| u.iter().map(|x| (x.0, x.1)).collect())
-                            .unwrap_or_default()
-                    };
-                    let files: Vec<String> = users
+                    let cs = self.cs;
+                    let files: Vec<String> = self
+                        .users(a, own)
                         .iter()
                         .map(|&(i, c)| {
-                            let at = c * cs;
-                            format!("{} (bytes {at}..{})", path_of(&names, i), at + cs)
+                            format!("{} (bytes {}..{})", path_of(&self.names, i), c * cs, (c + 1) * cs)
                         })
                         .collect();
-                    bad(&mut rep, format!("block {a}: {e}; it holds data of {}", files.join(", ")))
+                    self.bad(format!("block {a}: {e}; it holds data of {}", files.join(", ")))
                 }
             }
         }
-        // Segment usage must be exactly the live data blocks and the
-        // engine's own live blocks. Below, the cleaner could free a
-        // segment still in use; above, space is counted that nothing
-        // holds: a leak, which a crash or a failed operation may leave
-        // (FORMAT.md §7) and the cleaner drops, but which nothing else
-        // should.
-        for (seg, (u, own)) in st.eng.usage_check()?.into_iter().enumerate() {
+        per_seg
+    }
+
+    /// Segment usage must be exactly the live data blocks (`per_seg`) and
+    /// the engine's own live blocks. Below, the cleaner could free a
+    /// segment still in use; above, space is counted that nothing holds:
+    /// a leak, which a crash or a failed operation may leave (FORMAT.md
+    /// §7) and the cleaner drops, but which nothing else should.
+    fn segment_usage(&mut self, per_seg: &HashMap<u32, u64>) -> Result<()> {
+        for (seg, (u, own)) in self.st.eng.usage_check()?.into_iter().enumerate() {
             let data = per_seg.get(&(seg as u32)).copied().unwrap_or(0);
             let (live, want) = (u64::from(u.live), data + own);
             if live < want {
-                bad(
-                    &mut rep,
-                    format!(
-                        "segment {seg} accounts {live} live bytes but holds {data} bytes of live data \
-                         blocks and {own} of the engine's"
-                    ),
-                );
+                self.bad(format!(
+                    "segment {seg} accounts {live} live bytes but holds {data} bytes of live data \
+                     blocks and {own} of the engine's"
+                ));
             } else if live > want {
-                rep.leaked.push((seg as u32, live - want));
+                self.rep.leaked.push((seg as u32, live - want));
             }
         }
-        // Xattrs.
-        let (lo, hi) = (vec![0x40], vec![0x41]);
-        for (k, _) in st.scan(&lo, &hi, usize::MAX)? {
-            rep.xattrs += 1;
-            match parse_xattr_key(&k) {
-                Some((ino, _)) if inodes.contains_key(&ino) => {}
-                Some((ino, n)) => {
-                    bad(&mut rep, format!("xattr {:?} belongs to missing inode {ino}", name_str(n)))
-                }
-                None => bad(&mut rep, format!("malformed xattr key {k:02x?}")),
-            }
-        }
-        Ok(rep)
+        Ok(())
     }
 
+    /// Every xattr belongs to an inode.
+    fn xattrs(&mut self) -> Result<()> {
+        let (lo, hi) = all_xattrs_range();
+        for (k, _) in self.st.scan(&lo, &hi, usize::MAX)? {
+            self.rep.xattrs += 1;
+            match parse_xattr_key(&k) {
+                Some((ino, _)) if self.inodes.contains_key(&ino) => {}
+                Some((ino, n)) => self.bad(format!("xattr {:?} belongs to missing inode {ino}", name_str(n))),
+                None => self.bad(format!("malformed xattr key {k:02x?}")),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Fs {
     /// Logical and stored bytes of the tree under `ino`.
     pub fn du(&self, ino: Ino) -> Result<TreeUsage> {
         let st = self.st();

@@ -157,6 +157,43 @@ fn held_back(held: &Pending, ino: Ino, idx: u64, e: Option<&Extent>) -> bool {
         || e.is_some_and(|e| e.parts().iter().any(|p| shared_held(p)))
 }
 
+/// The blocks of a patched chunk `e`'s patches in block `addr` that still
+/// show (newer patches hide the rest), as runs; None when no patch of it
+/// lies there (or it has no patches, or its base lies there).
+fn patches_in(e: &Extent, addr: BlockAddr) -> Option<Vec<(u32, u32)>> {
+    let Extent::Patched { base, patches, .. } = e else { return None };
+    if base.addr() == Some(addr) {
+        return None;
+    }
+    let mut runs = Vec::new();
+    for (i, p) in patches.iter().enumerate() {
+        if p.piece.addr() == Some(addr) {
+            let s = shows(patches, i);
+            runs.extend(if s.is_empty() { p.runs.clone() } else { s });
+        }
+    }
+    (!runs.is_empty()).then_some(runs)
+}
+
+/// For a chunk `e` with blocks of its own among `addrs`: when it is
+/// patched, the blocks of it stored there that still show (of its base,
+/// what no patch replaces), to store again as patches; empty, the chunk
+/// is moved whole.
+fn showing_here(e: &Extent, addrs: &HashSet<BlockAddr>) -> Vec<(u32, u32)> {
+    let Extent::Patched { base, patches, .. } = e else { return Vec::new() };
+    let here = |p: &Extent| matches!(*p, Extent::Own(a, _) if addrs.contains(&a));
+    let blocks = e.len().div_ceil(u64::from(PATCH_BLOCK)) as u32;
+    let mut runs = Vec::new();
+    if here(base) {
+        let over: Vec<(u32, u32)> = patches.iter().flat_map(|p| p.runs.iter().copied()).collect();
+        runs = shown(&[(0, blocks)], &over);
+    }
+    for (i, _) in patches.iter().enumerate().filter(|(_, p)| here(&p.piece)) {
+        runs.extend(shows(patches, i));
+    }
+    runs
+}
+
 impl State {
     /// One round: up to [`ROUND`] victims. False when there is nothing
     /// (more) to do.
@@ -325,126 +362,109 @@ impl State {
         let mut own: BTreeMap<Ino, HashSet<BlockAddr>> = BTreeMap::new();
         for b in blocks.iter().filter(|b| b.kind == BlockKind::Data) {
             if b.owner == 0 {
-                // Shared: the reference list names the chunks.
-                let key = shared_key(b.addr);
-                if held.get(&key).is_some() {
-                    all = false;
-                    continue;
-                }
-                let Some(v) = self.get(&key)? else { continue };
-                let (refs, _) = decode_refs(&v)?;
-                let mut back = false;
-                for &(ino, idx) in &refs {
-                    back |= held_back(held, ino, idx, self.stored_extent(ino, idx)?.as_ref());
-                }
-                if back {
-                    all = false;
-                    continue;
-                }
-                rep.moved_bytes += u64::from(b.addr.len);
-                let uses = |e: &Extent| {
-                    e.parts().iter().any(|p| matches!(p, Extent::Shared { addr, .. } if *addr == b.addr))
-                };
-                // A chunk is listed once for each of its pieces here.
-                let mut refs = refs;
-                refs.sort_unstable();
-                refs.dedup();
-                for (ino, idx) in refs {
-                    let e = self.stored_extent(ino, idx)?;
-                    let patch = match &e {
-                        Some(Extent::Patched { base, patches, .. }) if base.addr() != Some(b.addr) => {
-                            // The blocks of its patches here that still show
-                            // (newer patches hide the rest).
-                            let mut runs = Vec::new();
-                            for (i, p) in patches.iter().enumerate() {
-                                if p.piece.addr() == Some(b.addr) {
-                                    let s = shows(patches, i);
-                                    runs.extend(if s.is_empty() { p.runs.clone() } else { s });
-                                }
-                            }
-                            (!runs.is_empty()).then_some(runs)
-                        }
-                        _ => None,
-                    };
-                    match (patch, e) {
-                        // Patches lie here: move them, not the chunk (which
-                        // may be many times their size).
-                        (Some(runs), _) => {
-                            self.move_patch(ino, idx, &runs)?;
-                            rep.patches += 1;
-                            self.relocated()?;
-                        }
-                        (None, Some(e)) if uses(&e) => self.relocate(ino, idx, rep)?,
-                        _ => {
-                            return Err(Error::corrupt(
-                                format!("block {}", b.addr),
-                                format!(
-                                    "its reference list names chunk {idx} of inode {ino}, which is not in it"
-                                ),
-                            ))
-                        }
-                    }
-                }
+                all &= self.move_shared(b.addr, rep, held)?;
             } else {
                 own.entry(b.owner).or_default().insert(b.addr);
             }
         }
         for (ino, addrs) in own {
-            let (lo, hi) = extents_from(ino, 0);
-            let mut found = Vec::new();
-            for (k, v) in self.scan(&lo, &hi, usize::MAX)? {
-                let e = Extent::decode(&v, &format!("chunk of inode {ino}"))?;
-                let here = |p: &Extent| matches!(*p, Extent::Own(a, _) if addrs.contains(&a));
-                // A patched chunk: the blocks of it stored here that still
-                // show (of its base, what no patch replaces), to store again
-                // as patches; an empty list moves the chunk whole.
-                let rest = match &e {
-                    Extent::Patched { base, patches, .. } => {
-                        let blocks = e.len().div_ceil(u64::from(PATCH_BLOCK)) as u32;
-                        let mut runs = Vec::new();
-                        if here(base) {
-                            let over: Vec<(u32, u32)> =
-                                patches.iter().flat_map(|p| p.runs.iter().copied()).collect();
-                            runs = shown(&[(0, blocks)], &over);
-                        }
-                        for (i, _) in patches.iter().enumerate().filter(|(_, p)| here(&p.piece)) {
-                            runs.extend(shows(patches, i));
-                        }
-                        runs
-                    }
-                    _ => Vec::new(),
-                };
-                let mut bytes = 0;
-                for p in e.parts() {
-                    if let Extent::Own(a, _) = *p {
-                        if addrs.contains(&a) {
-                            bytes += a.len;
-                        }
-                    }
-                }
-                if bytes > 0 {
-                    let (_, idx) = parse_extent_key(&k)
-                        .ok_or_else(|| Error::corrupt("chunk key", format!("{k:02x?}")))?;
-                    found.push((idx, bytes, rest, held_back(held, ino, idx, Some(&e))));
-                }
+            all &= self.move_owned(ino, &addrs, rep, held)?;
+        }
+        Ok(all)
+    }
+
+    /// Move what shared block `addr` holds: the chunks its reference list
+    /// names, or their patches. False when they are held back.
+    fn move_shared(&mut self, addr: BlockAddr, rep: &mut CleanReport, held: &Pending) -> Result<bool> {
+        let key = shared_key(addr);
+        if held.get(&key).is_some() {
+            return Ok(false);
+        }
+        let Some(v) = self.get(&key)? else { return Ok(true) };
+        let (mut refs, _) = decode_refs(&v)?;
+        let mut back = false;
+        for &(ino, idx) in &refs {
+            back |= held_back(held, ino, idx, self.stored_extent(ino, idx)?.as_ref());
+        }
+        if back {
+            return Ok(false);
+        }
+        rep.moved_bytes += u64::from(addr.len);
+        // A chunk is listed once for each of its pieces here.
+        refs.sort_unstable();
+        refs.dedup();
+        for (ino, idx) in refs {
+            self.move_from_shared(addr, ino, idx, rep)?;
+        }
+        Ok(true)
+    }
+
+    /// Move chunk `idx` of `ino` out of shared block `addr`: its patches
+    /// there, if that is what lies there, or the chunk.
+    fn move_from_shared(&mut self, addr: BlockAddr, ino: Ino, idx: u64, rep: &mut CleanReport) -> Result<()> {
+        let e = self.stored_extent(ino, idx)?;
+        let uses =
+            |e: &Extent| e.parts().iter().any(|p| matches!(p, Extent::Shared { addr: a, .. } if *a == addr));
+        match (e.as_ref().and_then(|e| patches_in(e, addr)), e) {
+            // Patches lie here: move them, not the chunk (which may be many
+            // times their size).
+            (Some(runs), _) => {
+                self.move_patch(ino, idx, &runs)?;
+                rep.patches += 1;
+                self.relocated()
             }
-            for (idx, bytes, rest, back) in found {
-                if back {
-                    all = false;
-                    continue;
-                }
-                rep.moved_bytes += u64::from(bytes);
-                if rest.is_empty() {
-                    self.relocate(ino, idx, rep)?;
-                } else {
-                    // A patched chunk's base: store what of it still shows
-                    // as more patches, and the base is gone (the chunk is
-                    // its patches from then on), instead of writing the
-                    // whole chunk again.
-                    self.move_patch(ino, idx, &rest)?;
-                    rep.patches += 1;
-                    self.relocated()?;
-                }
+            (None, Some(e)) if uses(&e) => self.relocate(ino, idx, rep),
+            _ => Err(Error::corrupt(
+                format!("block {addr}"),
+                format!("its reference list names chunk {idx} of inode {ino}, which is not in it"),
+            )),
+        }
+    }
+
+    /// Move the chunks of `ino` with blocks of their own among `addrs`.
+    /// False when some are held back.
+    fn move_owned(
+        &mut self,
+        ino: Ino,
+        addrs: &HashSet<BlockAddr>,
+        rep: &mut CleanReport,
+        held: &Pending,
+    ) -> Result<bool> {
+        let (lo, hi) = extents_from(ino, 0);
+        let mut found = Vec::new();
+        for (k, v) in self.scan(&lo, &hi, usize::MAX)? {
+            let e = Extent::decode(&v, &format!("chunk of inode {ino}"))?;
+            let bytes: u32 = e
+                .parts()
+                .iter()
+                .filter_map(|p| match **p {
+                    Extent::Own(a, _) if addrs.contains(&a) => Some(a.len),
+                    _ => None,
+                })
+                .sum();
+            if bytes > 0 {
+                let (_, idx) =
+                    parse_extent_key(&k).ok_or_else(|| Error::corrupt("chunk key", format!("{k:02x?}")))?;
+                found.push((idx, bytes, showing_here(&e, addrs), held_back(held, ino, idx, Some(&e))));
+            }
+        }
+        let mut all = true;
+        for (idx, bytes, rest, back) in found {
+            if back {
+                all = false;
+                continue;
+            }
+            rep.moved_bytes += u64::from(bytes);
+            if rest.is_empty() {
+                self.relocate(ino, idx, rep)?;
+            } else {
+                // A patched chunk's base: store what of it still shows as
+                // more patches, and the base is gone (the chunk is its
+                // patches from then on), instead of writing the whole chunk
+                // again.
+                self.move_patch(ino, idx, &rest)?;
+                rep.patches += 1;
+                self.relocated()?;
             }
         }
         Ok(all)

@@ -69,7 +69,7 @@ impl State {
 
     fn note_dropped_atime(&mut self, e: &Error) {
         if self.stats.atime_dropped == 0 {
-            eprintln!("zlogfs: atime updates are dropped while a commit fails: {e}");
+            tracing::warn!("atime updates are dropped while a commit fails: {e}");
         }
         self.stats.atime_dropped += 1;
     }
@@ -179,6 +179,7 @@ impl Fs {
             i.mode &= !c.cleared_by_write(i.mode, i.gid);
         }
         st.save(&i);
+        st.debug_check_file(&i);
         Ok(data.len())
     }
 
@@ -246,6 +247,7 @@ impl Fs {
             }
         }
         st.save(&i);
+        st.debug_check_file(&i);
         Ok(st.attr(&i))
     }
 
@@ -306,6 +308,7 @@ impl Fs {
             i.mode &= !c.cleared_by_write(i.mode, i.gid);
         }
         st.save(&i);
+        st.debug_check_file(&i);
         Ok(())
     }
 

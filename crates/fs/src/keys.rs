@@ -120,6 +120,10 @@ pub fn xattr_key(ino: Ino, name: &[u8]) -> Vec<u8> {
 pub fn xattrs_range(ino: Ino) -> (Vec<u8>, Vec<u8>) {
     (key(T_XATTR, ino), key(T_XATTR, ino + 1))
 }
+/// Range of all xattrs.
+pub fn all_xattrs_range() -> (Vec<u8>, Vec<u8>) {
+    (vec![T_XATTR], vec![T_XATTR + 1])
+}
 /// The reference list of a data block shared by several chunks.
 pub fn shared_key(a: BlockAddr) -> Vec<u8> {
     let mut k = vec![T_SHARED];

@@ -182,45 +182,10 @@ impl State {
         if skind == Kind::Dir && p != np {
             self.check_not_below(np, sino)?;
         }
-        let t = now();
-        if flags & RENAME_EXCHANGE != 0 {
-            let (dino, dkind) = dst.expect("checked");
-            if dkind == Kind::Dir && p != np {
-                self.check_not_below(p, dino)?;
-            }
-            self.put(dirent_key(p, n), encode_dirent(dino, dkind));
-            self.put(dirent_key(np, nn), encode_dirent(sino, skind));
-            let mut s = self.inode(sino)?;
-            let mut d = self.inode(dino)?;
-            if p != np {
-                let (sd, dd) = (skind == Kind::Dir, dkind == Kind::Dir);
-                if sd {
-                    s.parent = np;
-                }
-                if dd {
-                    d.parent = p;
-                }
-                if sd != dd {
-                    let mut pi = self.inode(p)?;
-                    let mut npi = self.inode(np)?;
-                    if sd {
-                        pi.nlink -= 1;
-                        npi.nlink += 1;
-                    } else {
-                        pi.nlink += 1;
-                        npi.nlink -= 1;
-                    }
-                    self.save(&pi);
-                    self.save(&npi);
-                }
-            }
-            s.ctime = t;
-            d.ctime = t;
-            self.save(&s);
-            self.save(&d);
-            self.touch_dirs(p, np, t)?;
-            return Ok(());
+        if let Some(d) = dst.filter(|_| flags & RENAME_EXCHANGE != 0) {
+            return self.exchange(p, n, np, nn, (sino, skind), d);
         }
+        let t = now();
         // Check the replaced entry before changing anything.
         let victim = match dst {
             Some((dino, dkind)) => {
@@ -266,6 +231,56 @@ impl State {
                 self.drop_link(v)?;
             }
         }
+        Ok(())
+    }
+
+    /// RENAME_EXCHANGE: entries `n` of `p` and `nn` of `np` swap inodes
+    /// (`src` and `dst`, with their kinds).
+    fn exchange(
+        &mut self,
+        p: Ino,
+        n: &[u8],
+        np: Ino,
+        nn: &[u8],
+        src: (Ino, Kind),
+        dst: (Ino, Kind),
+    ) -> Result<()> {
+        let ((sino, skind), (dino, dkind)) = (src, dst);
+        let t = now();
+        if dkind == Kind::Dir && p != np {
+            self.check_not_below(p, dino)?;
+        }
+        self.put(dirent_key(p, n), encode_dirent(dino, dkind));
+        self.put(dirent_key(np, nn), encode_dirent(sino, skind));
+        let mut s = self.inode(sino)?;
+        let mut d = self.inode(dino)?;
+        if p != np {
+            let (sd, dd) = (skind == Kind::Dir, dkind == Kind::Dir);
+            if sd {
+                s.parent = np;
+            }
+            if dd {
+                d.parent = p;
+            }
+            if sd != dd {
+                let mut pi = self.inode(p)?;
+                let mut npi = self.inode(np)?;
+                if sd {
+                    pi.nlink -= 1;
+                    npi.nlink += 1;
+                } else {
+                    pi.nlink += 1;
+                    npi.nlink -= 1;
+                }
+                self.save(&pi);
+                self.save(&npi);
+            }
+        }
+        s.ctime = t;
+        d.ctime = t;
+        self.save(&s);
+        self.save(&d);
+        self.touch_dirs(p, np, t)?;
         Ok(())
     }
 
@@ -360,6 +375,7 @@ impl Fs {
         let mut i = st.make(parent, name, 0o120777, 0, (uid, gid), 0)?;
         st.write_data(&mut i, 0, target)?;
         st.save(&i);
+        st.debug_check_file(&i);
         Ok(st.attr(&i))
     }
 

@@ -150,6 +150,21 @@ impl State {
         }
     }
 
+    /// Log and count an error of background work (`what`): nobody waits
+    /// for its result. The first of a kind is a warning; the same error
+    /// again is only counted (and logged at debug level), so that a full
+    /// image cleaned at every interval does not fill the log.
+    pub(crate) fn background_error(&mut self, what: &str, e: &Error) {
+        let text = format!("{what} failed: {e}");
+        if self.stats.last_background_error.as_deref() == Some(text.as_str()) {
+            tracing::debug!("{text} (again)");
+        } else {
+            tracing::warn!("{text}");
+        }
+        self.stats.background_errors += 1;
+        self.stats.last_background_error = Some(text);
+    }
+
     /// Delete what an orphan record says is left to delete.
     pub(crate) fn finish_orphans(&mut self) -> Result<()> {
         let (lo, hi) = orphans_range();

@@ -35,4 +35,9 @@ pub struct FsStats {
     /// atime updates dropped: the log had no room outside the reserve, or
     /// the commit that would have made room for them failed.
     pub atime_dropped: u64,
+    /// Errors of background work (the commit thread's commits and syncs,
+    /// background cleaning), each also logged.
+    pub background_errors: u64,
+    /// The last of them.
+    pub last_background_error: Option<String>,
 }

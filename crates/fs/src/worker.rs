@@ -13,50 +13,77 @@ use crate::{lock, CleanOptions, CleanReport};
 pub(crate) fn commit_loop(w: Weak<Inner>, eng: Arc<Engine>, iv: Duration) {
     loop {
         let Some(inner) = w.upgrade() else { return };
-        {
-            let stop = lock(&inner.stop);
-            if *stop {
-                return;
-            }
-            let (stop, _) = inner.wake.wait_timeout(stop, iv).unwrap_or_else(|p| p.into_inner());
-            if *stop {
-                return;
+        if !wait(&inner, iv) {
+            return;
+        }
+        commit_and_sync(&inner, &eng);
+        clean_if_low(&inner, &eng);
+    }
+}
+
+/// Wait for the interval; false when the file system is closing.
+fn wait(inner: &Inner, iv: Duration) -> bool {
+    let stop = lock(&inner.stop);
+    if *stop {
+        return false;
+    }
+    let (stop, _) = inner.wake.wait_timeout(stop, iv).unwrap_or_else(|p| p.into_inner());
+    !*stop
+}
+
+/// Commit what the interval gathered, and make it durable. A failure is
+/// logged and counted; the next operation that needs the engine meets it
+/// again (a failed write or sync latches the engine), so nothing is lost
+/// by waiting.
+fn commit_and_sync(inner: &Inner, eng: &Engine) {
+    let committed = {
+        let mut st = lock(&inner.st);
+        if st.group.is_empty() && st.bufs.is_empty() {
+            return;
+        }
+        match st.commit() {
+            Ok(()) => true,
+            Err(e) => {
+                st.background_error("the interval's commit", &e);
+                false
             }
         }
-        let busy = {
-            let mut st = lock(&inner.st);
-            let busy = !st.group.is_empty() || !st.bufs.is_empty();
-            // An error here is reported again by the next operation that
-            // needs the engine (it latches); nothing is lost by waiting.
-            busy && st.commit().is_ok()
-        };
-        if busy {
-            let _ = eng.sync();
+    };
+    if committed {
+        if let Err(e) = eng.sync() {
+            lock(&inner.st).background_error("the interval's sync", &e.into());
         }
-        // Clean in the background when free segments run low, a round at a
-        // time so that requests are served in between. An error latches
-        // the engine or is met again by the writer that needs the space.
-        let g = eng.superblock().geometry;
-        // Few: free segments kept idle are space the cleaner cannot use to
-        // let dead bytes gather, and with a tenth of the image kept free,
-        // 4 KiB random overwrites of a 70%-full image wrote 5.0 device
-        // bytes per byte against 3.8 with 6 segments (docs/BENCHMARKS.md).
-        // A writer that finds no room cleans for itself (`clean_for`).
-        // Both clean in bursts (`CLEAN_BURST`).
-        let low = (g.segment_count / 64).max(6);
-        let es = eng.stats();
-        if es.free_segments + es.pinned_segments < low {
-            let opts = CleanOptions {
-                max_live: 0.8,
-                target_free: Some(low + CLEAN_BURST),
-                ..CleanOptions::default()
-            };
-            let (mut rep, mut tried) = (CleanReport::default(), std::collections::HashSet::new());
-            while !*lock(&inner.stop) {
-                match lock(&inner.st).clean_round(&opts, &mut rep, &mut tried) {
-                    Ok(true) => {}
-                    _ => break,
-                }
+    }
+}
+
+/// Clean in the background when free segments run low, a round at a time
+/// so that requests are served in between. A failure is logged and
+/// counted; it latches the engine or is met again by the writer that needs
+/// the space.
+fn clean_if_low(inner: &Inner, eng: &Engine) {
+    let g = eng.superblock().geometry;
+    // Few: free segments kept idle are space the cleaner cannot use to
+    // let dead bytes gather, and with a tenth of the image kept free,
+    // 4 KiB random overwrites of a 70%-full image wrote 5.0 device
+    // bytes per byte against 3.8 with 6 segments (docs/decisions/).
+    // A writer that finds no room cleans for itself (`clean_for`).
+    // Both clean in bursts (`CLEAN_BURST`).
+    let low = (g.segment_count / 64).max(6);
+    let es = eng.stats();
+    if es.free_segments + es.pinned_segments >= low {
+        return;
+    }
+    let opts =
+        CleanOptions { max_live: 0.8, target_free: Some(low + CLEAN_BURST), ..CleanOptions::default() };
+    let (mut rep, mut tried) = (CleanReport::default(), std::collections::HashSet::new());
+    while !*lock(&inner.stop) {
+        let mut st = lock(&inner.st);
+        match st.clean_round(&opts, &mut rep, &mut tried) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(e) => {
+                st.background_error("background cleaning", &e);
+                break;
             }
         }
     }

@@ -82,7 +82,7 @@ pub mod init {
     pub const DO_READDIRPLUS: u64 = 1 << 13;
     pub const READDIRPLUS_AUTO: u64 = 1 << 14;
     /// Not asked for (see `dev::WANT`); named for the test that says so.
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg_attr(not(test), expect(dead_code, reason = "only the test that says it is off names it"))]
     pub const ASYNC_DIO: u64 = 1 << 15;
     pub const PARALLEL_DIROPS: u64 = 1 << 18;
     pub const POSIX_ACL: u64 = 1 << 20;
@@ -655,7 +655,7 @@ pub fn lseek_out(off: u64) -> [u8; 8] {
 }
 
 /// `struct fuse_statfs_out`.
-#[allow(clippy::too_many_arguments)]
+#[expect(clippy::too_many_arguments, reason = "one argument per field of the kernel's struct")]
 pub fn statfs_out(
     blocks: u64,
     bfree: u64,

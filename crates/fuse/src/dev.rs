@@ -162,11 +162,11 @@ pub fn send(dev: &File, unique: u64, error: i32, parts: &[&[u8]]) {
     iov.extend(parts.iter().map(|p| IoSlice::new(p)));
     match (&*dev).write_vectored(&iov) {
         Ok(n) if n == abi::OUT_HEADER + body => {}
-        Ok(n) => eprintln!("zlogfs: FUSE reply cut short ({n} of {} bytes)", abi::OUT_HEADER + body),
+        Ok(n) => tracing::warn!("FUSE reply cut short ({n} of {} bytes)", abi::OUT_HEADER + body),
         // ENOENT: the request was interrupted and is gone; ENODEV:
         // unmounted. Neither is ours to report.
         Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENODEV)) => {}
-        Err(e) => eprintln!("zlogfs: FUSE reply: {e}"),
+        Err(e) => tracing::warn!("FUSE reply: {e}"),
     }
 }
 
@@ -200,7 +200,7 @@ pub fn serve(dev: Arc<File>, max_write: u32, handler: &dyn Handler, spin: Durati
         let (h, arg, data) = match abi::split_dev(msg, handler.flags()) {
             Ok(x) => x,
             Err(e) => {
-                eprintln!("zlogfs: {}", bad(e));
+                tracing::warn!("{}", bad(e));
                 if let Ok(h) = InHeader::parse(msg) {
                     send(&dev, h.unique, -libc::EIO, &[]);
                 }
@@ -218,7 +218,7 @@ pub fn serve(dev: Arc<File>, max_write: u32, handler: &dyn Handler, spin: Durati
             }
             Ok(op) => super::dispatch(handler, &h, op, Reply::dev(Arc::clone(&dev), h.unique)),
             Err(e) => {
-                eprintln!("zlogfs: {} (operation {})", bad(e), h.opcode);
+                tracing::warn!("{} (operation {})", bad(e), h.opcode);
                 send(&dev, h.unique, -libc::EIO, &[]);
             }
         }

@@ -15,6 +15,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use nix::mount::{MntFlags, MsFlags};
 use nix::sys::socket::{self, AddressFamily, ControlMessageOwned, MsgFlags, SockFlag, SockType};
 
 use super::MountOptions;
@@ -119,22 +120,20 @@ fn mount_direct(dir: &Path, opts: &MountOptions) -> io::Result<(File, Unmounter)
     }
     let source = cstring("image path", opts.fsname.as_bytes())?;
     let target = cstring("mount point", dir.as_os_str().as_bytes())?;
-    let data = cstring("options", data.as_bytes())?;
     // No MS_NOSUID or MS_NODEV unless asked: root mounts behave as a disk
     // file system. The atime flags only show in /proc/mounts: atime is
     // the file system's own policy (the kernel leaves it to FUSE servers).
-    let mut flags: libc::c_ulong = opts.flags.0;
+    let mut flags = MsFlags::from_bits_retain(opts.flags.0);
     if opts.read_only {
-        flags |= libc::MS_RDONLY;
+        flags |= MsFlags::MS_RDONLY;
     }
-    // SAFETY: every pointer is a valid NUL-terminated string that outlives
-    // the call; the kernel copies them and keeps none.
-    let rc = unsafe {
-        libc::mount(source.as_ptr(), target.as_ptr(), c"fuse.zlogfs".as_ptr(), flags, data.as_ptr().cast())
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    nix::mount::mount(
+        Some(source.as_c_str()),
+        target.as_c_str(),
+        Some("fuse.zlogfs"),
+        flags,
+        Some(data.as_str()),
+    )?;
     Ok((dev, Unmounter::Direct(target)))
 }
 
@@ -221,15 +220,11 @@ impl Unmounter {
             Unmounter::Direct(dir) => {
                 // A plain unmount; when files are still open, a lazy one
                 // (the session ends when the last of them is closed).
-                for flags in [0, libc::MNT_DETACH] {
-                    // SAFETY: `dir` is a valid NUL-terminated path that
-                    // outlives the call; umount2 reads nothing else of ours.
-                    if unsafe { libc::umount2(dir.as_ptr(), flags) } == 0 {
-                        return Ok(());
-                    }
-                    let e = io::Error::last_os_error();
-                    if e.raw_os_error() != Some(libc::EBUSY) {
-                        return Err(e);
+                for flags in [MntFlags::empty(), MntFlags::MNT_DETACH] {
+                    match nix::mount::umount2(dir.as_c_str(), flags) {
+                        Ok(()) => return Ok(()),
+                        Err(nix::errno::Errno::EBUSY) => {}
+                        Err(e) => return Err(e.into()),
                     }
                 }
                 Err(io::Error::from_raw_os_error(libc::EBUSY))

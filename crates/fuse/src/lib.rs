@@ -140,7 +140,7 @@ pub(crate) trait Handler: Send + Sync {
 fn dispatch(handler: &dyn Handler, h: &InHeader, op: Op<'_>, reply: Reply) {
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler.serve(h, op, reply)));
     if let Err(p) = r {
-        eprintln!("zlogfs: internal error serving FUSE operation {}: {}", h.opcode, panic_text(&*p));
+        tracing::error!("internal error serving FUSE operation {}: {}", h.opcode, panic_text(&*p));
     }
 }
 
@@ -240,7 +240,7 @@ impl Workers {
                             // dropped); the worker goes on.
                             Ok(job) => {
                                 if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)) {
-                                    eprintln!("zlogfs: internal error in a worker: {}", panic_text(&*p));
+                                    tracing::error!("internal error in a worker: {}", panic_text(&*p));
                                 }
                             }
                             Err(_) => return,
@@ -334,9 +334,17 @@ fn caller_of(pid: u32, gid: u32, fsetid: Option<bool>) -> Caller {
 /// refused operation.
 fn reply_errno(e: Error) -> i32 {
     if is_failure(&e) {
-        eprintln!("zlogfs: {e}");
+        tracing::error!("{e}");
     }
     errno(&e)
+}
+
+/// Reply with bytes, or the error.
+fn data(r: Result<Vec<u8>, Error>, reply: Reply) {
+    match r {
+        Ok(d) => reply.data(&d),
+        Err(e) => reply.error(reply_errno(e)),
+    }
 }
 
 /// Reply to a request that returns nothing.
@@ -607,110 +615,35 @@ impl Handler for ZlogFuse {
         self.flags
     }
 
+    /// One request: a call per operation, so that each reads on its own.
     fn serve(&self, h: &InHeader, op: Op<'_>, reply: Reply) {
         let ino = h.nodeid;
         match op {
             Op::Lookup { name } => self.lookup(ino, name, reply),
             Op::Getattr => self.attr(self.fs.getattr(ino), reply),
-            Op::Setattr(s) => {
-                // A truncate says KILL_SUIDGID only when its caller has no
-                // CAP_FSETID; a chown always, and we look.
-                let chown = s.uid.is_some() || s.gid.is_some();
-                let by = (s.kill_setid && self.has_setid(ino))
-                    .then(|| self.caller(h, if chown { None } else { Some(false) }));
-                let a = SetAttr {
-                    mode: s.mode,
-                    uid: s.uid,
-                    gid: s.gid,
-                    size: s.size,
-                    atime: set_time(s.atime),
-                    mtime: set_time(s.mtime),
-                    ctime: None,
-                    btime: None,
-                    by,
-                };
-                self.attr(self.fs.setattr(ino, &a), reply)
-            }
-            Op::Readlink => match self.fs.readlink(ino) {
-                Ok(t) => reply.data(&t),
-                Err(e) => reply.error(reply_errno(e)),
-            },
+            Op::Setattr(s) => self.setattr(h, &s, reply),
+            Op::Readlink => data(self.fs.readlink(ino), reply),
             Op::Mknod { name, mode, rdev, umask } => {
                 self.entry(self.make(h, name, mode, umask, u64::from(rdev)), reply)
             }
             Op::Mkdir { name, mode, umask } => {
                 self.entry(self.make(h, name, libc::S_IFDIR | (mode & 0o7777), umask, 0), reply)
             }
-            Op::Symlink { name, target } => {
-                let r = self
-                    .owner(h, ino, libc::S_IFLNK)
-                    .and_then(|(uid, gid, _)| self.fs.symlink(ino, name, target, uid, gid));
-                self.changed(&[ino]);
-                self.entry(r, reply)
-            }
-            Op::Unlink { name } => {
-                let r = self.fs.unlink(ino, name);
-                self.changed(&[ino]);
-                empty(r, reply)
-            }
-            Op::Rmdir { name } => {
-                let r = self.fs.rmdir(ino, name);
-                self.changed(&[ino]);
-                empty(r, reply)
-            }
+            Op::Symlink { name, target } => self.symlink(h, name, target, reply),
+            Op::Unlink { name } => self.in_dirs(&[ino], self.fs.unlink(ino, name), reply),
+            Op::Rmdir { name } => self.in_dirs(&[ino], self.fs.rmdir(ino, name), reply),
             Op::Rename { name, newdir, newname, flags } => {
-                let r = self.fs.rename(ino, name, newdir, newname, flags);
-                self.changed(&[ino, newdir]);
-                empty(r, reply)
+                self.in_dirs(&[ino, newdir], self.fs.rename(ino, name, newdir, newname, flags), reply)
             }
             Op::Link { ino: target, newname } => {
                 let r = self.fs.link(target, ino, newname);
                 self.changed(&[ino]);
                 self.entry(r, reply)
             }
-            Op::Open => match self.fs.open_file(ino) {
-                Ok(_) => {
-                    let mut b = Vec::with_capacity(16);
-                    abi::put_open(&mut b, OPEN_FLAGS);
-                    reply.data(&b)
-                }
-                Err(e) => reply.error(reply_errno(e)),
-            },
-            Op::Read { offset, size } => {
-                let fs = Arc::clone(&self.fs);
-                let serve = move || match fs.read(ino, offset, size as usize) {
-                    Ok(d) => reply.data(&d),
-                    Err(e) => reply.error(reply_errno(e)),
-                };
-                if size as usize >= LARGE_IO {
-                    self.workers.run(serve);
-                } else {
-                    serve();
-                }
-            }
-            Op::Write { offset, data, kill_setid } => {
-                // The writer has no CAP_FSETID: the set-ID bits may go.
-                let by = (kill_setid && self.has_setid(ino)).then(|| self.caller(h, Some(false)));
-                let write = move |fs: &Fs, data: &[u8]| match &by {
-                    Some(c) => fs.write_by(ino, offset, data, c),
-                    None => fs.write(ino, offset, data),
-                };
-                if data.len() >= LARGE_IO {
-                    // The request's buffer is the transport's: a worker
-                    // needs a copy.
-                    let fs = Arc::clone(&self.fs);
-                    let data = data.to_vec();
-                    self.workers.run(move || written(write(&fs, &data), reply));
-                    return;
-                }
-                written(write(&self.fs, data), reply)
-            }
-            Op::Statfs => match self.fs.statfs() {
-                Ok(s) => reply.data(&abi::statfs_out(
-                    s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize,
-                )),
-                Err(e) => reply.error(reply_errno(e)),
-            },
+            Op::Open => self.open(ino, reply),
+            Op::Read { offset, size } => self.read(ino, offset, size, reply),
+            Op::Write { offset, data, kill_setid } => self.write(h, offset, data, kill_setid, reply),
+            Op::Statfs => self.statfs(reply),
             Op::Release => empty(self.fs.release_file(ino), reply),
             Op::Flush | Op::Releasedir | Op::Destroy => reply.ok(),
             Op::Fsync { datasync } | Op::Fsyncdir { datasync } => {
@@ -729,90 +662,18 @@ impl Handler for ZlogFuse {
                 Ok(v) => Self::xattr(&v, size, reply),
                 Err(e) => reply.error(reply_errno(e)),
             },
-            Op::Listxattr { size } => match self.fs.listxattr(ino) {
-                Ok(names) => {
-                    let mut v = Vec::new();
-                    for n in names {
-                        v.extend_from_slice(&n);
-                        v.push(0);
-                    }
-                    Self::xattr(&v, size, reply)
-                }
-                Err(e) => reply.error(reply_errno(e)),
-            },
+            Op::Listxattr { size } => self.listxattr(ino, size, reply),
             Op::Removexattr { name } => empty(self.fs.removexattr(ino, name), reply),
-            Op::Opendir => {
-                // Offsets need no per-handle state (see dirlist): where the
-                // kernel allows, it is told so once and then opens
-                // directories itself, caching their listings
-                // (FOPEN_CACHE_DIR is its default then).
-                if self.no_opendir {
-                    return reply.error(libc::ENOSYS);
-                }
-                match self.fs.getattr(ino) {
-                    Ok(a) if a.kind == Kind::Dir => {
-                        let mut b = Vec::with_capacity(16);
-                        abi::put_open(&mut b, fopen::KEEP_CACHE | fopen::CACHE_DIR);
-                        reply.data(&b)
-                    }
-                    Ok(_) => reply.error(libc::ENOTDIR),
-                    Err(e) => reply.error(reply_errno(e)),
-                }
-            }
+            Op::Opendir => self.opendir(ino, reply),
             Op::Readdir { offset, size, plus } => self.readdir(ino, offset, size, plus, reply),
             // The kernel checks permissions (default_permissions); this
             // only says whether the inode exists.
             Op::Access => empty(self.fs.getattr(ino).map(|_| ()), reply),
-            Op::Create { name, mode, umask } => {
-                let r = self
-                    .make(h, name, libc::S_IFREG | (mode & 0o7777), umask, 0)
-                    .and_then(|a| self.fs.open_file(a.ino));
-                match r {
-                    Ok(a) => {
-                        let mut b = self.entry_bytes(&a);
-                        abi::put_open(&mut b, OPEN_FLAGS);
-                        reply.data(&b)
-                    }
-                    Err(e) => reply.error(reply_errno(e)),
-                }
-            }
-            Op::Fallocate { offset, length, mode } => {
-                // The kernel leaves the set-ID bits to us and says nothing
-                // of the caller's CAP_FSETID: we look.
-                let by = self.has_setid(ino).then(|| self.caller(h, None));
-                let fs = Arc::clone(&self.fs);
-                self.workers.run(move || {
-                    let r = match &by {
-                        Some(c) => fs.fallocate_by(ino, mode, offset, length, c),
-                        None => fs.fallocate(ino, mode, offset, length),
-                    };
-                    empty(r, reply)
-                });
-            }
-            Op::Lseek { offset, whence } => {
-                let data = match whence as i32 {
-                    libc::SEEK_DATA => true,
-                    libc::SEEK_HOLE => false,
-                    _ => return reply.error(libc::EINVAL),
-                };
-                if (offset as i64) < 0 {
-                    return reply.error(libc::ENXIO);
-                }
-                match self.fs.lseek(ino, offset, data) {
-                    Ok(o) => reply.data(&abi::lseek_out(o)),
-                    Err(e) => reply.error(reply_errno(e)),
-                }
-            }
+            Op::Create { name, mode, umask } => self.create(h, name, mode, umask, reply),
+            Op::Fallocate { offset, length, mode } => self.fallocate(h, offset, length, mode, reply),
+            Op::Lseek { offset, whence } => self.lseek(ino, offset, whence, reply),
             Op::CopyFileRange { off_in, ino_out, off_out, len } => {
-                // The reply counts bytes in 32 bits: copy at most 1 GiB per
-                // call (callers loop on short copies).
-                let len = len.min(1 << 30);
-                let by = self.has_setid(ino_out).then(|| self.caller(h, None));
-                let fs = Arc::clone(&self.fs);
-                self.workers.run(move || {
-                    let r = fs.copy_file_range_by(ino, off_in, ino_out, off_out, len, by.as_ref());
-                    written(r.map(|n| n as usize), reply)
-                });
+                self.copy_file_range(h, off_in, ino_out, off_out, len, reply)
             }
             Op::Forget { nlookup } => {
                 self.forget(ino, nlookup);
@@ -828,6 +689,185 @@ impl Handler for ZlogFuse {
             Op::Interrupt => reply.ok(),
             Op::Unsupported(_) => reply.error(libc::ENOSYS),
         }
+    }
+}
+
+/// The operations whose replies take more than a line.
+impl ZlogFuse {
+    fn setattr(&self, h: &InHeader, s: &abi::Setattr, reply: Reply) {
+        let ino = h.nodeid;
+        // A truncate says KILL_SUIDGID only when its caller has no
+        // CAP_FSETID; a chown always, and we look.
+        let chown = s.uid.is_some() || s.gid.is_some();
+        let by = (s.kill_setid && self.has_setid(ino))
+            .then(|| self.caller(h, if chown { None } else { Some(false) }));
+        let a = SetAttr {
+            mode: s.mode,
+            uid: s.uid,
+            gid: s.gid,
+            size: s.size,
+            atime: set_time(s.atime),
+            mtime: set_time(s.mtime),
+            ctime: None,
+            btime: None,
+            by,
+        };
+        self.attr(self.fs.setattr(ino, &a), reply)
+    }
+
+    fn symlink(&self, h: &InHeader, name: &[u8], target: &[u8], reply: Reply) {
+        let dir = h.nodeid;
+        let r = self
+            .owner(h, dir, libc::S_IFLNK)
+            .and_then(|(uid, gid, _)| self.fs.symlink(dir, name, target, uid, gid));
+        self.changed(&[dir]);
+        self.entry(r, reply)
+    }
+
+    /// The reply to an operation that changed the entries of `dirs`.
+    fn in_dirs(&self, dirs: &[Ino], r: Result<(), Error>, reply: Reply) {
+        self.changed(dirs);
+        empty(r, reply)
+    }
+
+    fn open(&self, ino: Ino, reply: Reply) {
+        match self.fs.open_file(ino) {
+            Ok(_) => {
+                let mut b = Vec::with_capacity(16);
+                abi::put_open(&mut b, OPEN_FLAGS);
+                reply.data(&b)
+            }
+            Err(e) => reply.error(reply_errno(e)),
+        }
+    }
+
+    /// A read, large ones on a worker.
+    fn read(&self, ino: Ino, offset: u64, size: u32, reply: Reply) {
+        let fs = Arc::clone(&self.fs);
+        let serve = move || data(fs.read(ino, offset, size as usize), reply);
+        if size as usize >= LARGE_IO {
+            self.workers.run(serve);
+        } else {
+            serve();
+        }
+    }
+
+    /// A write, large ones on a worker.
+    fn write(&self, h: &InHeader, offset: u64, data: &[u8], kill_setid: bool, reply: Reply) {
+        let ino = h.nodeid;
+        // The writer has no CAP_FSETID: the set-ID bits may go.
+        let by = (kill_setid && self.has_setid(ino)).then(|| self.caller(h, Some(false)));
+        let write = move |fs: &Fs, data: &[u8]| match &by {
+            Some(c) => fs.write_by(ino, offset, data, c),
+            None => fs.write(ino, offset, data),
+        };
+        if data.len() >= LARGE_IO {
+            // The request's buffer is the transport's: a worker needs a
+            // copy.
+            let fs = Arc::clone(&self.fs);
+            let data = data.to_vec();
+            self.workers.run(move || written(write(&fs, &data), reply));
+            return;
+        }
+        written(write(&self.fs, data), reply)
+    }
+
+    fn statfs(&self, reply: Reply) {
+        match self.fs.statfs() {
+            Ok(s) => reply.data(&abi::statfs_out(
+                s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize,
+            )),
+            Err(e) => reply.error(reply_errno(e)),
+        }
+    }
+
+    fn listxattr(&self, ino: Ino, size: u32, reply: Reply) {
+        match self.fs.listxattr(ino) {
+            Ok(names) => {
+                let mut v = Vec::new();
+                for n in names {
+                    v.extend_from_slice(&n);
+                    v.push(0);
+                }
+                Self::xattr(&v, size, reply)
+            }
+            Err(e) => reply.error(reply_errno(e)),
+        }
+    }
+
+    fn opendir(&self, ino: Ino, reply: Reply) {
+        // Offsets need no per-handle state (see dirlist): where the kernel
+        // allows, it is told so once and then opens directories itself,
+        // caching their listings (FOPEN_CACHE_DIR is its default then).
+        if self.no_opendir {
+            return reply.error(libc::ENOSYS);
+        }
+        match self.fs.getattr(ino) {
+            Ok(a) if a.kind == Kind::Dir => {
+                let mut b = Vec::with_capacity(16);
+                abi::put_open(&mut b, fopen::KEEP_CACHE | fopen::CACHE_DIR);
+                reply.data(&b)
+            }
+            Ok(_) => reply.error(libc::ENOTDIR),
+            Err(e) => reply.error(reply_errno(e)),
+        }
+    }
+
+    fn create(&self, h: &InHeader, name: &[u8], mode: u32, umask: u32, reply: Reply) {
+        let r = self
+            .make(h, name, libc::S_IFREG | (mode & 0o7777), umask, 0)
+            .and_then(|a| self.fs.open_file(a.ino));
+        match r {
+            Ok(a) => {
+                let mut b = self.entry_bytes(&a);
+                abi::put_open(&mut b, OPEN_FLAGS);
+                reply.data(&b)
+            }
+            Err(e) => reply.error(reply_errno(e)),
+        }
+    }
+
+    fn fallocate(&self, h: &InHeader, offset: u64, length: u64, mode: u32, reply: Reply) {
+        let ino = h.nodeid;
+        // The kernel leaves the set-ID bits to us and says nothing of the
+        // caller's CAP_FSETID: we look.
+        let by = self.has_setid(ino).then(|| self.caller(h, None));
+        let fs = Arc::clone(&self.fs);
+        self.workers.run(move || {
+            let r = match &by {
+                Some(c) => fs.fallocate_by(ino, mode, offset, length, c),
+                None => fs.fallocate(ino, mode, offset, length),
+            };
+            empty(r, reply)
+        });
+    }
+
+    fn lseek(&self, ino: Ino, offset: u64, whence: u32, reply: Reply) {
+        let data = match whence as i32 {
+            libc::SEEK_DATA => true,
+            libc::SEEK_HOLE => false,
+            _ => return reply.error(libc::EINVAL),
+        };
+        if (offset as i64) < 0 {
+            return reply.error(libc::ENXIO);
+        }
+        match self.fs.lseek(ino, offset, data) {
+            Ok(o) => reply.data(&abi::lseek_out(o)),
+            Err(e) => reply.error(reply_errno(e)),
+        }
+    }
+
+    fn copy_file_range(&self, h: &InHeader, off_in: u64, ino_out: Ino, off_out: u64, len: u64, reply: Reply) {
+        let ino = h.nodeid;
+        // The reply counts bytes in 32 bits: copy at most 1 GiB per call
+        // (callers loop on short copies).
+        let len = len.min(1 << 30);
+        let by = self.has_setid(ino_out).then(|| self.caller(h, None));
+        let fs = Arc::clone(&self.fs);
+        self.workers.run(move || {
+            let r = fs.copy_file_range_by(ino, off_in, ino_out, off_out, len, by.as_ref());
+            written(r.map(|n| n as usize), reply)
+        });
     }
 }
 
@@ -904,7 +944,7 @@ impl Session {
         }
         self.handler.workers.stop();
         if let Err(e) = self.handler.fs.sync() {
-            eprintln!("zlogfs: sync at unmount: {e}");
+            tracing::error!("sync at unmount: {e}");
         }
         served
     }

@@ -205,7 +205,7 @@ fn queue_thread(qid: u16, ready: &mpsc::Sender<io::Result<()>>, go: mpsc::Receiv
     let _ = queue.thread.set(std::thread::current().id());
     let mut q = QueueLoop::new(ring, queue, start);
     if let Err(e) = q.run() {
-        eprintln!("zlogfs: io_uring queue {qid}: {e}");
+        tracing::warn!("io_uring queue {qid}: {e}");
     }
     if q.entries.iter().any(|e| e.state != State::Dead) {
         // The kernel may still write into these buffers: never free them.
@@ -387,8 +387,8 @@ impl QueueLoop {
             }
             libc::EAGAIN | libc::EINTR if register => self.register(i),
             _ => {
-                eprintln!(
-                    "zlogfs: io_uring queue {}: {} failed: {}",
+                tracing::warn!(
+                    "io_uring queue {}: {} failed: {}",
                     self.queue.qid,
                     if register { "REGISTER" } else { "COMMIT_AND_FETCH" },
                     io::Error::from_raw_os_error(err)
@@ -434,7 +434,7 @@ impl QueueLoop {
             // handed back.
             Ok(op) => super::dispatch(&*self.handler, &h, op, reply),
             Err(b) => {
-                eprintln!("zlogfs: malformed FUSE request (operation {}): {}", h.opcode, b.0);
+                tracing::warn!("malformed FUSE request (operation {}): {}", h.opcode, b.0);
                 reply.error(libc::EIO);
             }
         }
@@ -454,7 +454,7 @@ impl QueueLoop {
                 continue;
             }
             let (error, body) = if d.body.len() > e.payload.len() {
-                eprintln!("zlogfs: a reply of {} bytes does not fit the ring's buffer", d.body.len());
+                tracing::warn!("a reply of {} bytes does not fit the ring's buffer", d.body.len());
                 (-libc::EIO, &[][..])
             } else {
                 (d.error, &d.body[..])

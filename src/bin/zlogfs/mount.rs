@@ -12,6 +12,7 @@ use zlogfs::engine::Options;
 use zlogfs::frontends::fuse::{self, MountOptions, Uring};
 use zlogfs::fs::{Atime, Fs, FsOptions, SyncMode};
 
+use super::logging::{self, Sink};
 use super::Res;
 
 /// Set in the environment of the daemon child: it reports on stdout.
@@ -28,6 +29,11 @@ pub struct Parsed {
     /// Store small overwrites as patches (the default; `-o nopatches`
     /// turns it off).
     pub patches: bool,
+    /// `-o log=LEVEL`: what the daemon logs (as `ZLOGFS_LOG` says).
+    pub log: Option<String>,
+    /// `-o logfile=PATH`: where the background daemon logs (else the
+    /// system log).
+    pub logfile: Option<PathBuf>,
 }
 
 /// Parse a `-o` list (several `-o` are joined). Every generic option of
@@ -44,14 +50,8 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
         diratime: true,
         sync: SyncMode::Lazy,
         patches: true,
-    };
-    let secs = |k: &str, v: Option<&str>| -> Result<Duration, String> {
-        let v = v.ok_or_else(|| format!("option {k} needs a value in seconds, e.g. {k}=1"))?;
-        let s: f64 = v.parse().map_err(|_| format!("option {k}={v}: not a number of seconds"))?;
-        if !(0.0..=86_400.0).contains(&s) {
-            return Err(format!("option {k}={v}: give 0 to 86400 seconds"));
-        }
-        Ok(Duration::from_secs_f64(s))
+        log: None,
+        logfile: None,
     };
     for opt in lists.iter().flat_map(|l| l.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
         let (k, v) = match opt.split_once('=') {
@@ -59,84 +59,112 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
             None => (opt, None),
         };
         if v.is_none() && p.mount.flags.apply(k) {
-            match k {
-                "noatime" => p.atime = Atime::Noatime,
-                "atime" | "relatime" | "norelatime" | "nostrictatime" => p.atime = Atime::Relatime,
-                "strictatime" => p.atime = Atime::Strict,
-                "nodiratime" => p.diratime = false,
-                "diratime" => p.diratime = true,
-                "sync" => p.sync = SyncMode::All,
-                "async" => p.sync = SyncMode::Lazy,
-                "dirsync" if p.sync == SyncMode::Lazy => p.sync = SyncMode::Dirs,
-                _ => {}
-            }
-            continue;
+            p.generic(k);
+        } else if !p.own(k, v)? && !ignored(k) {
+            return Err(format!(
+                "unknown mount option {opt:?} (known: the generic options of mount(8), and allow_other, \
+                 default_permissions, patches, nopatches, uring[=on|off|auto], spin=US, attr_timeout=S, \
+                 entry_timeout=S, negative_timeout=S, threads=N, log=LEVEL, logfile=PATH)"
+            ));
         }
+    }
+    Ok(p)
+}
+
+impl Parsed {
+    /// What a generic option of mount(8), a flag of mount(2), means to
+    /// the file system too.
+    fn generic(&mut self, k: &str) {
         match k {
-            "ro" => p.mount.read_only = true,
-            "rw" => p.mount.read_only = false,
-            "allow_other" | "allow_root" => p.mount.allow_other = true,
-            "attr_timeout" => p.mount.attr_timeout = secs(k, v)?,
-            "entry_timeout" => p.mount.entry_timeout = secs(k, v)?,
-            "negative_timeout" => p.mount.negative_timeout = secs(k, v)?,
+            "noatime" => self.atime = Atime::Noatime,
+            "atime" | "relatime" | "norelatime" | "nostrictatime" => self.atime = Atime::Relatime,
+            "strictatime" => self.atime = Atime::Strict,
+            "nodiratime" => self.diratime = false,
+            "diratime" => self.diratime = true,
+            "sync" => self.sync = SyncMode::All,
+            "async" => self.sync = SyncMode::Lazy,
+            "dirsync" if self.sync == SyncMode::Lazy => self.sync = SyncMode::Dirs,
+            _ => {}
+        }
+    }
+
+    /// Apply option `k` (`=v`) if it is one of FUSE's or zlogfs's own;
+    /// false if it is not.
+    fn own(&mut self, k: &str, v: Option<&str>) -> Result<bool, String> {
+        match k {
+            "ro" => self.mount.read_only = true,
+            "rw" => self.mount.read_only = false,
+            "allow_other" | "allow_root" => self.mount.allow_other = true,
+            "attr_timeout" => self.mount.attr_timeout = secs(k, v)?,
+            "entry_timeout" => self.mount.entry_timeout = secs(k, v)?,
+            "negative_timeout" => self.mount.negative_timeout = secs(k, v)?,
             "uring" => {
-                p.mount.uring = match v {
+                self.mount.uring = match v {
                     None | Some("on") => Uring::On,
                     Some("off") => Uring::Off,
                     Some("auto") => Uring::Auto,
                     Some(v) => return Err(format!("option uring={v}: give on, off or auto")),
                 }
             }
-            "nouring" => p.mount.uring = Uring::Off,
+            "nouring" => self.mount.uring = Uring::Off,
             "spin" => {
-                let v = v.ok_or("option spin needs microseconds, e.g. spin=200 (0: never)")?;
-                let us: u64 = v
-                    .parse()
-                    .ok()
-                    .filter(|n| *n <= 100_000)
-                    .ok_or_else(|| format!("option spin={v}: give 0 to 100000 microseconds"))?;
-                p.mount.spin = Duration::from_micros(us);
+                let us = number(k, v, 0..=100_000, "microseconds, e.g. spin=200 (0: never)")?;
+                self.mount.spin = Duration::from_micros(us);
             }
-            "patches" => p.patches = true,
-            "nopatches" => p.patches = false,
-            "threads" => {
-                let v = v.ok_or("option threads needs a value, e.g. threads=4")?;
-                p.mount.threads = v
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=64).contains(n))
-                    .ok_or_else(|| format!("option threads={v}: give 1 to 64"))?;
+            "patches" => self.patches = true,
+            "nopatches" => self.patches = false,
+            "threads" => self.mount.threads = number(k, v, 1..=64, "threads, e.g. threads=4")? as usize,
+            "log" => {
+                let v = v.ok_or("option log needs a level, e.g. log=debug")?;
+                crate::logging::check_filter(v).map_err(|e| format!("option log={v}: {e}"))?;
+                self.log = Some(v.to_string());
             }
-            // Always on: the kernel checks permissions.
-            "default_permissions" => {}
-            // Read by mount(8) and fstab only.
-            "defaults"
-            | "auto"
-            | "noauto"
-            | "user"
-            | "users"
-            | "nouser"
-            | "owner"
-            | "group"
-            | "nofail"
-            | "_netdev"
-            | "x-systemd.automount" => {}
-            // Nothing for a FUSE file system: mandatory locks are gone from
-            // Linux (5.15), and i_version is the kernel's own.
-            "mand" | "nomand" | "iversion" | "noiversion" => {}
-            // SELinux labels: a FUSE mount takes none.
-            "context" | "fscontext" | "defcontext" | "rootcontext" => {}
-            _ if k.starts_with("x-") || k.starts_with("comment=") => {}
-            _ => {
-                return Err(format!(
-                    "unknown mount option {opt:?} (known: the generic options of mount(8), and allow_other, \
-                     default_permissions, patches, nopatches, uring[=on|off|auto], spin=US, attr_timeout=S, \
-                     entry_timeout=S, negative_timeout=S, threads=N)"
-                ))
-            }
+            "logfile" => self.logfile = Some(PathBuf::from(v.ok_or("option logfile needs a path")?)),
+            _ => return Ok(false),
         }
+        Ok(true)
     }
-    Ok(p)
+}
+
+/// Options accepted and ignored, as other FUSE file systems do.
+fn ignored(k: &str) -> bool {
+    matches!(
+        k,
+        // Always on: the kernel checks permissions.
+        "default_permissions"
+        // Read by mount(8) and fstab only.
+        | "defaults" | "auto" | "noauto" | "user" | "users" | "nouser" | "owner" | "group" | "nofail"
+        | "_netdev" | "x-systemd.automount"
+        // Nothing for a FUSE file system: mandatory locks are gone from
+        // Linux (5.15), and i_version is the kernel's own.
+        | "mand" | "nomand" | "iversion" | "noiversion"
+        // SELinux labels: a FUSE mount takes none.
+        | "context" | "fscontext" | "defcontext" | "rootcontext"
+    ) || k.starts_with("x-")
+        || k.starts_with("comment")
+}
+
+/// The value of option `k` in seconds, 0 to a day.
+fn secs(k: &str, v: Option<&str>) -> Result<Duration, String> {
+    let v = v.ok_or_else(|| format!("option {k} needs a value in seconds, e.g. {k}=1"))?;
+    let s: f64 = v.parse().map_err(|_| format!("option {k}={v}: not a number of seconds"))?;
+    if !(0.0..=86_400.0).contains(&s) {
+        return Err(format!("option {k}={v}: give 0 to 86400 seconds"));
+    }
+    Ok(Duration::from_secs_f64(s))
+}
+
+/// The value of option `k`, a whole number in `range` of `what`.
+fn number(k: &str, v: Option<&str>, range: std::ops::RangeInclusive<u64>, what: &str) -> Result<u64, String> {
+    let v = v.ok_or_else(|| format!("option {k} needs a number of {what}"))?;
+    v.parse().ok().filter(|n| range.contains(n)).ok_or_else(|| {
+        format!(
+            "option {k}={v}: give {} to {} {}",
+            range.start(),
+            range.end(),
+            what.split(',').next().unwrap_or(what)
+        )
+    })
 }
 
 fn preflight(dir: &Path) -> Result<(), String> {
@@ -150,8 +178,7 @@ fn preflight(dir: &Path) -> Result<(), String> {
                     (apt-get install fuse3)"
             .into());
     }
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = nix::unistd::geteuid().is_root();
     let have_fusermount = std::env::var_os("PATH")
         .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("fusermount3").exists()));
     if !root && !have_fusermount {
@@ -197,6 +224,12 @@ pub fn mount(image: &Path, dir: &Path, opts: &[String], foreground: bool) -> Res
     let parsed = parse_options(opts, image)?;
     preflight(dir)?;
     let daemon_child = std::env::var_os(READY_ENV).is_some();
+    let sink = match (&parsed.logfile, daemon_child) {
+        (Some(p), _) => Sink::File(p),
+        (None, true) => Sink::Syslog,
+        (None, false) => Sink::Stderr,
+    };
+    logging::init(parsed.log.as_deref(), sink).map_err(|e| ready_fail(daemon_child, e))?;
     if !daemon_child && parsed.mount.uring == Uring::Auto && fuse::uring_off_in_kernel() {
         eprintln!(
             "zlogfs: note: serving through /dev/fuse; FUSE over io_uring makes each request several \

@@ -43,6 +43,8 @@ pub(super) fn background(sh: Arc<Shared>) {
             e.maybe_merge()
         })();
         if let Err(err) = r {
+            // Latched: every later write says so, and this says why.
+            tracing::error!("the index's background flush or merge failed, the engine stops writing: {err}");
             lock(&e.sh.bg.0).error = Some(err.to_string());
             e.sh.failed.store(true, AtOrd::Release);
         }

@@ -459,7 +459,9 @@ impl LogWriter {
         // Name the successor segment in every batch once there is one.
         if self.pos.next_seg == NO_SEGMENT {
             // Best effort: a full device is reported when the segment ends.
-            let _ = self.choose_next(room);
+            if let Err(e) = self.choose_next(room) {
+                tracing::debug!("no successor segment named yet: {e}");
+            }
         }
         let mut p = std::mem::replace(&mut self.pending, Pending::new());
         let summary_off = p.buf.len();

@@ -14,6 +14,9 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::Path;
 
+use nix::errno::Errno;
+use nix::fcntl::{fallocate, FallocateFlags, Flock, FlockArg};
+
 use super::{check_range, Geometry, MetaSlot, Store, META_AREA_SIZE, META_SLOT_SIZE, SECTOR_SIZE};
 
 /// Writes of at least this many bytes start their write-out at once
@@ -24,7 +27,8 @@ const WRITE_BEHIND_MIN: usize = 256 << 10;
 /// A store backed by an image file or a block device.
 #[derive(Debug)]
 pub struct FileStore {
-    file: File,
+    /// The image, locked.
+    file: Flock<File>,
     geometry: Geometry,
     read_only: bool,
     block_device: bool,
@@ -52,24 +56,19 @@ fn is_block_device(path: &Path) -> io::Result<bool> {
     }
 }
 
-/// Take a non-blocking advisory lock on `file`, exclusive or shared.
-fn lock(file: &File, exclusive: bool) -> io::Result<()> {
-    let op = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH } | libc::LOCK_NB;
+/// Take a non-blocking advisory lock on `file`, exclusive or shared; the
+/// lock goes with the returned handle.
+fn lock(file: File, exclusive: bool) -> io::Result<Flock<File>> {
+    let arg = if exclusive { FlockArg::LockExclusiveNonblock } else { FlockArg::LockSharedNonblock };
+    let mut file = file;
     loop {
-        // SAFETY: `file` is a valid, open file descriptor owned by `file` for
-        // the whole call; flock only takes an fd and flags, touches no memory
-        // of ours, and the lock is released when the fd is closed.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), op) };
-        if rc == 0 {
-            return Ok(());
-        }
-        let err = io::Error::last_os_error();
-        match err.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            Some(libc::EWOULDBLOCK) => {
+        match Flock::lock(file, arg) {
+            Ok(locked) => return Ok(locked),
+            Err((f, Errno::EINTR)) => file = f,
+            Err((_, Errno::EWOULDBLOCK)) => {
                 return Err(io::Error::new(io::ErrorKind::WouldBlock, "image is in use by another process"))
             }
-            _ => return Err(err),
+            Err((_, e)) => return Err(e.into()),
         }
     }
 }
@@ -130,7 +129,7 @@ impl FileStore {
             // Never truncate before holding the lock: the image may be in use.
             OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?
         };
-        lock(&file, true)?;
+        let file = lock(file, true)?;
         if block_device {
             let have = file_len(&file)?;
             if have < need {
@@ -144,8 +143,8 @@ impl FileStore {
             // file systems refuse fsync on a directory.
             if let Some(dir) = path.parent() {
                 let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
-                if let Ok(d) = File::open(dir) {
-                    let _ = d.sync_all();
+                if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
+                    tracing::debug!("syncing the directory of {}: {e}", path.display());
                 }
             }
         }
@@ -168,7 +167,7 @@ impl FileStore {
 
     fn open_with(path: &Path, read_only: bool) -> io::Result<FileStore> {
         let file = OpenOptions::new().read(true).write(!read_only).open(path)?;
-        lock(&file, !read_only)?;
+        let file = lock(file, !read_only)?;
         let block_device = file.metadata()?.file_type().is_block_device();
         let have = file_len(&file)?;
         if have < META_AREA_SIZE {
@@ -217,14 +216,18 @@ impl FileStore {
         if len < WRITE_BEHIND_MIN {
             return;
         }
-        #[allow(clippy::unnecessary_fallible_conversions)]
         let (Ok(pos), Ok(len)) = (libc::off64_t::try_from(pos), libc::off64_t::try_from(len)) else {
             return;
         };
+        // nix has no sync_file_range.
         // SAFETY: `self.file` owns a valid open fd for the whole call;
         // sync_file_range only takes integers and touches no memory of ours.
-        let _ =
+        let rc =
             unsafe { libc::sync_file_range(self.file.as_raw_fd(), pos, len, libc::SYNC_FILE_RANGE_WRITE) };
+        if rc != 0 {
+            let e = io::Error::last_os_error();
+            tracing::debug!("write-behind of {len} bytes at {pos}: {e} (the next sync writes them)");
+        }
     }
 
     fn meta_pos(slot: MetaSlot) -> u64 {
@@ -279,32 +282,14 @@ impl Store for FileStore {
         if self.block_device {
             return Ok(());
         }
-        // off_t is 32 bits on some targets, so the conversions can fail there.
-        #[allow(clippy::unnecessary_fallible_conversions)]
-        let (Ok(pos), Ok(len)) = (
-            libc::off_t::try_from(self.segment_pos(seg, 0)),
-            libc::off_t::try_from(self.geometry.segment_size),
-        ) else {
-            return Ok(());
-        };
-        // SAFETY: `self.file` owns a valid open fd for the whole call;
-        // fallocate only takes integers and touches no memory of ours.
-        let rc = unsafe {
-            libc::fallocate(
-                self.file.as_raw_fd(),
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                pos,
-                len,
-            )
-        };
-        if rc != 0 {
-            let err = io::Error::last_os_error();
-            return match err.raw_os_error() {
-                // Discard is a hint: a file system that cannot punch holes
-                // just keeps the old bytes.
-                Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINTR) => Ok(()),
-                _ => Err(err),
-            };
+        let Ok(pos) = i64::try_from(self.segment_pos(seg, 0)) else { return Ok(()) };
+        let len = i64::from(self.geometry.segment_size);
+        let punch = FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE;
+        match fallocate(&*self.file, punch, pos, len) {
+            // Discard is a hint: a file system that cannot punch holes just
+            // keeps the old bytes.
+            Ok(()) | Err(Errno::EOPNOTSUPP | Errno::ENOSYS | Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
         }
         Ok(())
     }

@@ -235,7 +235,17 @@ impl State {
             Err(error) => return Err(StoreFailed { error, back: Some(plan.into_buffers()) }),
         };
         self.count_stored(&plan, &addrs);
-        self.install_store(plan, &addrs).map_err(|error| StoreFailed { error, back: None })
+        #[cfg(debug_assertions)]
+        let inos: std::collections::BTreeSet<Ino> =
+            plan.own.iter().chain(&plan.pack).chain(&plan.inline).chain(&plan.holes).map(|p| p.ino).collect();
+        self.install_store(plan, &addrs).map_err(|error| StoreFailed { error, back: None })?;
+        #[cfg(debug_assertions)]
+        for ino in inos {
+            if let Ok(i) = self.inode(ino) {
+                self.debug_check_file(&i);
+            }
+        }
+        Ok(())
     }
 
     /// Step 1, for every buffer, in inode order. The buffers of an inode

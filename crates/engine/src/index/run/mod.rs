@@ -97,7 +97,7 @@ fn rebuild_index(store: &dyn Store, log_id: u64, meta: &RunMeta) -> Result<Vec<I
         let what = |off: usize| format!("segment {seg} at offset {off}");
         let mut blocks = Vec::new();
         // A summary that does not decode ends this segment's walk.
-        let _ = crate::log::walk_segment(&buf, log_id, true, &what, |b| {
+        let walked = crate::log::walk_segment(&buf, log_id, true, &what, |b| {
             for e in &b.entries {
                 if e.kind == BlockKind::RunData as u8 && e.owner == meta.id {
                     blocks.push(BlockAddr { seg, offset: b.offset + e.offset, len: e.len });
@@ -105,6 +105,9 @@ fn rebuild_index(store: &dyn Store, log_id: u64, meta: &RunMeta) -> Result<Vec<I
             }
             true
         });
+        if let Err(e) = walked {
+            tracing::debug!("rebuilding run {}: the walk of segment {seg} stops: {e}", meta.id);
+        }
         for addr in blocks {
             let (lo, hi) = (addr.offset as usize, (addr.offset + addr.len) as usize);
             let Some(bytes) = buf.get(lo..hi) else { continue };
