@@ -66,13 +66,13 @@ use zlogfs::fs::keys::{
     decode_triple, inode_key, inodes_range, parse_inode_key, triple_id, triple_key, triples_end, Inode,
 };
 use zlogfs::fs::{Atime, Fs, FsOptions, MkfsOptions, ROOT};
-use zlogfs::log::format::{BlockAddr, BlockKind, BLOCK_HEADER_SIZE};
-use zlogfs::log::{decode_block, NewBlock};
 use zlogfs::store::{Geometry, MemStore, Store};
 use zlogfs::tools::import::import;
 use zlogfs::Options;
 use zlogfs_engine::index::run::{decode_data_block, encode_data_block};
 use zlogfs_engine::index::Entry;
+use zlogfs_engine::log::format::{BlockAddr, BlockKind, BLOCK_HEADER_SIZE};
+use zlogfs_engine::log::{decode_block, NewBlock};
 
 /// Segment size of every image made here: the CLI's default for images of
 /// 1 GiB and more.

@@ -14,8 +14,9 @@
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
-pub use zlogfs_engine::{bytes, codec, engine, error, log, store};
+pub use zlogfs_engine::{bytes, codec, engine, error, store};
 pub use zlogfs_engine::{mkfs, Engine, Error, Op, Options, Result, Snapshot, WriteBatch};
+pub use zlogfs_engine::{validate_geometry, BlockAddr, BlockKind, DEFAULT_SEGMENT_SIZE};
 pub use zlogfs_fs as fs;
 
 /// The front ends over the file system.

@@ -13,10 +13,10 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use zlogfs::codec::CodecSpec;
 use zlogfs::fs::{self as zfs, Fs, FsOptions, Kind, MkfsOptions};
-use zlogfs::log::format::{validate_geometry, DEFAULT_SEGMENT_SIZE};
 use zlogfs::store::{FileStore, Geometry, Store, META_AREA_SIZE};
 use zlogfs::tools;
 use zlogfs::{engine, Options};
+use zlogfs::{validate_geometry, DEFAULT_SEGMENT_SIZE};
 
 #[path = "zlogfs/logging.rs"]
 mod logging;
@@ -709,104 +709,143 @@ fn du(image: &Path, path: &str, json: bool) -> Res {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Figures `zlogfs stats` derives from the image's usage and the engine.
+struct Derived {
+    ratio: f64,
+    per_inode: f64,
+    amp: Option<f64>,
+    meta_per_file: f64,
+    usable: u64,
+    free_phys: u64,
+    dead: u64,
+    fits_more: u64,
+}
+
+impl Derived {
+    fn of(u: &zfs::Usage, e: &engine::Engine) -> Derived {
+        let s = e.stats();
+        let files = u.tree.files + u.tree.dirs + u.tree.others;
+        let ratio = u.tree.logical as f64 / u.tree.physical.max(1) as f64;
+        // Space: physical bytes in use and free (free counts what cleaning
+        // can reclaim, as statfs does), dead bytes awaiting the cleaner, and
+        // how much more logical data fits at the ratio seen so far.
+        let (usable, free_phys) = e.capacity();
+        Derived {
+            ratio,
+            per_inode: u.inode_bytes_compressed as f64 / u.inodes.max(1) as f64,
+            amp: (u.counters.user_bytes > 0)
+                .then(|| u.counters.device_bytes as f64 / u.counters.user_bytes as f64),
+            meta_per_file: s.run_bytes as f64 / files.max(1) as f64,
+            usable,
+            free_phys,
+            dead: e.dead_bytes(),
+            fits_more: (free_phys as f64 * ratio.max(1.0)) as u64,
+        }
+    }
+}
+
 fn stats(image: &Path, json: bool) -> Res {
     let fs = open_fs_ro(image)?;
     let u = fs.usage().map_err(|e| e.to_string())?;
+    let d = Derived::of(&u, fs.engine());
+    if json {
+        println!("{:#}", stats_json(image, &fs, &u, &d));
+    } else {
+        print_stats(image, &fs, &u, &d);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn stats_json(image: &Path, fs: &Fs, u: &zfs::Usage, d: &Derived) -> serde_json::Value {
     let e = fs.engine();
     let s = e.stats();
     let g = e.superblock().geometry;
-    let files = u.tree.files + u.tree.dirs + u.tree.others;
-    let ratio = u.tree.logical as f64 / u.tree.physical.max(1) as f64;
-    let per_inode = u.inode_bytes_compressed as f64 / u.inodes.max(1) as f64;
-    let amp =
-        (u.counters.user_bytes > 0).then(|| u.counters.device_bytes as f64 / u.counters.user_bytes as f64);
-    let meta_per_file = s.run_bytes as f64 / files.max(1) as f64;
-    // Space: physical bytes in use and free (free counts what cleaning
-    // can reclaim, as statfs does), dead bytes awaiting the cleaner, and
-    // how much more logical data fits at the ratio seen so far.
-    let (usable, free_phys) = e.capacity();
-    let dead = e.dead_bytes();
-    let fits_more = (free_phys as f64 * ratio.max(1.0)) as u64;
-    if json {
-        let codecs: serde_json::Map<String, serde_json::Value> = u
-            .codecs
-            .iter()
-            .map(|(k, c)| {
-                (k.clone(), serde_json::json!({"blocks": c.blocks, "logical": c.raw, "stored": c.stored}))
-            })
-            .collect();
-        let v = serde_json::json!({
-            "image": image.display().to_string(),
-            "format_version": e.superblock().version, "records_version": fs.config().version,
-            "segment_size": g.segment_size, "segments": s.segments, "free_segments": s.free_segments,
-            "live_bytes": s.live_bytes,
-            "files": u.tree.files, "dirs": u.tree.dirs, "other_inodes": u.tree.others, "inodes": u.inodes,
-            "logical_bytes": u.tree.logical, "allocated_bytes": u.tree.allocated, "physical_bytes": u.tree.physical,
-            "ratio": ratio, "inline_bytes": u.inline_bytes, "codecs": codecs,
-            "patched_chunks": u.patched_chunks, "bases_gone": u.bases_gone, "patch_bytes": u.patch_bytes, "patch_released_bytes": u.patch_released,
-            "inode_bytes_raw": u.inode_bytes_raw, "inode_bytes_compressed": u.inode_bytes_compressed,
-            "bytes_per_inode": per_inode, "index_bytes": s.run_bytes, "metadata_bytes_per_file": meta_per_file,
-            "triples": u.triples, "index_runs": s.runs, "memtable_entries": s.memtable_entries,
-            "checkpoint": s.checkpoint, "pinned_segments": s.pinned_segments,
-            "user_bytes_written": u.counters.user_bytes, "device_bytes_written": u.counters.device_bytes,
-            "device_bytes_per_user_byte": amp,
-            "reserve_segments": s.reserve_segments, "usable_bytes": usable, "physical_used_bytes": s.live_bytes,
-            "physical_free_bytes": free_phys, "dead_bytes": dead, "logical_used_bytes": u.tree.logical,
-            "estimated_logical_bytes_that_fit": fits_more,
-        });
-        println!("{v:#}");
-    } else {
+    let Derived { ratio, per_inode, amp, meta_per_file, usable, free_phys, dead, fits_more, .. } = *d;
+    let codecs: serde_json::Map<String, serde_json::Value> = u
+        .codecs
+        .iter()
+        .map(|(k, c)| {
+            (k.clone(), serde_json::json!({"blocks": c.blocks, "logical": c.raw, "stored": c.stored}))
+        })
+        .collect();
+    serde_json::json!({
+        "image": image.display().to_string(),
+        "format_version": e.superblock().version, "records_version": fs.config().version,
+        "segment_size": g.segment_size, "segments": s.segments, "free_segments": s.free_segments,
+        "live_bytes": s.live_bytes,
+        "files": u.tree.files, "dirs": u.tree.dirs, "other_inodes": u.tree.others, "inodes": u.inodes,
+        "logical_bytes": u.tree.logical, "allocated_bytes": u.tree.allocated, "physical_bytes": u.tree.physical,
+        "ratio": ratio, "inline_bytes": u.inline_bytes, "codecs": codecs,
+        "patched_chunks": u.patched_chunks, "bases_gone": u.bases_gone, "patch_bytes": u.patch_bytes, "patch_released_bytes": u.patch_released,
+        "inode_bytes_raw": u.inode_bytes_raw, "inode_bytes_compressed": u.inode_bytes_compressed,
+        "bytes_per_inode": per_inode, "index_bytes": s.run_bytes, "metadata_bytes_per_file": meta_per_file,
+        "triples": u.triples, "index_runs": s.runs, "memtable_entries": s.memtable_entries,
+        "checkpoint": s.checkpoint, "pinned_segments": s.pinned_segments,
+        "user_bytes_written": u.counters.user_bytes, "device_bytes_written": u.counters.device_bytes,
+        "device_bytes_per_user_byte": amp,
+        "reserve_segments": s.reserve_segments, "usable_bytes": usable, "physical_used_bytes": s.live_bytes,
+        "physical_free_bytes": free_phys, "dead_bytes": dead, "logical_used_bytes": u.tree.logical,
+        "estimated_logical_bytes_that_fit": fits_more,
+    })
+}
+
+fn print_stats(image: &Path, fs: &Fs, u: &zfs::Usage, d: &Derived) {
+    let e = fs.engine();
+    let s = e.stats();
+    let g = e.superblock().geometry;
+    let Derived { ratio, per_inode, amp, meta_per_file, usable, free_phys, dead, fits_more, .. } = *d;
+    println!(
+        "image:            {} (format version {}, file system records version {})",
+        image.display(),
+        e.superblock().version,
+        fs.config().version
+    );
+    println!(
+        "segments:         {} of {} KiB, {} free, {} free at the next index flush; {} live bytes",
+        s.segments,
+        g.segment_size / 1024,
+        s.free_segments,
+        s.pinned_segments,
+        s.live_bytes
+    );
+    println!(
+        "space:            {} usable ({} reserved segments); {} used, {} free of which {} dead \
+         (reclaimed by the cleaner); about {} more logical bytes fit at ratio {ratio:.2}",
+        usable, s.reserve_segments, s.live_bytes, free_phys, dead, fits_more
+    );
+    println!(
+        "tree:             {} files, {} directories, {} others",
+        u.tree.files, u.tree.dirs, u.tree.others
+    );
+    println!(
+        "file data:        {} logical, {} allocated, {} stored (ratio {ratio:.2}); {} inline in the index",
+        u.tree.logical, u.tree.allocated, u.tree.physical, u.inline_bytes
+    );
+    if u.patched_chunks > 0 {
         println!(
-            "image:            {} (format version {}, file system records version {})",
-            image.display(),
-            e.superblock().version,
-            fs.config().version
+            "patched chunks:   {} ({} stored in patches, replacing {} stored bytes of their bases; \
+             {} without a base, all patches)",
+            u.patched_chunks, u.patch_bytes, u.patch_released, u.bases_gone
         );
-        println!(
-            "segments:         {} of {} KiB, {} free, {} free at the next index flush; {} live bytes",
-            s.segments,
-            g.segment_size / 1024,
-            s.free_segments,
-            s.pinned_segments,
-            s.live_bytes
-        );
-        println!(
-            "space:            {} usable ({} reserved segments); {} used, {} free of which {} dead \
-             (reclaimed by the cleaner); about {} more logical bytes fit at ratio {ratio:.2}",
-            usable, s.reserve_segments, s.live_bytes, free_phys, dead, fits_more
-        );
-        println!(
-            "tree:             {} files, {} directories, {} others",
-            u.tree.files, u.tree.dirs, u.tree.others
-        );
-        println!("file data:        {} logical, {} allocated, {} stored (ratio {ratio:.2}); {} inline in the index", u.tree.logical, u.tree.allocated, u.tree.physical, u.inline_bytes);
-        if u.patched_chunks > 0 {
-            println!(
-                "patched chunks:   {} ({} stored in patches, replacing {} stored bytes of their bases; \
-                 {} without a base, all patches)",
-                u.patched_chunks, u.patch_bytes, u.patch_released, u.bases_gone
-            );
-        }
-        for (k, c) in &u.codecs {
-            println!(
-                "  {k:<24} {:>8} blocks {:>14} -> {:>14} ({:.2})",
-                c.blocks,
-                c.raw,
-                c.stored,
-                c.raw as f64 / c.stored.max(1) as f64
-            );
-        }
-        println!("inodes:           {} records, {} bytes raw, {} compressed: {per_inode:.1} bytes per inode; {} (uid, gid, mode) triples", u.inodes, u.inode_bytes_raw, u.inode_bytes_compressed, u.triples);
-        println!("index:            {} runs, {} bytes ({meta_per_file:.1} bytes per file, inline data included); {} entries in memtables", s.runs, s.run_bytes, s.memtable_entries);
-        println!(
-            "writes:           {} bytes by users, {} bytes to the device ({}) over the image's life",
-            u.counters.user_bytes,
-            u.counters.device_bytes,
-            amp.map_or("no user bytes yet".to_string(), |a| format!("{a:.2} device bytes per user byte"))
-        );
-        println!("checkpoint:       {}", s.checkpoint);
     }
-    Ok(ExitCode::SUCCESS)
+    for (k, c) in &u.codecs {
+        println!(
+            "  {k:<24} {:>8} blocks {:>14} -> {:>14} ({:.2})",
+            c.blocks,
+            c.raw,
+            c.stored,
+            c.raw as f64 / c.stored.max(1) as f64
+        );
+    }
+    println!("inodes:           {} records, {} bytes raw, {} compressed: {per_inode:.1} bytes per inode; {} (uid, gid, mode) triples", u.inodes, u.inode_bytes_raw, u.inode_bytes_compressed, u.triples);
+    println!("index:            {} runs, {} bytes ({meta_per_file:.1} bytes per file, inline data included); {} entries in memtables", s.runs, s.run_bytes, s.memtable_entries);
+    println!(
+        "writes:           {} bytes by users, {} bytes to the device ({}) over the image's life",
+        u.counters.user_bytes,
+        u.counters.device_bytes,
+        amp.map_or("no user bytes yet".to_string(), |a| format!("{a:.2} device bytes per user byte"))
+    );
+    println!("checkpoint:       {}", s.checkpoint);
 }
 
 fn clean(target: &Path, segments: Option<usize>, max_live: f64, json: bool) -> Res {

@@ -5,7 +5,7 @@ use rand::Rng;
 use zlogfs::WriteBatch;
 
 use zlogfs::engine::{BlockWrite, Room};
-use zlogfs::log::format::BlockAddr;
+use zlogfs::BlockAddr;
 use zlogfs::Engine;
 
 use super::{key, value, Model, BLOB_PREFIX};

@@ -24,9 +24,15 @@ pub mod error;
 pub mod index;
 #[cfg(not(feature = "fuzzing"))]
 pub(crate) mod index;
+// The log's formats likewise: the layers above see the names below.
+#[cfg(feature = "fuzzing")]
 pub mod log;
+#[cfg(not(feature = "fuzzing"))]
+pub(crate) mod log;
 pub mod store;
 
 pub use engine::{mkfs, Engine, Op, Options, Snapshot, WriteBatch};
 pub use error::{Error, Result};
 pub use index::{MAX_KEY, MAX_VALUE};
+pub use log::format::{validate_geometry, BlockAddr, BlockKind, DEFAULT_SEGMENT_SIZE};
+pub use log::max_block_raw;

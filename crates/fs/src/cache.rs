@@ -11,7 +11,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use zlogfs_engine::log::format::BlockAddr;
+use zlogfs_engine::BlockAddr;
 
 /// Decompressed blocks, evicted first-in first-out, under a byte bound.
 pub(crate) struct BlockCache {

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use zlogfs_engine::codec::{encode, raw_reason, CodecId, CodecSpec};
-use zlogfs_engine::log::format::BlockAddr;
+use zlogfs_engine::BlockAddr;
 
 use crate::error::Result;
 use crate::keys::*;

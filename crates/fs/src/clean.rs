@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use zlogfs_engine::engine::{Room, SegBlock};
-use zlogfs_engine::log::format::{BlockAddr, BlockKind};
+use zlogfs_engine::{BlockAddr, BlockKind};
 
 use crate::error::{Error, Result};
 use crate::keys::*;

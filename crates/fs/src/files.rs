@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use zlogfs_engine::log::format::BlockAddr;
+use zlogfs_engine::BlockAddr;
 
 use crate::error::{Error, Result};
 use crate::filesystem::now;

@@ -7,7 +7,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use zlogfs_engine::engine::{self, Engine, Options, WriteBatch};
-use zlogfs_engine::log::max_block_raw;
+use zlogfs_engine::max_block_raw;
 use zlogfs_engine::store::Store;
 
 use crate::buffers::Buffers;

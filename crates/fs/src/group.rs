@@ -9,8 +9,8 @@
 use std::collections::HashMap;
 
 use zlogfs_engine::engine::{Engine, Room, WriteBatch};
-use zlogfs_engine::log::format::BlockAddr;
-use zlogfs_engine::log::max_block_raw;
+use zlogfs_engine::max_block_raw;
+use zlogfs_engine::BlockAddr;
 
 use crate::error::{Error, Result};
 use crate::keys::*;

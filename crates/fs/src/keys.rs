@@ -9,7 +9,7 @@
 use zlogfs_engine::bytes::{Put, Reader};
 use zlogfs_engine::codec::{CodecId, CodecSpec};
 use zlogfs_engine::error::{Error, Result};
-use zlogfs_engine::log::format::BlockAddr;
+use zlogfs_engine::BlockAddr;
 
 /// An inode number. Allocated in creation order, never reused.
 pub type Ino = u64;

@@ -161,7 +161,7 @@ pub(crate) fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use zlogfs_engine::log::format::BlockAddr;
+    use zlogfs_engine::BlockAddr;
 
     const CS: u64 = 64 << 10;
 

@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use zlogfs_engine::log::format::BlockAddr;
+use zlogfs_engine::BlockAddr;
 
 /// Mutations waiting for the next commit.
 #[derive(Default)]

@@ -363,6 +363,10 @@ pub enum Op<'a> {
 
 impl<'a> Op<'a> {
     /// Parse operation `opcode` from its argument struct and its data.
+    ///
+    /// Longer than a screen on purpose: one arm per opcode, each the
+    /// layout of the kernel's struct for it (include/uapi/linux/fuse.h),
+    /// read top to bottom beside that header.
     pub fn parse(opcode: u32, arg: &'a [u8], data: &'a [u8]) -> Result<Op<'a>, Bad> {
         let name = || cstr(data).map(|(n, _)| n);
         Ok(match opcode {

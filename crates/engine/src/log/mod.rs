@@ -207,11 +207,6 @@ impl LogWriter {
         self.pos
     }
 
-    /// Geometry of the store.
-    pub fn geometry(&self) -> Geometry {
-        self.geometry
-    }
-
     fn check_ok(&self) -> Result<()> {
         if self.failed {
             return Err(Error::Failed);
@@ -432,11 +427,6 @@ impl LogWriter {
         self.pending.is_empty()
     }
 
-    /// Bytes in the pending batch.
-    pub fn pending_bytes(&self) -> usize {
-        self.pending.projected(0, 0)
-    }
-
     /// If `addr` lies in the pending batch, its bytes.
     pub fn read_pending(&self, addr: BlockAddr) -> Option<Vec<u8>> {
         if addr.seg != self.pos.seg || addr.offset < self.pos.offset {
@@ -541,6 +531,7 @@ impl LogWriter {
     }
 
     /// The engine's view of the device: the store.
+    #[cfg(test)]
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
     }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use zlogfs_engine::error::Error as EngineError;
-use zlogfs_engine::log::format::BlockAddr;
+use zlogfs_engine::BlockAddr;
 
 use crate::error::{Error, Result};
 use crate::keys::*;

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 
 use zlogfs_engine::codec::CodecSpec;
 use zlogfs_engine::engine::{BlockWrite, Room};
-use zlogfs_engine::log::format::BlockAddr;
+use zlogfs_engine::BlockAddr;
 
 use crate::buffers::{Buf, Chunks};
 use crate::error::{Error, Result};

@@ -2,7 +2,7 @@
 //! (in steps under an orphan record when long), deleting an inode's data,
 //! and fallocate's reservations.
 
-use zlogfs_engine::log::format::BlockAddr;
+use zlogfs_engine::BlockAddr;
 
 use crate::error::{Error, Result};
 use crate::keys::*;
