@@ -13,6 +13,16 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
 cargo clippy --all-targets -- -D warnings
+# The layers' crates are libraries: none may pull in what only the
+# command-line tool needs (argument parsing, progress bars, signals, the
+# allocator, the log's output).
+echo "== library crates without command-line crates"
+cli_deps=$(cargo tree -p zlogfs-engine -p zlogfs-fs -p zlogfs-fuse -e normal --prefix none |
+    grep -E '^(clap|indicatif|mimalloc|signal-hook|tracing-subscriber) ' | sort -u || true)
+if [ -n "$cli_deps" ]; then
+    echo "library crates depend on command-line crates: $cli_deps" >&2
+    exit 1
+fi
 # The round trip of the unpacked linux-source tree (tests/roundtrip.rs)
 # needs the tree: unpack Debian's linux-source tarball once into a cache.
 # CI installs the package (.ci/run) and insists on the tree.

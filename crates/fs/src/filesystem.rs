@@ -154,7 +154,9 @@ impl Fs {
 
     /// Counters.
     pub fn stats(&self) -> FsStats {
-        self.st().stats.clone()
+        let mut s = self.st().stats.clone();
+        s.engine_background_error = self.eng.background_error();
+        s
     }
 
     /// Mend the damage the engine worked around at open (a superblock
@@ -204,6 +206,14 @@ impl Fs {
     /// and close: the next open replays nothing.
     pub fn close(mut self) -> Result<()> {
         self.stop_worker();
+        let s = self.stats();
+        if s.background_errors > 0 {
+            tracing::warn!(
+                "{} errors in background work while open; the last: {}",
+                s.background_errors,
+                s.last_background_error.unwrap_or_default()
+            );
+        }
         if self.st().read_only {
             return Ok(());
         }

@@ -40,4 +40,7 @@ pub struct FsStats {
     pub background_errors: u64,
     /// The last of them.
     pub last_background_error: Option<String>,
+    /// The error that stopped the engine's background flush and merge
+    /// (the engine then writes nothing more until reopened).
+    pub engine_background_error: Option<String>,
 }

@@ -88,3 +88,35 @@ fn clean_if_low(inner: &Inner, eng: &Engine) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use zlogfs_engine::store::{FaultConfig, FaultStore, Geometry};
+
+    use crate::{mkfs, Fs, FsOptions, MkfsOptions, ROOT};
+
+    #[test]
+    fn a_failed_interval_commit_is_logged_and_counted() {
+        let store = Arc::new(FaultStore::new(Geometry { segment_size: 1 << 20, segment_count: 16 }));
+        mkfs(store.clone(), &MkfsOptions::default()).unwrap();
+        let opts = FsOptions { commit_interval: Some(Duration::from_millis(20)), ..FsOptions::default() };
+        let fs = Fs::open(store.clone(), opts).unwrap();
+        let a = fs.create(ROOT, b"f", 0o644, 0, 0).unwrap();
+        // Every device operation from now on fails (the counters restart at 0).
+        store.set_faults(FaultConfig { fail_at: Some(1), persistent: true, ..Default::default() });
+        fs.write(a.ino, 0, &[7u8; 10_000]).unwrap();
+        let t = Instant::now();
+        while fs.stats().background_errors == 0 && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let s = fs.stats();
+        assert!(s.background_errors > 0, "the commit thread's failure was not counted");
+        let last = s.last_background_error.unwrap_or_default();
+        assert!(last.contains("the interval's"), "{last}");
+        // The failure stays: the next operation that needs the engine says so.
+        assert!(fs.sync().is_err());
+    }
+}
