@@ -587,7 +587,7 @@ fn sec_segments(t: &Trees, linux: &Path) {
          every live block of the log (file data, index runs, journal, checkpoint; stats' `live_bytes`); \
          segments in use = `EngineStats::segments - free_segments` (the engine's own count of segments not \
          free, including those with nothing live that are kept until the next flush, shown as pinned). \
-         pred2 is the paper's Algorithm 2 (`src/codec/pred.rs`), zstd:3 the default codec. The two ratio \
+         pred2 is the paper's Algorithm 2 (`crates/engine/src/codec/pred.rs`), zstd:3 the default codec. The two ratio \
          columns divide the uncompressed image's figure by this one's. {}\n",
         bytes as f64 / MIB,
         if z19 { "" } else { "zstd:19 is left out (set ZLOGFS_PAPERS_ZSTD19=1; it takes minutes)." }

@@ -2,7 +2,7 @@
 
 /// The allocator: mimalloc keeps freed memory for reuse where glibc's
 /// malloc gave it back to the kernel and faulted it in again (7% of the
-/// daemon's CPU in a sequential write); docs/ARCHITECTURE.md has the figures.
+/// daemon's CPU in a sequential write); docs/decisions/2026-11-25-mimalloc.md.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -62,7 +62,10 @@ enum Cmd {
         /// on; uring turns that on, as root, and fails without it),
         /// spin=US (through /dev/fuse, how long the reader looks for the
         /// next request during a burst before it sleeps; default 200, 0
-        /// never: costs CPU, saves wakeups).
+        /// never: costs CPU, saves wakeups), log=LEVEL (what the daemon
+        /// logs: error, warn (default), info, debug, or a filter such as
+        /// zlogfs_fs=debug; as ZLOGFS_LOG), logfile=PATH (where the
+        /// background daemon logs; default the system log).
         /// Every generic option of mount(8) is taken as well: nosuid,
         /// nodev, noexec, nosymfollow go to the kernel; sync and dirsync
         /// make each change (each directory change) durable when it

@@ -225,7 +225,7 @@ impl Buffers {
 /// Bytes of chunks queued for compression ahead at most (each job holds a
 /// copy). fio's 1 MiB sequential writes through the mount, median of 10
 /// in turns: 451 MiB/s without compression ahead, 529 with 4 MiB queued
-/// at most, 626 with 32 MiB (docs/decisions/).
+/// at most, 626 with 32 MiB (docs/decisions/2026-11-25-compression-ahead.md).
 const AHEAD_BYTES: usize = 32 << 20;
 
 /// Full chunks compressed ahead of their commit, on the pool's threads,

@@ -1,14 +1,18 @@
 //! The cleaner, file system half: move the live file data out of the
 //! segments the engine picks, repacking it on the way, then let the engine
-//! reclaim the segments (`src/engine/clean.rs`).
+//! reclaim the segments (the engine half: crates/engine/src/engine/clean.rs).
 //!
 //! Moving a chunk is loading it into the group's buffers as if it had been
 //! written again whole (without touching its times): the commit then
-//! stores it the way every chunk is stored. A patched chunk is so merged
-//! with its patches into one chunk again. So the chunks of partly dead shared
-//! blocks are packed together with other small chunks into full new
-//! blocks, a chunk is recompressed with its file's current codec policy,
-//! and the old block is freed by the commit that installs the new one.
+//! stores it the way every chunk is stored, merged with its patches if it
+//! had any. Patches move on their own: a patch in a victim block is stored
+//! again as a patch, and of a patched chunk's own base in a victim block,
+//! what still shows is stored as patches and the base is gone
+//! (docs/decisions/2026-11-23-cleaner-dissolves-patched-bases.md). So the
+//! chunks of partly dead shared blocks are packed together with other
+//! small chunks into full new blocks, a chunk is recompressed with its
+//! file's current codec policy, and the old block is freed by the commit
+//! that installs the new one.
 //! The move is one commit group: a crash leaves either the old places or
 //! the new ones, and the tree is the same either way.
 
@@ -103,7 +107,7 @@ const ROUND: usize = 4;
 impl Fs {
     /// Clean: move live data out of the segments with the most dead space
     /// and free them. Holds the file system for one round of a few segments
-    /// at a time.
+    /// at a time; what it did is durable when it returns.
     pub fn clean(&self, opts: &CleanOptions, progress: &dyn Fn(&CleanReport)) -> Result<CleanReport> {
         if self.st().read_only {
             return Err(Error::read_only("the file system is open read-only: nothing to clean"));
@@ -114,6 +118,7 @@ impl Fs {
             let r = self.st().clean_round(opts, &mut rep, &mut tried)?;
             progress(&rep);
             if !r {
+                self.sync()?;
                 return Ok(rep);
             }
         }

@@ -16,7 +16,7 @@ use crate::keys::{spans, Extent, Patch, MAX_PATCHES, PATCH_BLOCK};
 /// device is: no share that shrinks as the device fills is needed (with
 /// one, 4 KiB random overwrites on a 70%-full image wrote 6.8 device bytes
 /// per byte at none from 85% live and 31 at none from 70%, against 3.2
-/// with a fixed half; docs/decisions/).
+/// with a fixed half; docs/decisions/2026-11-23-patches-fixed-share.md).
 ///
 /// Three quarters, not a half, since the cleaner stores what shows of a
 /// patched base as patches instead of moving the chunk whole (so the
@@ -24,7 +24,7 @@ use crate::keys::{spans, Extent, Patch, MAX_PATCHES, PATCH_BLOCK};
 /// written whole again is 16 blocks of fresh copies, most of which later
 /// overwrites hide again: through FUSE, 4 KiB random overwrites near steady
 /// state wrote 1.39 device bytes per byte with three quarters against 2.43
-/// with a half (docs/decisions/).
+/// with a half (docs/decisions/2026-11-23-patch-share-three-quarters.md).
 pub(crate) const MAX_PATCH_SHARE: f64 = 0.75;
 
 /// Runs of set bits, as (first, count), below `n`.

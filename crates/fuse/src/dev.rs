@@ -181,7 +181,7 @@ const BURST: Duration = Duration::from_millis(1);
 /// CPU between tries: a request then finds the reader awake, and costs no
 /// wakeup of a thread that may sit halted on another CPU. On 2 vCPUs that
 /// halve the time of `cp -a` and read-back through `/dev/fuse`
-/// (docs/ARCHITECTURE.md). A sparse stream is not spun for.
+/// (docs/decisions/2026-11-25-spinning-dev-fuse-reader.md). A sparse stream is not spun for.
 pub fn serve(dev: Arc<File>, max_write: u32, handler: &dyn Handler, spin: Duration) -> io::Result<()> {
     let mut buf = vec![0u8; read_buffer_size(max_write)];
     if !spin.is_zero() {

@@ -276,7 +276,9 @@ impl Workers {
         }
         let threads = self.threads.lock().map(|mut t| std::mem::take(&mut *t)).unwrap_or_default();
         for t in threads {
-            let _ = t.join();
+            if t.join().is_err() {
+                tracing::error!("a worker thread ended in a panic (logged where it happened)");
+            }
         }
     }
 }
@@ -940,7 +942,9 @@ impl Session {
         let spin = if self.queues.is_empty() { self.handler.opts.spin } else { Duration::ZERO };
         let served = dev::serve(Arc::clone(&self.dev), self.max_write, &*self.handler, spin);
         for q in self.queues {
-            let _ = q.join();
+            if q.join().is_err() {
+                tracing::error!("an io_uring queue's thread ended in a panic (logged where it happened)");
+            }
         }
         self.handler.workers.stop();
         if let Err(e) = self.handler.fs.sync() {

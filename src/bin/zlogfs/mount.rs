@@ -267,8 +267,8 @@ pub fn mount(image: &Path, dir: &Path, opts: &[String], foreground: bool) -> Res
         );
     }
     let served = session.run();
-    // The session is gone: the adapter synced in `destroy`; close writes a
-    // checkpoint so the next open has nothing to replay.
+    // The session is gone, and synced as it ended (`Session::run`); close
+    // writes a checkpoint so the next open has nothing to replay.
     let closed = match Arc::try_unwrap(fs) {
         Ok(fs) => fs.close().map_err(|e| format!("closing {}: {e}", image.display())),
         Err(_) => Err("file system still in use at unmount".to_string()),

@@ -64,8 +64,8 @@ impl Engine {
     }
 
     /// Encode a data block now (compress and checksum it), to be written
-    /// later by [`Engine::write_blocks_ready`]: what that would make of
-    /// the same owner, codec and bytes.
+    /// later by [`Engine::write_blocks`] as a [`BlockWrite`]'s `ready`
+    /// block: what it would make of the same owner, codec and bytes.
     pub fn encode_data(owner: u64, spec: CodecSpec, raw: &[u8]) -> EncodedBlock {
         EncodedBlock(NewBlock::encode(BlockKind::Data, owner, spec, raw))
     }
