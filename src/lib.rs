@@ -6,13 +6,18 @@
 //! - `zlogfs-engine`: store, codec, log, index, engine;
 //! - `zlogfs-fs`: the POSIX file system layer over the engine;
 //! - `zlogfs-fuse`: the FUSE mount;
-//! - this crate: the command-line tool, and [`tools`], its whole-tree
-//!   commands (import, export).
+//! - this crate: the command-line tool; [`tools`], its whole-tree
+//!   commands (import, export) and reports (stats, du, fsck); and
+//!   [`control`], the channel through which the commands reach a mounted
+//!   image's daemon.
 //!
 //! The names below give the tests, benchmarks and fuzz targets, which
 //! exercise the whole stack, one path to each layer.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
+// serde_json's json! macro recurses once per field: the stats report has
+// about fifty.
+#![recursion_limit = "256"]
 
 pub use zlogfs_engine::{bytes, codec, engine, error, store};
 pub use zlogfs_engine::{mkfs, Engine, Error, Op, Options, Result, Snapshot, WriteBatch};
@@ -24,4 +29,5 @@ pub mod frontends {
     pub use zlogfs_fuse as fuse;
 }
 
+pub mod control;
 pub mod tools;

@@ -461,6 +461,27 @@ fn as_nobody(script: &str) -> bool {
         .success()
 }
 
+/// /dev/fuse mode 0666 while it lives, as a standard install (udev) makes
+/// it and fusermount3 needs (it opens the device as the user); the mode
+/// it had is put back on drop.
+struct FuseOpenToAll(u32);
+
+impl FuseOpenToAll {
+    fn new() -> FuseOpenToAll {
+        let mode = fs::metadata("/dev/fuse").expect("stat /dev/fuse").mode() & 0o7777;
+        fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(0o666)).expect("chmod /dev/fuse");
+        FuseOpenToAll(mode)
+    }
+}
+
+impl Drop for FuseOpenToAll {
+    fn drop(&mut self) {
+        if let Err(e) = fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(self.0)) {
+            eprintln!("putting /dev/fuse back to mode {:o}: {e}", self.0);
+        }
+    }
+}
+
 /// A user other than root mounts through fusermount3 (which passes the
 /// /dev/fuse descriptor back over a socket), uses the mount and unmounts
 /// it, on each transport.
@@ -469,16 +490,7 @@ fn a_user_mounts_through_fusermount3() {
     if !usable() {
         return;
     }
-    // A standard install (udev) makes /dev/fuse 0666, which fusermount3
-    // needs: it opens the device as the user. Make it so while this runs.
-    struct Mode(u32);
-    impl Drop for Mode {
-        fn drop(&mut self) {
-            let _ = fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(self.0));
-        }
-    }
-    let _restore = Mode(fs::metadata("/dev/fuse").expect("stat /dev/fuse").mode() & 0o7777);
-    fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(0o666)).expect("chmod /dev/fuse");
+    let _restore = FuseOpenToAll::new();
     for t in transports() {
         let d = Dir::new(&format!("user-{t}"));
         mkfs(&d, "64M");
@@ -826,14 +838,7 @@ fn generic_mount_flags_reach_the_kernel() {
     fsck_clean(&d);
     // A user's mount through fusermount3: nosuid and nodev always, noexec
     // when asked.
-    struct Mode(u32);
-    impl Drop for Mode {
-        fn drop(&mut self) {
-            let _ = fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(self.0));
-        }
-    }
-    let _restore = Mode(fs::metadata("/dev/fuse").expect("stat /dev/fuse").mode() & 0o7777);
-    fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(0o666)).expect("chmod /dev/fuse");
+    let _restore = FuseOpenToAll::new();
     let mut child = mount_fg(&d, "");
     std::os::unix::fs::chown(&m, Some(65534), Some(65534)).expect("chown the root");
     unmount(&d);
@@ -1100,4 +1105,168 @@ fn a_read_only_image_mounts_read_only() {
     assert_eq!(e.raw_os_error(), Some(libc::EROFS));
     unmount(&d);
     child.wait().expect("wait");
+}
+
+/// `zlogfs ARGS --json` on success, parsed.
+fn json_of(args: &[&str]) -> serde_json::Value {
+    let mut a = args.to_vec();
+    a.push("--json");
+    serde_json::from_str(&ok(&a)).unwrap_or_else(|e| panic!("zlogfs {a:?}: not JSON: {e}"))
+}
+
+/// The fields of a report that say what the image holds (not what the
+/// engine's index and checkpoints look like, which an unmount changes).
+fn holds(v: &serde_json::Value, keys: &[&str]) -> Vec<(String, serde_json::Value)> {
+    keys.iter().map(|k| (k.to_string(), v[*k].clone())).collect()
+}
+
+const STATS_KEYS: &[&str] = &[
+    "files",
+    "dirs",
+    "other_inodes",
+    "inodes",
+    "logical_bytes",
+    "allocated_bytes",
+    "physical_bytes",
+    "inline_bytes",
+    "codecs",
+    "patched_chunks",
+    "triples",
+    "user_bytes_written",
+    "segment_size",
+    "format_version",
+    "records_version",
+];
+const FSCK_KEYS: &[&str] =
+    &["clean", "problems", "inodes", "dirents", "extents", "blocks", "block_bytes", "xattrs"];
+
+/// stats, du and fsck give the same answers through a mount's daemon as
+/// on the image after the unmount; clean and sync work on the mount.
+#[test]
+fn admin_commands_answer_alike_on_the_mount_and_on_the_image() {
+    if !usable() {
+        return;
+    }
+    let d = Dir::new("admin");
+    mkfs(&d, "256M");
+    let (img, mnt) = (d.img(), d.mnt());
+    let (ip, mp) = (img.to_str().expect("utf8"), mnt.to_str().expect("utf8"));
+    let mut child = mount_fg(&d, "");
+    run_ok(Command::new("cp").args(["-a", "/usr/include/linux", mp]));
+    fs::write(mnt.join("small"), b"x").expect("write");
+    ok(&["sync", mp]);
+    let live = (json_of(&["stats", mp]), json_of(&["du", mp, "/linux"]), json_of(&["fsck", mp]));
+    assert_eq!(live.2["clean"], true, "{:#}", live.2);
+    let cleaned = json_of(&["clean", mp, "--segments", "4"]);
+    assert!(cleaned["examined"].is_u64(), "{cleaned:#}");
+    unmount(&d);
+    child.wait().expect("wait");
+    let after = (json_of(&["stats", ip]), json_of(&["du", ip, "/linux"]), json_of(&["fsck", ip]));
+    assert_eq!(holds(&live.0, STATS_KEYS), holds(&after.0, STATS_KEYS));
+    assert_eq!(live.1, after.1, "du");
+    assert_eq!(holds(&live.2, FSCK_KEYS), holds(&after.2, FSCK_KEYS));
+    // A directory that is not a zlogfs mount is said to be so.
+    let o = zlogfs(&["stats", d.0.to_str().expect("utf8")]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not a zlogfs mount point"));
+}
+
+/// Malformed control requests get an error answer and the daemon goes on
+/// serving; --repair is refused on a mount.
+#[test]
+fn the_control_socket_answers_malformed_requests_and_keeps_serving() {
+    use std::io::BufRead;
+    use std::os::unix::net::UnixStream;
+    if !usable() {
+        return;
+    }
+    let d = Dir::new("control");
+    mkfs(&d, "64M");
+    let mut child = mount_fg(&d, "");
+    let mp = fs::canonicalize(d.mnt()).expect("canonical");
+    let sock = zlogfs::control::socket_path(&mp, 0);
+    let ask = |s: &mut UnixStream, line: &[u8]| -> serde_json::Value {
+        s.write_all(line).expect("send");
+        let mut r = std::io::BufReader::new(s.try_clone().expect("clone"));
+        let mut answer = String::new();
+        r.read_line(&mut answer).expect("answer");
+        serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{answer:?}: {e}"))
+    };
+    let mut s = UnixStream::connect(&sock).expect("connect");
+    for (req, says) in [
+        (&b"not json\n"[..], "not JSON"),
+        (b"[1, 2]\n", "a JSON object"),
+        (b"{\"op\": \"stats\"}\n", "no protocol version"),
+        (b"{\"v\": 99, \"op\": \"stats\"}\n", "version 99"),
+        (b"{\"v\": 1, \"op\": \"format the disk\"}\n", "unknown operation"),
+        (b"{\"v\": 1, \"op\": \"du\", \"path\": \"/nope\"}\n", "no such file"),
+        (b"{\"v\": 1, \"op\": \"clean\", \"max_live\": 7}\n", "fraction"),
+    ] {
+        let a = ask(&mut s, req);
+        assert_eq!(a["ok"], false, "{a}");
+        assert!(a["error"].as_str().unwrap_or("").contains(says), "{:?}: {a}", String::from_utf8_lossy(req));
+    }
+    // A huge request: an error, and the connection hangs up.
+    let mut huge = vec![b'x'; 100 << 10];
+    huge.push(b'\n');
+    let a = ask(&mut s, &huge);
+    assert!(a["error"].as_str().unwrap_or("").contains("at most"), "{a}");
+    // A new connection is served.
+    let mut s = UnixStream::connect(&sock).expect("connect again");
+    let a = ask(&mut s, b"{\"v\": 1, \"op\": \"hello\"}\n");
+    assert_eq!(a["ok"], true, "{a}");
+    assert_eq!(a["result"]["mountpoint"], mp.to_str().expect("utf8"));
+    let o = zlogfs(&["fsck", "--repair", mp.to_str().expect("utf8")]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unmount it first"));
+    unmount(&d);
+    child.wait().expect("wait");
+    assert!(!sock.exists(), "the daemon removes its socket at unmount");
+    fsck_clean(&d);
+}
+
+/// A user's mount answers that user and root through its control
+/// socket, and nobody else.
+#[test]
+fn a_users_mount_answers_its_user_and_root_only() {
+    if !usable() {
+        return;
+    }
+    let _restore = FuseOpenToAll::new();
+    let d = Dir::new("admin-user");
+    mkfs(&d, "64M");
+    let (img, mnt) = (d.img(), d.mnt());
+    let (ip, mp) = (img.to_str().expect("utf8"), mnt.to_str().expect("utf8"));
+    let mut child = mount_fg(&d, "");
+    std::os::unix::fs::chown(&mnt, Some(65534), Some(65534)).expect("chown the root");
+    unmount(&d);
+    child.wait().expect("wait");
+    std::os::unix::fs::chown(&img, Some(65534), Some(65534)).expect("chown image");
+    std::os::unix::fs::chown(&mnt, Some(65534), Some(65534)).expect("chown mount point");
+    fs::set_permissions(&d.0, fs::Permissions::from_mode(0o755)).expect("chmod");
+    let zl = fs::canonicalize(ZLOGFS).expect("binary path");
+    let as_uid = |uid: u32, args: &str| {
+        Command::new("setpriv")
+            .args([&format!("--reuid={uid}"), &format!("--regid={uid}"), "--clear-groups", "sh", "-c"])
+            .arg(format!("{} {args}", zl.display()))
+            .output()
+            .expect("setpriv")
+    };
+    let o = as_uid(65534, &format!("mount {ip} {mp}"));
+    assert!(o.status.success(), "user mount: {}", String::from_utf8_lossy(&o.stderr));
+    let mine = as_uid(65534, &format!("stats {mp} --json"));
+    assert!(mine.status.success(), "the user: {}", String::from_utf8_lossy(&mine.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&mine.stdout).expect("JSON");
+    assert_eq!(v["dirs"], 1);
+    let root = json_of(&["stats", mp]);
+    assert_eq!(root["dirs"], 1);
+    let other = as_uid(65533, &format!("stats {mp}"));
+    assert_eq!(other.status.code(), Some(2), "another user is refused");
+    let err = String::from_utf8_lossy(&other.stderr);
+    assert!(err.contains("Permission denied") || err.contains("permission denied"), "{err}");
+    let o = as_uid(65534, &format!("sync {mp}"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    run_ok(Command::new("fusermount3").args(["-u", mp]));
+    wait_for("the daemon to close the image", || zlogfs(&["fsck", ip]).status.code() != Some(2));
+    fsck_clean(&d);
 }

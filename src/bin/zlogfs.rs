@@ -18,6 +18,8 @@ use zlogfs::tools;
 use zlogfs::{engine, Options};
 use zlogfs::{validate_geometry, DEFAULT_SEGMENT_SIZE};
 
+#[path = "zlogfs/admin.rs"]
+mod admin;
 #[path = "zlogfs/logging.rs"]
 mod logging;
 #[path = "zlogfs/mount.rs"]
@@ -134,9 +136,10 @@ enum Cmd {
         json: bool,
     },
     /// Logical and stored bytes of a subtree, and of each entry in it.
+    /// TARGET is an image or the mount point of a mounted one.
     Du {
-        /// The image.
-        image: PathBuf,
+        /// The image, or a zlogfs mount point.
+        target: PathBuf,
         /// Path inside the image.
         #[arg(default_value = "/")]
         path: String,
@@ -144,10 +147,12 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Open an image (recovering it if needed) and report what it holds.
+    /// Report what an image holds: space, tree, codecs, index, lifetime
+    /// writes. TARGET is an image (opened read-only, recovered in memory
+    /// if needed) or the mount point of a mounted one (its daemon answers).
     Stats {
-        /// The image.
-        image: PathBuf,
+        /// The image, or a zlogfs mount point.
+        target: PathBuf,
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
@@ -155,15 +160,14 @@ enum Cmd {
     /// Clean: move the live data out of the segments with the most dead
     /// space, repacking small files together, and free those segments.
     /// TARGET is an image, or the mount point of a mounted one (the pass
-    /// then runs in the mount's daemon).
+    /// then runs in the mount's daemon, which reports its progress).
     Clean {
         /// The image, or a zlogfs mount point.
         target: PathBuf,
         /// Clean at most this many segments (default: all worth cleaning).
         #[arg(long)]
         segments: Option<usize>,
-        /// Leave segments alone that are more than this fraction live
-        /// (an image only; a mount uses 0.9).
+        /// Leave segments alone that are more than this fraction live.
         #[arg(long, default_value = "0.9")]
         max_live: f64,
         /// Machine-readable report.
@@ -171,15 +175,26 @@ enum Cmd {
         json: bool,
     },
     /// Check every checksum and cross-reference of an image. Exit status 0
-    /// when clean, 1 with a report when not.
+    /// when clean, 1 with a report when not. TARGET is an image or the
+    /// mount point of a mounted one (checked live, read-only).
     Fsck {
-        /// The image.
-        image: PathBuf,
+        /// The image, or a zlogfs mount point.
+        target: PathBuf,
         /// Mend first what can be mended (a damaged superblock from its
         /// copy, index runs whose index or filter block is damaged), then
-        /// check. Writes to the image.
+        /// check. Writes to the image: not on a mounted one.
         #[arg(long)]
         repair: bool,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make everything written so far durable. On a mount point this is
+    /// what sync(1) does for other file systems (it does not reach a FUSE
+    /// daemon); on an image, recovery's result is written and checkpointed.
+    Sync {
+        /// The image, or a zlogfs mount point.
+        target: PathBuf,
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
@@ -261,10 +276,11 @@ fn main() -> ExitCode {
         Cmd::Ls { image, path, json } => ls(&image, &path, json),
         Cmd::Cat { image, path } => cat(&image, &path),
         Cmd::Stat { image, path, json } => stat(&image, &path, json),
-        Cmd::Du { image, path, json } => du(&image, &path, json),
-        Cmd::Stats { image, json } => stats(&image, json),
-        Cmd::Fsck { image, repair, json } => fsck(&image, repair, json),
-        Cmd::Clean { target, segments, max_live, json } => clean(&target, segments, max_live, json),
+        Cmd::Du { target, path, json } => admin::du(&target, &path, json),
+        Cmd::Stats { target, json } => admin::stats(&target, json),
+        Cmd::Fsck { target, repair, json } => admin::fsck(&target, repair, json),
+        Cmd::Clean { target, segments, max_live, json } => admin::clean(&target, segments, max_live, json),
+        Cmd::Sync { target, json } => admin::sync(&target, json),
     };
     finish(r)
 }
@@ -676,377 +692,4 @@ fn stat(image: &Path, path: &str, json: bool) -> Res {
         );
     }
     Ok(ExitCode::SUCCESS)
-}
-
-fn du(image: &Path, path: &str, json: bool) -> Res {
-    let fs = open_fs_ro(image)?;
-    let ino = resolve(&fs, path)?;
-    let mut rows = Vec::new();
-    if fs.getattr(ino).map_err(|e| e.to_string())?.kind == Kind::Dir {
-        let mut after: Option<Vec<u8>> = None;
-        loop {
-            let page = fs.readdir(ino, after.as_deref(), 1024).map_err(|e| e.to_string())?;
-            let Some(l) = page.last() else { break };
-            after = Some(l.name.clone());
-            for e in page {
-                let u = fs.du(e.ino).map_err(|e| e.to_string())?;
-                rows.push((String::from_utf8_lossy(&e.name).into_owned(), u));
-            }
-        }
-    }
-    let total = fs.du(ino).map_err(|e| e.to_string())?;
-    let ratio = |u: &zfs::TreeUsage| u.logical as f64 / u.physical.max(1) as f64;
-    if json {
-        let row = |n: &str, u: &zfs::TreeUsage| {
-            serde_json::json!({"path": n, "files": u.files, "dirs": u.dirs,
-            "logical": u.logical, "allocated": u.allocated, "physical": u.physical, "ratio": ratio(u)})
-        };
-        let v = serde_json::json!({"total": row(path, &total), "entries": rows.iter().map(|(n, u)| row(n, u)).collect::<Vec<_>>()});
-        println!("{v:#}");
-    } else {
-        println!("{:>14} {:>14} {:>7} {:>8}  path", "logical", "physical", "ratio", "files");
-        for (n, u) in rows.iter().chain(std::iter::once(&(path.to_string(), total.clone()))) {
-            println!("{:>14} {:>14} {:>7.2} {:>8}  {n}", u.logical, u.physical, ratio(u), u.files);
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Figures `zlogfs stats` derives from the image's usage and the engine.
-struct Derived {
-    ratio: f64,
-    per_inode: f64,
-    amp: Option<f64>,
-    meta_per_file: f64,
-    usable: u64,
-    free_phys: u64,
-    dead: u64,
-    fits_more: u64,
-}
-
-impl Derived {
-    fn of(u: &zfs::Usage, e: &engine::Engine) -> Derived {
-        let s = e.stats();
-        let files = u.tree.files + u.tree.dirs + u.tree.others;
-        let ratio = u.tree.logical as f64 / u.tree.physical.max(1) as f64;
-        // Space: physical bytes in use and free (free counts what cleaning
-        // can reclaim, as statfs does), dead bytes awaiting the cleaner, and
-        // how much more logical data fits at the ratio seen so far.
-        let (usable, free_phys) = e.capacity();
-        Derived {
-            ratio,
-            per_inode: u.inode_bytes_compressed as f64 / u.inodes.max(1) as f64,
-            amp: (u.counters.user_bytes > 0)
-                .then(|| u.counters.device_bytes as f64 / u.counters.user_bytes as f64),
-            meta_per_file: s.run_bytes as f64 / files.max(1) as f64,
-            usable,
-            free_phys,
-            dead: e.dead_bytes(),
-            fits_more: (free_phys as f64 * ratio.max(1.0)) as u64,
-        }
-    }
-}
-
-fn stats(image: &Path, json: bool) -> Res {
-    let fs = open_fs_ro(image)?;
-    let u = fs.usage().map_err(|e| e.to_string())?;
-    let d = Derived::of(&u, fs.engine());
-    if json {
-        println!("{:#}", stats_json(image, &fs, &u, &d));
-    } else {
-        print_stats(image, &fs, &u, &d);
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-fn stats_json(image: &Path, fs: &Fs, u: &zfs::Usage, d: &Derived) -> serde_json::Value {
-    let e = fs.engine();
-    let s = e.stats();
-    let g = e.superblock().geometry;
-    let Derived { ratio, per_inode, amp, meta_per_file, usable, free_phys, dead, fits_more, .. } = *d;
-    let codecs: serde_json::Map<String, serde_json::Value> = u
-        .codecs
-        .iter()
-        .map(|(k, c)| {
-            (k.clone(), serde_json::json!({"blocks": c.blocks, "logical": c.raw, "stored": c.stored}))
-        })
-        .collect();
-    serde_json::json!({
-        "image": image.display().to_string(),
-        "format_version": e.superblock().version, "records_version": fs.config().version,
-        "segment_size": g.segment_size, "segments": s.segments, "free_segments": s.free_segments,
-        "live_bytes": s.live_bytes,
-        "files": u.tree.files, "dirs": u.tree.dirs, "other_inodes": u.tree.others, "inodes": u.inodes,
-        "logical_bytes": u.tree.logical, "allocated_bytes": u.tree.allocated, "physical_bytes": u.tree.physical,
-        "ratio": ratio, "inline_bytes": u.inline_bytes, "codecs": codecs,
-        "patched_chunks": u.patched_chunks, "bases_gone": u.bases_gone, "patch_bytes": u.patch_bytes, "patch_released_bytes": u.patch_released,
-        "inode_bytes_raw": u.inode_bytes_raw, "inode_bytes_compressed": u.inode_bytes_compressed,
-        "bytes_per_inode": per_inode, "index_bytes": s.run_bytes, "metadata_bytes_per_file": meta_per_file,
-        "triples": u.triples, "index_runs": s.runs, "memtable_entries": s.memtable_entries,
-        "checkpoint": s.checkpoint, "pinned_segments": s.pinned_segments,
-        "user_bytes_written": u.counters.user_bytes, "device_bytes_written": u.counters.device_bytes,
-        "device_bytes_per_user_byte": amp,
-        "reserve_segments": s.reserve_segments, "usable_bytes": usable, "physical_used_bytes": s.live_bytes,
-        "physical_free_bytes": free_phys, "dead_bytes": dead, "logical_used_bytes": u.tree.logical,
-        "estimated_logical_bytes_that_fit": fits_more,
-    })
-}
-
-fn print_stats(image: &Path, fs: &Fs, u: &zfs::Usage, d: &Derived) {
-    let e = fs.engine();
-    let s = e.stats();
-    let g = e.superblock().geometry;
-    let Derived { ratio, per_inode, amp, meta_per_file, usable, free_phys, dead, fits_more, .. } = *d;
-    println!(
-        "image:            {} (format version {}, file system records version {})",
-        image.display(),
-        e.superblock().version,
-        fs.config().version
-    );
-    println!(
-        "segments:         {} of {} KiB, {} free, {} free at the next index flush; {} live bytes",
-        s.segments,
-        g.segment_size / 1024,
-        s.free_segments,
-        s.pinned_segments,
-        s.live_bytes
-    );
-    println!(
-        "space:            {} usable ({} reserved segments); {} used, {} free of which {} dead \
-         (reclaimed by the cleaner); about {} more logical bytes fit at ratio {ratio:.2}",
-        usable, s.reserve_segments, s.live_bytes, free_phys, dead, fits_more
-    );
-    println!(
-        "tree:             {} files, {} directories, {} others",
-        u.tree.files, u.tree.dirs, u.tree.others
-    );
-    println!(
-        "file data:        {} logical, {} allocated, {} stored (ratio {ratio:.2}); {} inline in the index",
-        u.tree.logical, u.tree.allocated, u.tree.physical, u.inline_bytes
-    );
-    if u.patched_chunks > 0 {
-        println!(
-            "patched chunks:   {} ({} stored in patches, replacing {} stored bytes of their bases; \
-             {} without a base, all patches)",
-            u.patched_chunks, u.patch_bytes, u.patch_released, u.bases_gone
-        );
-    }
-    for (k, c) in &u.codecs {
-        println!(
-            "  {k:<24} {:>8} blocks {:>14} -> {:>14} ({:.2})",
-            c.blocks,
-            c.raw,
-            c.stored,
-            c.raw as f64 / c.stored.max(1) as f64
-        );
-    }
-    println!("inodes:           {} records, {} bytes raw, {} compressed: {per_inode:.1} bytes per inode; {} (uid, gid, mode) triples", u.inodes, u.inode_bytes_raw, u.inode_bytes_compressed, u.triples);
-    println!("index:            {} runs, {} bytes ({meta_per_file:.1} bytes per file, inline data included); {} entries in memtables", s.runs, s.run_bytes, s.memtable_entries);
-    println!(
-        "writes:           {} bytes by users, {} bytes to the device ({}) over the image's life",
-        u.counters.user_bytes,
-        u.counters.device_bytes,
-        amp.map_or("no user bytes yet".to_string(), |a| format!("{a:.2} device bytes per user byte"))
-    );
-    println!("checkpoint:       {}", s.checkpoint);
-}
-
-fn clean(target: &Path, segments: Option<usize>, max_live: f64, json: bool) -> Res {
-    if !(0.0..=1.0).contains(&max_live) {
-        return Err(format!("--max-live {max_live} is not a fraction between 0 and 1"));
-    }
-    let rep = if target.is_dir() {
-        // A mount point: the daemon cleans when the root's clean xattr is
-        // set, and gives its report back through the same xattr.
-        if !is_zlogfs_mount(target) {
-            return Err(format!(
-                "{} is a directory but not a zlogfs mount point (give the image, or where it is mounted)",
-                target.display()
-            ));
-        }
-        let v = segments.map_or("all".to_string(), |n| n.to_string());
-        xattr::set(target, "user.zlogfs.clean", v.as_bytes()).map_err(|e| {
-            format!(
-                "{}: cannot start cleaning ({e}); is it a zlogfs mount, and are you root?",
-                target.display()
-            )
-        })?;
-        let out = xattr::get(target, "user.zlogfs.clean")
-            .map_err(|e| format!("{}: reading the report: {e}", target.display()))?
-            .unwrap_or_default();
-        serde_json::from_slice::<serde_json::Value>(&out)
-            .map_err(|e| format!("{}: the report is not JSON: {e}", target.display()))?
-    } else {
-        let fs = open_fs(target, zfs::Atime::Noatime)?;
-        let pb = tools::progress(0, "cleaning", json);
-        let opts =
-            zfs::CleanOptions { max_segments: segments.unwrap_or(usize::MAX), max_live, target_free: None };
-        let rep = fs
-            .clean(&opts, &|r| {
-                pb.set_message(format!(
-                    "cleaning: {} segments freed, {} bytes moved",
-                    r.freed, r.moved_bytes
-                ));
-                pb.tick();
-            })
-            .map_err(|e| format!("{}: cleaning stopped: {e}", target.display()))?;
-        pb.finish_and_clear();
-        close(fs, target)?;
-        rep.to_json()
-    };
-    if json {
-        println!("{rep:#}");
-    } else {
-        println!(
-            "{}: {} segments examined, {} freed; {} chunks and {} patches ({} stored bytes) moved; {} leaked bytes reclaimed",
-            target.display(),
-            rep["examined"],
-            rep["freed"],
-            rep["chunks"],
-            rep["patches"],
-            rep["moved_bytes"],
-            rep["leaked_bytes"]
-        );
-        for s in rep["skipped"].as_array().into_iter().flatten() {
-            println!("skipped segment {}: {}", s["segment"], s["why"].as_str().unwrap_or(""));
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// True when `dir` is the mount point of a zlogfs mount (type fuse.zlogfs
-/// in /proc/self/mountinfo).
-fn is_zlogfs_mount(dir: &Path) -> bool {
-    let Ok(dir) = dir.canonicalize() else { return false };
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
-    // mountinfo escapes space, tab, newline and backslash as \ooo.
-    let unescape = |f: &str| -> String {
-        let b = f.as_bytes();
-        let mut out = Vec::with_capacity(b.len());
-        let mut i = 0;
-        while i < b.len() {
-            let oct =
-                b.get(i + 1..i + 4).and_then(|o| u8::from_str_radix(std::str::from_utf8(o).ok()?, 8).ok());
-            match (b[i], oct) {
-                (b'\\', Some(c)) => {
-                    out.push(c);
-                    i += 4;
-                }
-                (c, _) => {
-                    out.push(c);
-                    i += 1;
-                }
-            }
-        }
-        String::from_utf8_lossy(&out).into_owned()
-    };
-    info.lines().any(|l| {
-        let mut halves = l.splitn(2, " - ");
-        let (Some(a), Some(b)) = (halves.next(), halves.next()) else { return false };
-        a.split(' ').nth(4).is_some_and(|m| Path::new(&unescape(m)) == dir)
-            && b.split(' ').next() == Some("fuse.zlogfs")
-    })
-}
-
-/// When the file system does not open: what the engine underneath can
-/// still say of damaged index blocks (the records they held), or None.
-fn fsck_engine(image: &Path) -> Option<Vec<String>> {
-    let f = FileStore::open_read_only(image).ok()?;
-    let sb = engine::read_superblock(&f).ok()?;
-    let f = f.with_geometry(sb.geometry).ok()?;
-    let opts = Options { background: false, read_only: true, ..Options::default() };
-    let eng = zlogfs::Engine::open(Arc::new(f), opts).ok()?;
-    let bad = eng.verify_runs();
-    (!bad.is_empty()).then(|| {
-        bad.into_iter()
-            .map(|d| {
-                format!(
-                    "index run {}, block {}, holding the records from {} to {}: {}",
-                    d.run,
-                    d.addr,
-                    zfs::keys::describe_key(&d.from),
-                    zfs::keys::describe_key(&d.to),
-                    d.error
-                )
-            })
-            .collect()
-    })
-}
-
-fn fsck(image: &Path, repair: bool, json: bool) -> Res {
-    let opened = if repair { open_fs(image, zfs::Atime::Noatime) } else { open_fs_ro(image) };
-    let fs = match opened {
-        Ok(fs) => fs,
-        Err(e) => match fsck_engine(image) {
-            Some(problems) => {
-                if json {
-                    println!(
-                        "{:#}",
-                        serde_json::json!({"clean": false, "problems": problems, "opened": false})
-                    );
-                } else {
-                    for p in &problems {
-                        println!("problem: {p}");
-                    }
-                    println!("{e}");
-                    println!("the file system does not open: its records in damaged index blocks are lost");
-                }
-                return Ok(ExitCode::from(1));
-            }
-            None => return Err(e),
-        },
-    };
-    let mended =
-        if repair { fs.repair().map_err(|e| format!("{}: repair: {e}", image.display()))? } else { vec![] };
-    if !json {
-        for m in &mended {
-            println!("repaired: {m}");
-        }
-    }
-    let pb = tools::progress(0, "checking blocks", json);
-    let rep = fs
-        .check(&|done, total| {
-            pb.set_length(total);
-            pb.set_position(done);
-        })
-        .map_err(|e| format!("{}: check stopped: {e}", image.display()))?;
-    pb.finish_and_clear();
-    if json {
-        let v = serde_json::json!({"clean": rep.problems.is_empty(), "problems": rep.problems, "inodes": rep.inodes,
-            "dirents": rep.dirents, "extents": rep.extents, "blocks": rep.blocks, "block_bytes": rep.block_bytes,
-            "xattrs": rep.xattrs, "orphans": rep.orphans, "leaked_bytes": rep.leaked_bytes(), "repaired": mended,
-            "leaked": rep.leaked.iter().map(|(s, b)| serde_json::json!({"segment": s, "bytes": b})).collect::<Vec<_>>()});
-        println!("{v:#}");
-    } else {
-        for p in &rep.problems {
-            println!("problem: {p}");
-        }
-        if !rep.leaked.is_empty() {
-            println!(
-                "note: {} bytes in {} segments are counted in use but held by nothing (left by a crash or a \
-                 failed write; the cleaner gives them back when it cleans those segments)",
-                rep.leaked_bytes(),
-                rep.leaked.len()
-            );
-        }
-        println!(
-            "{}: {} inodes, {} entries, {} chunks, {} blocks ({} bytes) verified, {} xattrs: {}",
-            image.display(),
-            rep.inodes,
-            rep.dirents,
-            rep.extents,
-            rep.blocks,
-            rep.block_bytes,
-            rep.xattrs,
-            if rep.problems.is_empty() {
-                "clean".to_string()
-            } else {
-                format!("{} problems", rep.problems.len())
-            }
-        );
-    }
-    if repair {
-        close(fs, image)?;
-    }
-    Ok(if rep.problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

@@ -176,8 +176,3 @@ pub const XATTR_CODEC: &[u8] = b"user.zlogfs.codec";
 
 /// The read-only xattr giving a file's stored (compressed) bytes.
 pub const XATTR_PHYSICAL: &[u8] = b"user.zlogfs.physical";
-
-/// Setting this xattr on the root directory runs a cleaning pass (value:
-/// the most segments to clean, or `all`); reading it gives the last
-/// pass's report as JSON. It is never stored.
-pub const XATTR_CLEAN: &[u8] = b"user.zlogfs.clean";

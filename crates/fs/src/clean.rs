@@ -125,26 +125,6 @@ impl Fs {
     }
 }
 
-impl Fs {
-    /// Setting [`XATTR_CLEAN`] on the root: clean, keep the report.
-    pub(crate) fn clean_by_xattr(&self, ino: Ino, value: &[u8]) -> Result<()> {
-        if ino != ROOT {
-            return Err(Error::invalid("user.zlogfs.clean is set on the root directory only"));
-        }
-        let v = String::from_utf8_lossy(value);
-        let v = v.trim();
-        let max_segments = match v {
-            "" | "all" => usize::MAX,
-            n => n.parse().map_err(|_| {
-                Error::invalid(format!("user.zlogfs.clean: {n:?} is not a number of segments or \"all\""))
-            })?,
-        };
-        let rep = self.clean(&CleanOptions { max_segments, ..CleanOptions::default() }, &|_| {})?;
-        self.st().last_clean = Some(rep);
-        Ok(())
-    }
-}
-
 /// Whether moving chunk `idx` of `ino`, stored as `e`, would change a
 /// record that `held` (the writers' operations set aside during a round)
 /// changes too: the chunk's own record, its inode's, or the reference list

@@ -117,7 +117,6 @@ impl Fs {
             stats: FsStats::default(),
             space_hint,
             cleaning: false,
-            last_clean: None,
             futile_at: None,
         };
         let inner = Arc::new(Inner { st: Mutex::new(st), stop: Mutex::new(false), wake: Condvar::new() });

@@ -52,7 +52,7 @@ use std::sync::{Mutex, MutexGuard};
 pub use attr::{Attr, Caller, DirEntry, SetAttr, StatFs};
 pub use attr::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
 pub use attr::{RENAME_EXCHANGE, RENAME_NOREPLACE};
-pub use attr::{XATTR_CLEAN, XATTR_CODEC, XATTR_CREATE, XATTR_KILL_SGID, XATTR_PHYSICAL, XATTR_REPLACE};
+pub use attr::{XATTR_CODEC, XATTR_CREATE, XATTR_KILL_SGID, XATTR_PHYSICAL, XATTR_REPLACE};
 pub use check::{CheckReport, CodecUse, TreeUsage, Usage};
 pub use clean::{CleanOptions, CleanReport};
 pub use error::{Error, Result};

@@ -15,7 +15,7 @@ use crate::cache::BlockCache;
 use crate::error::{Error, Result};
 use crate::group::Group;
 use crate::keys::*;
-use crate::{pending, Atime, Attr, CleanReport, FsStats};
+use crate::{pending, Atime, Attr, FsStats};
 
 /// Mutable state, behind one lock.
 pub(crate) struct State {
@@ -42,8 +42,6 @@ pub(crate) struct State {
     pub(crate) space_hint: u64,
     /// A cleaning round is running (its commits do not clean).
     pub(crate) cleaning: bool,
-    /// The report of the last pass run through [`crate::XATTR_CLEAN`].
-    pub(crate) last_clean: Option<CleanReport>,
     /// Commits so far when cleaning last failed to make the room a writer
     /// needed (see `clean_for`).
     pub(crate) futile_at: Option<u64>,

@@ -10,9 +10,7 @@ use crate::filesystem::now;
 use crate::keys::*;
 use crate::namespace::name_str;
 use crate::state::State;
-use crate::{
-    acl, Fs, XATTR_CLEAN, XATTR_CODEC, XATTR_CREATE, XATTR_KILL_SGID, XATTR_PHYSICAL, XATTR_REPLACE,
-};
+use crate::{acl, Fs, XATTR_CODEC, XATTR_CREATE, XATTR_KILL_SGID, XATTR_PHYSICAL, XATTR_REPLACE};
 
 fn check_xattr_name(name: &[u8]) -> Result<()> {
     if name.is_empty() || name.len() > 255 {
@@ -47,12 +45,6 @@ impl Fs {
         if name == XATTR_PHYSICAL {
             return Ok(st.physical(ino)?.to_string().into_bytes());
         }
-        if name == XATTR_CLEAN && ino == ROOT {
-            return match &st.last_clean {
-                Some(r) => Ok(r.to_json().to_string().into_bytes()),
-                None => Err(Error::no_attr("no cleaning pass has run since the mount")),
-            };
-        }
         if name == XATTR_CODEC {
             return match i.policy {
                 Some(p) => Ok(p.to_string().into_bytes()),
@@ -70,9 +62,6 @@ impl Fs {
     }
 
     fn setxattr_now(&self, ino: Ino, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
-        if name == XATTR_CLEAN {
-            return self.clean_by_xattr(ino, value);
-        }
         let mut st = self.st();
         st.pre_op()?;
         st.pre_grow(name.len() + value.len() + 64)?;

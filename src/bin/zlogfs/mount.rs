@@ -7,10 +7,10 @@ use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use zlogfs::engine;
 use zlogfs::engine::Options;
 use zlogfs::frontends::fuse::{self, MountOptions, Uring};
 use zlogfs::fs::{Atime, Fs, FsOptions, SyncMode};
+use zlogfs::{control, engine};
 
 use super::logging::{self, Sink};
 use super::Res;
@@ -240,6 +240,7 @@ pub fn mount(image: &Path, dir: &Path, opts: &[String], foreground: bool) -> Res
         return spawn_daemon(image, dir, opts);
     }
     let fs = Arc::new(open_for_mount(image, &parsed).map_err(|e| ready_fail(daemon_child, e))?);
+    let control = start_control(&fs, image, dir).map_err(|e| ready_fail(daemon_child, e))?;
     let (session, mut unmounter) = fuse::mount(fs.clone(), dir, &parsed.mount)
         .map_err(|e| ready_fail(daemon_child, format!("cannot mount on {}: {e}", dir.display())))?;
     let mut signals = signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP])
@@ -267,18 +268,43 @@ pub fn mount(image: &Path, dir: &Path, opts: &[String], foreground: bool) -> Res
         );
     }
     let served = session.run();
-    // The session is gone, and synced as it ended (`Session::run`); close
-    // writes a checkpoint so the next open has nothing to replay.
-    let closed = match Arc::try_unwrap(fs) {
-        Ok(fs) => fs.close().map_err(|e| format!("closing {}: {e}", image.display())),
-        Err(_) => Err("file system still in use at unmount".to_string()),
-    };
+    drop(control);
+    let closed = close_when_free(fs, image);
     served.map_err(|e| format!("serving {}: {e}", dir.display()))?;
     closed?;
     if !daemon_child {
         eprintln!("zlogfs: {} unmounted, image closed cleanly", dir.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Serve the control channel of the mount on `dir` (docs/CONTROL.md), for
+/// this process's user and root.
+fn start_control(fs: &Arc<Fs>, image: &Path, dir: &Path) -> Result<control::Server, String> {
+    // Before the mount: once mounted, resolving the path would ask this
+    // process, which does not serve yet.
+    let mountpoint = dir.canonicalize().map_err(|e| format!("{}: {e}", dir.display()))?;
+    let image = image.canonicalize().unwrap_or_else(|_| image.to_path_buf());
+    let owner = nix::unistd::geteuid().as_raw();
+    let path = control::socket_path(&mountpoint, owner);
+    let handler = control::handler(Arc::clone(fs), control::Info { image, mountpoint });
+    control::Server::start(path.clone(), owner, handler)
+        .map_err(|e| format!("cannot serve the control socket {}: {e}", path.display()))
+}
+
+/// Close `fs` once the session and the control channel let go of it
+/// (a control request still running is waited for, up to a minute): close
+/// writes a checkpoint so that the next open has nothing to replay. The
+/// session synced as it ended (`Session::run`).
+fn close_when_free(mut fs: Arc<Fs>, image: &Path) -> Result<(), String> {
+    for _ in 0..600 {
+        match Arc::try_unwrap(fs) {
+            Ok(fs) => return fs.close().map_err(|e| format!("closing {}: {e}", image.display())),
+            Err(still) => fs = still,
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Err("the file system is still in use a minute after the unmount: closed without a checkpoint".to_string())
 }
 
 /// In the daemon child, an error before the mount is ready goes to the

@@ -1,0 +1,419 @@
+//! The admin commands (`stats`, `du`, `fsck`, `clean`, `sync`) on an image
+//! or a mount point. An image is opened here; a mounted image is locked
+//! by its daemon, which answers through its control channel
+//! (docs/CONTROL.md) with the same reports (`zlogfs::tools::report`).
+//! Either way the command prints the same JSON, or text made from it.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+use zlogfs::fs::{self as zfs, Fs};
+use zlogfs::store::FileStore;
+use zlogfs::tools::{self, report};
+use zlogfs::{control, engine, Options};
+
+use super::{close, open_fs, open_fs_ro, Res};
+
+/// What an admin command works on.
+pub enum Target {
+    /// An image (file or device) to open.
+    Image(PathBuf),
+    /// A mounted image, through its daemon.
+    Mount {
+        /// The mount point, canonical.
+        dir: PathBuf,
+        /// Its control socket.
+        socket: PathBuf,
+    },
+}
+
+impl Target {
+    /// `p` as the mount point of a zlogfs mount, or as an image. The mount
+    /// is found without looking into it: a user's FUSE mount refuses
+    /// everyone else, root included.
+    pub fn of(p: &Path) -> Result<Target, String> {
+        let abs = match (p.parent(), p.file_name()) {
+            (Some(parent), Some(name)) => {
+                let parent = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
+                parent.canonicalize().map(|d| d.join(name))
+            }
+            _ => p.canonicalize(),
+        };
+        if let Ok(dir) = abs {
+            if let Some(uid) = zlogfs_mount_owner(&dir) {
+                return Ok(Target::Mount { socket: control::find_socket(&dir, uid), dir });
+            }
+        }
+        if p.is_dir() {
+            return Err(format!(
+                "{} is a directory but not a zlogfs mount point (give the image, or where it is mounted)",
+                p.display()
+            ));
+        }
+        Ok(Target::Image(p.to_path_buf()))
+    }
+
+    fn name(&self) -> String {
+        match self {
+            Target::Image(p) | Target::Mount { dir: p, .. } => p.display().to_string(),
+        }
+    }
+}
+
+/// Ask the daemon behind `socket` for `op` with `args`.
+fn ask(socket: &Path, op: &str, args: Value, progress: &mut dyn FnMut(&Value)) -> Result<Value, String> {
+    let mut req = match args {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    };
+    req.insert("op".into(), Value::from(op));
+    control::request(socket, req, progress)
+}
+
+/// The uid that owns the zlogfs mount on `dir` (FUSE's `user_id=` in
+/// /proc/self/mountinfo), or None when `dir` is not one.
+fn zlogfs_mount_owner(dir: &Path) -> Option<u32> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|l| {
+        let (a, b) = l.split_once(" - ")?;
+        let mut fields = b.split(' ');
+        let is_zlogfs = fields.next() == Some("fuse.zlogfs");
+        let at = a.split(' ').nth(4).map(unescape)?;
+        if !is_zlogfs || Path::new(&at) != dir {
+            return None;
+        }
+        let opts = fields.nth(1).unwrap_or("");
+        Some(opts.split(',').find_map(|o| o.strip_prefix("user_id=")?.parse().ok()).unwrap_or(0))
+    })
+}
+
+/// A field of mountinfo, its `\ooo` escapes (space, tab, newline and
+/// backslash) undone.
+fn unescape(f: &str) -> String {
+    let b = f.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let oct = b.get(i + 1..i + 4).and_then(|o| u8::from_str_radix(std::str::from_utf8(o).ok()?, 8).ok());
+        match (b[i], oct) {
+            (b'\\', Some(c)) => {
+                out.push(c);
+                i += 4;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn show(v: &Value, json: bool, text: impl FnOnce(&Value)) {
+    if json {
+        println!("{v:#}");
+    } else {
+        text(v);
+    }
+}
+
+/// `zlogfs stats`.
+pub fn stats(target: &Path, json: bool) -> Res {
+    let t = Target::of(target)?;
+    let v = match &t {
+        Target::Image(image) => {
+            let fs = open_fs_ro(image)?;
+            report::stats(&image.display().to_string(), &fs).map_err(|e| e.to_string())?
+        }
+        Target::Mount { socket, .. } => ask(socket, "stats", json!({}), &mut |_| {})?,
+    };
+    show(&v, json, print_stats);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_stats(v: &Value) {
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
+    let ratio = f("ratio");
+    println!(
+        "image:            {} (format version {}, file system records version {})",
+        v["image"].as_str().unwrap_or(""),
+        n("format_version"),
+        n("records_version")
+    );
+    println!(
+        "segments:         {} of {} KiB, {} free, {} free at the next index flush; {} live bytes",
+        n("segments"),
+        n("segment_size") / 1024,
+        n("free_segments"),
+        n("pinned_segments"),
+        n("live_bytes")
+    );
+    println!(
+        "space:            {} usable ({} reserved segments); {} used, {} free of which {} dead \
+         (reclaimed by the cleaner); about {} more logical bytes fit at ratio {ratio:.2}",
+        n("usable_bytes"),
+        n("reserve_segments"),
+        n("live_bytes"),
+        n("physical_free_bytes"),
+        n("dead_bytes"),
+        n("estimated_logical_bytes_that_fit")
+    );
+    println!(
+        "tree:             {} files, {} directories, {} others",
+        n("files"),
+        n("dirs"),
+        n("other_inodes")
+    );
+    println!(
+        "file data:        {} logical, {} allocated, {} stored (ratio {ratio:.2}); {} inline in the index",
+        n("logical_bytes"),
+        n("allocated_bytes"),
+        n("physical_bytes"),
+        n("inline_bytes")
+    );
+    if n("patched_chunks") > 0 {
+        println!(
+            "patched chunks:   {} ({} stored in patches, replacing {} stored bytes of their bases; \
+             {} without a base, all patches)",
+            n("patched_chunks"),
+            n("patch_bytes"),
+            n("patch_released_bytes"),
+            n("bases_gone")
+        );
+    }
+    for (k, c) in v["codecs"].as_object().into_iter().flatten() {
+        let (raw, stored) = (c["logical"].as_u64().unwrap_or(0), c["stored"].as_u64().unwrap_or(0));
+        println!(
+            "  {k:<24} {:>8} blocks {raw:>14} -> {stored:>14} ({:.2})",
+            c["blocks"].as_u64().unwrap_or(0),
+            raw as f64 / stored.max(1) as f64
+        );
+    }
+    println!(
+        "inodes:           {} records, {} bytes raw, {} compressed: {:.1} bytes per inode; {} (uid, gid, mode) triples",
+        n("inodes"),
+        n("inode_bytes_raw"),
+        n("inode_bytes_compressed"),
+        f("bytes_per_inode"),
+        n("triples")
+    );
+    println!(
+        "index:            {} runs, {} bytes ({:.1} bytes per file, inline data included); {} entries in memtables",
+        n("index_runs"),
+        n("index_bytes"),
+        f("metadata_bytes_per_file"),
+        n("memtable_entries")
+    );
+    let amp = v["device_bytes_per_user_byte"]
+        .as_f64()
+        .map_or("no user bytes yet".to_string(), |a| format!("{a:.2} device bytes per user byte"));
+    println!(
+        "writes:           {} bytes by users, {} bytes to the device ({amp}) over the image's life",
+        n("user_bytes_written"),
+        n("device_bytes_written")
+    );
+    println!("checkpoint:       {}", n("checkpoint"));
+    if n("background_errors") > 0 {
+        println!(
+            "background errors: {} (the last: {})",
+            n("background_errors"),
+            v["last_background_error"].as_str().unwrap_or("")
+        );
+    }
+    if let Some(e) = v["engine_background_error"].as_str() {
+        println!("engine stopped:   {e} (unmount and mount again)");
+    }
+}
+
+/// `zlogfs du`.
+pub fn du(target: &Path, path: &str, json: bool) -> Res {
+    let v = match Target::of(target)? {
+        Target::Image(image) => report::du(&open_fs_ro(&image)?, path).map_err(|e| e.to_string())?,
+        Target::Mount { socket, .. } => ask(&socket, "du", json!({"path": path}), &mut |_| {})?,
+    };
+    show(&v, json, |v| {
+        println!("{:>14} {:>14} {:>7} {:>8}  path", "logical", "physical", "ratio", "files");
+        for r in v["entries"].as_array().into_iter().flatten().chain(std::iter::once(&v["total"])) {
+            println!(
+                "{:>14} {:>14} {:>7.2} {:>8}  {}",
+                r["logical"].as_u64().unwrap_or(0),
+                r["physical"].as_u64().unwrap_or(0),
+                r["ratio"].as_f64().unwrap_or(0.0),
+                r["files"].as_u64().unwrap_or(0),
+                r["path"].as_str().unwrap_or("")
+            );
+        }
+    });
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `zlogfs sync`: make everything accepted so far durable.
+pub fn sync(target: &Path, json: bool) -> Res {
+    let t = Target::of(target)?;
+    match &t {
+        // Recovery's result made durable, and a checkpoint.
+        Target::Image(image) => close(open_fs(image, zfs::Atime::Noatime)?, image)?,
+        Target::Mount { socket, .. } => {
+            ask(socket, "sync", json!({}), &mut |_| {})?;
+        }
+    }
+    show(&json!({"target": t.name(), "synced": true}), json, |_| println!("{}: synced", t.name()));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `zlogfs clean`.
+pub fn clean(target: &Path, segments: Option<usize>, max_live: f64, json: bool) -> Res {
+    if !(0.0..=1.0).contains(&max_live) {
+        return Err(format!("--max-live {max_live} is not a fraction between 0 and 1"));
+    }
+    let pb = tools::progress(0, "cleaning", json);
+    let tick = |r: &Value| {
+        pb.set_message(format!("cleaning: {} segments freed, {} bytes moved", r["freed"], r["moved_bytes"]));
+        pb.tick();
+    };
+    let rep = match Target::of(target)? {
+        Target::Image(image) => {
+            let fs = open_fs(&image, zfs::Atime::Noatime)?;
+            let opts = zfs::CleanOptions {
+                max_segments: segments.unwrap_or(usize::MAX),
+                max_live,
+                target_free: None,
+            };
+            let rep = fs
+                .clean(&opts, &|r| tick(&r.to_json()))
+                .map_err(|e| format!("{}: cleaning stopped: {e}", image.display()))?;
+            close(fs, &image)?;
+            rep.to_json()
+        }
+        Target::Mount { socket, .. } => {
+            ask(&socket, "clean", json!({"segments": segments, "max_live": max_live}), &mut |p| tick(p))?
+        }
+    };
+    pb.finish_and_clear();
+    show(&rep, json, |rep| {
+        println!(
+            "{}: {} segments examined, {} freed; {} chunks and {} patches ({} stored bytes) moved; {} leaked bytes reclaimed",
+            target.display(),
+            rep["examined"],
+            rep["freed"],
+            rep["chunks"],
+            rep["patches"],
+            rep["moved_bytes"],
+            rep["leaked_bytes"]
+        );
+        for s in rep["skipped"].as_array().into_iter().flatten() {
+            println!("skipped segment {}: {}", s["segment"], s["why"].as_str().unwrap_or(""));
+        }
+    });
+    Ok(ExitCode::SUCCESS)
+}
+
+/// When the file system does not open: what the engine underneath can
+/// still say of damaged index blocks (the records they held), or None.
+fn fsck_engine(image: &Path) -> Option<Vec<String>> {
+    let f = FileStore::open_read_only(image).ok()?;
+    let sb = engine::read_superblock(&f).ok()?;
+    let f = f.with_geometry(sb.geometry).ok()?;
+    let opts = Options { background: false, read_only: true, ..Options::default() };
+    let eng = zlogfs::Engine::open(Arc::new(f), opts).ok()?;
+    let bad = eng.verify_runs();
+    (!bad.is_empty()).then(|| {
+        bad.into_iter()
+            .map(|d| {
+                format!(
+                    "index run {}, block {}, holding the records from {} to {}: {}",
+                    d.run,
+                    d.addr,
+                    zfs::keys::describe_key(&d.from),
+                    zfs::keys::describe_key(&d.to),
+                    d.error
+                )
+            })
+            .collect()
+    })
+}
+
+/// `zlogfs fsck`: exit status 0 when clean, 1 with a report when not.
+pub fn fsck(target: &Path, repair: bool, json: bool) -> Res {
+    let pb = tools::progress(0, "checking blocks", json);
+    let step = |done: u64, total: u64| {
+        pb.set_length(total);
+        pb.set_position(done);
+    };
+    let v = match Target::of(target)? {
+        Target::Image(image) => fsck_image(&image, repair, &step)?,
+        Target::Mount { dir, socket } => {
+            if repair {
+                return Err(format!(
+                    "{}: --repair writes to the image: unmount it first, then zlogfs fsck --repair IMAGE",
+                    dir.display()
+                ));
+            }
+            let mut p = |p: &Value| step(p["done"].as_u64().unwrap_or(0), p["total"].as_u64().unwrap_or(0));
+            ask(&socket, "fsck", json!({}), &mut p)?
+        }
+    };
+    pb.finish_and_clear();
+    show(&v, json, print_fsck);
+    Ok(if v["clean"].as_bool() == Some(true) { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// fsck of an image: its report; when the file system does not even
+/// open, what the engine finds of damaged index blocks ("opened": false).
+fn fsck_image(image: &Path, repair: bool, step: &dyn Fn(u64, u64)) -> Result<Value, String> {
+    let opened = if repair { open_fs(image, zfs::Atime::Noatime) } else { open_fs_ro(image) };
+    let fs: Fs = match opened {
+        Ok(fs) => fs,
+        Err(e) => {
+            let Some(problems) = fsck_engine(image) else { return Err(e) };
+            return Ok(json!({"image": image.display().to_string(), "clean": false, "problems": problems,
+                "opened": false, "error": e}));
+        }
+    };
+    let mended =
+        if repair { fs.repair().map_err(|e| format!("{}: repair: {e}", image.display()))? } else { vec![] };
+    let v = report::fsck(&image.display().to_string(), &fs, &mended, step)
+        .map_err(|e| format!("{}: check stopped: {e}", image.display()))?;
+    if repair {
+        close(fs, image)?;
+    }
+    Ok(v)
+}
+
+fn print_fsck(v: &Value) {
+    for m in v["repaired"].as_array().into_iter().flatten() {
+        println!("repaired: {}", m.as_str().unwrap_or(""));
+    }
+    for p in v["problems"].as_array().into_iter().flatten() {
+        println!("problem: {}", p.as_str().unwrap_or(""));
+    }
+    if v["opened"].as_bool() != Some(true) {
+        println!("{}", v["error"].as_str().unwrap_or(""));
+        println!("the file system does not open: its records in damaged index blocks are lost");
+        return;
+    }
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    let leaked = v["leaked"].as_array().map_or(0, Vec::len);
+    if leaked > 0 {
+        println!(
+            "note: {} bytes in {leaked} segments are counted in use but held by nothing (left by a crash or a \
+             failed write; the cleaner gives them back when it cleans those segments)",
+            n("leaked_bytes")
+        );
+    }
+    let problems = v["problems"].as_array().map_or(0, Vec::len);
+    println!(
+        "{}: {} inodes, {} entries, {} chunks, {} blocks ({} bytes) verified, {} xattrs: {}",
+        v["image"].as_str().unwrap_or(""),
+        n("inodes"),
+        n("dirents"),
+        n("extents"),
+        n("blocks"),
+        n("block_bytes"),
+        n("xattrs"),
+        if problems == 0 { "clean".to_string() } else { format!("{problems} problems") }
+    );
+}

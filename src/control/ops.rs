@@ -1,0 +1,82 @@
+//! The requests a mount's daemon answers (docs/CONTROL.md): each is the
+//! same code the command runs on an unmounted image (`tools::report`,
+//! `Fs::clean`, `Fs::sync`).
+
+use std::cell::RefCell;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Map, Value};
+
+use super::{Handler, VERSION};
+use crate::fs::{CleanOptions, Fs};
+use crate::tools::report;
+
+/// What the daemon serves.
+#[derive(Debug, Clone)]
+pub struct Info {
+    /// The image.
+    pub image: PathBuf,
+    /// Where it is mounted (canonical).
+    pub mountpoint: PathBuf,
+}
+
+/// Progress lines at most this often.
+const PROGRESS_EVERY: Duration = Duration::from_millis(200);
+
+/// The requests of a daemon serving `fs`.
+pub fn handler(fs: Arc<Fs>, info: Info) -> Handler {
+    Arc::new(move |req: &Map<String, Value>, progress: &mut dyn FnMut(Value)| {
+        let image = info.image.display().to_string();
+        match req.get("op").and_then(Value::as_str) {
+            Some("hello") => Ok(json!({
+                "mountpoint": info.mountpoint.display().to_string(), "image": image,
+                "pid": std::process::id(), "version": env!("CARGO_PKG_VERSION"), "protocol": VERSION,
+            })),
+            Some("stats") => report::stats(&image, &fs).map_err(|e| e.to_string()),
+            Some("du") => {
+                let path = req.get("path").and_then(Value::as_str).unwrap_or("/");
+                report::du(&fs, path).map_err(|e| e.to_string())
+            }
+            Some("fsck") => fsck(&fs, &image, progress),
+            Some("clean") => clean(&fs, req, progress),
+            Some("sync") => fs.sync().map(|()| json!({"synced": true})).map_err(|e| e.to_string()),
+            Some(op) => Err(format!("unknown operation {op:?} (known: hello, stats, du, fsck, clean, sync)")),
+            None => Err("the request names no operation (\"op\")".into()),
+        }
+    })
+}
+
+/// fsck of the live file system: read-only (nothing is repaired on a
+/// mount), with the blocks checked so far as progress.
+fn fsck(fs: &Fs, image: &str, progress: &mut dyn FnMut(Value)) -> Result<Value, String> {
+    let sink = RefCell::new((progress, Instant::now()));
+    let r = report::fsck(image, fs, &[], &|done, total| {
+        let mut s = sink.borrow_mut();
+        if s.1.elapsed() >= PROGRESS_EVERY || done == total {
+            s.1 = Instant::now();
+            (s.0)(json!({"done": done, "total": total}));
+        }
+    });
+    r.map_err(|e| e.to_string())
+}
+
+/// A cleaning pass: `segments` (default all worth it), `max_live`
+/// (default 0.9); each round's report as progress.
+fn clean(fs: &Fs, req: &Map<String, Value>, progress: &mut dyn FnMut(Value)) -> Result<Value, String> {
+    let max_segments = match req.get("segments") {
+        None | Some(Value::Null) => usize::MAX,
+        Some(v) => v.as_u64().ok_or("\"segments\" is a whole number")? as usize,
+    };
+    let max_live = match req.get("max_live") {
+        None | Some(Value::Null) => 0.9,
+        Some(v) => {
+            v.as_f64().filter(|f| (0.0..=1.0).contains(f)).ok_or("\"max_live\" is a fraction from 0 to 1")?
+        }
+    };
+    let opts = CleanOptions { max_segments, max_live, target_free: None };
+    let sink = RefCell::new(progress);
+    let rep = fs.clean(&opts, &|r| (sink.borrow_mut())(r.to_json())).map_err(|e| e.to_string())?;
+    Ok(rep.to_json())
+}

@@ -1,0 +1,91 @@
+//! The reports of the admin commands (`stats`, `du`, `fsck`) as JSON. The
+//! same function answers for an image the command opened itself and, over
+//! the control channel, for a mounted one in its daemon: the two give the
+//! same answer by construction. The command prints the JSON as it is
+//! (`--json`) or as text.
+
+use serde_json::{json, Map, Value};
+
+use super::{resolve, Result};
+use crate::fs::{CheckReport, Fs, Kind, TreeUsage};
+
+/// What `zlogfs stats` reports: the image's space, tree, codecs, index,
+/// lifetime writes, and this process's errors of background work.
+pub fn stats(image: &str, fs: &Fs) -> Result<Value> {
+    let u = fs.usage()?;
+    let e = fs.engine();
+    let s = e.stats();
+    let g = e.superblock().geometry;
+    let files = u.tree.files + u.tree.dirs + u.tree.others;
+    let ratio = u.tree.logical as f64 / u.tree.physical.max(1) as f64;
+    // Free counts what cleaning can reclaim, as statfs does; how much more
+    // logical data fits is estimated at the ratio seen so far.
+    let (usable, free_phys) = e.capacity();
+    let amp =
+        (u.counters.user_bytes > 0).then(|| u.counters.device_bytes as f64 / u.counters.user_bytes as f64);
+    let codecs: Map<String, Value> = u
+        .codecs
+        .iter()
+        .map(|(k, c)| (k.clone(), json!({"blocks": c.blocks, "logical": c.raw, "stored": c.stored})))
+        .collect();
+    let fst = fs.stats();
+    Ok(json!({
+        "image": image,
+        "format_version": e.superblock().version, "records_version": fs.config().version,
+        "segment_size": g.segment_size, "segments": s.segments, "free_segments": s.free_segments,
+        "live_bytes": s.live_bytes,
+        "files": u.tree.files, "dirs": u.tree.dirs, "other_inodes": u.tree.others, "inodes": u.inodes,
+        "logical_bytes": u.tree.logical, "allocated_bytes": u.tree.allocated, "physical_bytes": u.tree.physical,
+        "ratio": ratio, "inline_bytes": u.inline_bytes, "codecs": codecs,
+        "patched_chunks": u.patched_chunks, "bases_gone": u.bases_gone, "patch_bytes": u.patch_bytes,
+        "patch_released_bytes": u.patch_released,
+        "inode_bytes_raw": u.inode_bytes_raw, "inode_bytes_compressed": u.inode_bytes_compressed,
+        "bytes_per_inode": u.inode_bytes_compressed as f64 / u.inodes.max(1) as f64,
+        "index_bytes": s.run_bytes, "metadata_bytes_per_file": s.run_bytes as f64 / files.max(1) as f64,
+        "triples": u.triples, "index_runs": s.runs, "memtable_entries": s.memtable_entries,
+        "checkpoint": s.checkpoint, "pinned_segments": s.pinned_segments,
+        "user_bytes_written": u.counters.user_bytes, "device_bytes_written": u.counters.device_bytes,
+        "device_bytes_per_user_byte": amp,
+        "reserve_segments": s.reserve_segments, "usable_bytes": usable, "physical_used_bytes": s.live_bytes,
+        "physical_free_bytes": free_phys, "dead_bytes": e.dead_bytes(), "logical_used_bytes": u.tree.logical,
+        "estimated_logical_bytes_that_fit": (free_phys as f64 * ratio.max(1.0)) as u64,
+        "background_errors": fst.background_errors,
+        "last_background_error": fst.last_background_error,
+        "engine_background_error": fst.engine_background_error,
+    }))
+}
+
+fn usage_row(path: &str, u: &TreeUsage) -> Value {
+    json!({"path": path, "files": u.files, "dirs": u.dirs, "logical": u.logical, "allocated": u.allocated,
+        "physical": u.physical, "ratio": u.logical as f64 / u.physical.max(1) as f64})
+}
+
+/// What `zlogfs du` reports: the logical and stored bytes of `path` and,
+/// for a directory, of each entry in it.
+pub fn du(fs: &Fs, path: &str) -> Result<Value> {
+    let ino = resolve(fs, path)?;
+    let mut entries = Vec::new();
+    if fs.getattr(ino)?.kind == Kind::Dir {
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let page = fs.readdir(ino, after.as_deref(), 1024)?;
+            let Some(l) = page.last() else { break };
+            after = Some(l.name.clone());
+            for e in page {
+                entries.push(usage_row(&String::from_utf8_lossy(&e.name), &fs.du(e.ino)?));
+            }
+        }
+    }
+    Ok(json!({"total": usage_row(path, &fs.du(ino)?), "entries": entries}))
+}
+
+/// What `zlogfs fsck` reports: every problem found, the counts checked,
+/// what was repaired first.
+pub fn fsck(image: &str, fs: &Fs, repaired: &[String], progress: &dyn Fn(u64, u64)) -> Result<Value> {
+    let rep: CheckReport = fs.check(progress)?;
+    Ok(json!({"image": image, "clean": rep.problems.is_empty(), "opened": true, "problems": rep.problems,
+        "inodes": rep.inodes, "dirents": rep.dirents, "extents": rep.extents, "blocks": rep.blocks,
+        "block_bytes": rep.block_bytes, "xattrs": rep.xattrs, "orphans": rep.orphans,
+        "leaked_bytes": rep.leaked_bytes(), "repaired": repaired,
+        "leaked": rep.leaked.iter().map(|(s, b)| json!({"segment": s, "bytes": b})).collect::<Vec<_>>()}))
+}
