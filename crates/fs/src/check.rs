@@ -639,7 +639,7 @@ impl Fs {
         let mut u = Usage {
             tree,
             triples: st.group.triple_count() as u64,
-            counters: *st.group.counters(),
+            counters: st.group.counters_now(st.eng.device_bytes_written()),
             ..Usage::default()
         };
         let (lo, hi) = inodes_range();

@@ -184,6 +184,28 @@ impl Group {
         &self.counters
     }
 
+    /// The counters as of now (`dev_written`: the engine's device bytes
+    /// now): what is pending plus the device bytes written since the
+    /// group last counted them, which the next group will record.
+    pub(crate) fn counters_now(&self, dev_written: u64) -> Counters {
+        let mut c = self.counters;
+        c.device_bytes += dev_written.saturating_sub(self.dev_seen);
+        c
+    }
+
+    /// Count the device bytes written since the last group into the
+    /// counters record, as a change of its own (at close, so that the
+    /// last group's bytes are recorded too); whether there were any.
+    pub(crate) fn count_device_bytes(&mut self, dev_written: u64) -> bool {
+        if dev_written <= self.dev_seen {
+            return false;
+        }
+        self.counters.device_bytes += dev_written - self.dev_seen;
+        self.dev_seen = dev_written;
+        self.put(counters_key(), self.counters.encode());
+        true
+    }
+
     pub(crate) fn counters_mut(&mut self) -> &mut Counters {
         &mut self.counters
     }
@@ -234,5 +256,83 @@ impl Group {
         self.pend = Pending::default();
         self.grew = false;
         self.saved = self.counters;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    use zlogfs_engine::store::{Geometry, MemStore, MetaSlot, Store, META_SLOT_SIZE};
+
+    use crate::{mkfs, Fs, FsOptions, MkfsOptions, ROOT};
+
+    /// A store that counts the bytes written to its segments.
+    struct Counting(MemStore, AtomicU64);
+
+    impl Store for Counting {
+        fn geometry(&self) -> Geometry {
+            self.0.geometry()
+        }
+        fn read_meta(&self, slot: MetaSlot, buf: &mut [u8; META_SLOT_SIZE]) -> io::Result<()> {
+            self.0.read_meta(slot, buf)
+        }
+        fn write_meta(&self, slot: MetaSlot, buf: &[u8; META_SLOT_SIZE]) -> io::Result<()> {
+            self.0.write_meta(slot, buf)
+        }
+        fn read(&self, seg: u32, offset: u32, buf: &mut [u8]) -> io::Result<()> {
+            self.0.read(seg, offset, buf)
+        }
+        fn write(&self, seg: u32, offset: u32, data: &[u8]) -> io::Result<()> {
+            self.1.fetch_add(data.len() as u64, Ordering::Relaxed);
+            self.0.write(seg, offset, data)
+        }
+        fn sync(&self) -> io::Result<()> {
+            self.0.sync()
+        }
+        fn discard(&self, seg: u32) -> io::Result<()> {
+            self.0.discard(seg)
+        }
+    }
+
+    /// The lifetime device-bytes counter counts every byte written to the
+    /// log while open (it missed a group's own writes until the next
+    /// group, so an import in one group counted 0), and close records
+    /// all but what recording them writes.
+    #[test]
+    fn device_bytes_count_every_byte_written() {
+        let store = Arc::new(Counting(
+            MemStore::new(Geometry { segment_size: 1 << 20, segment_count: 32 }),
+            0.into(),
+        ));
+        let written = || store.1.load(Ordering::Relaxed);
+        mkfs(store.clone(), &MkfsOptions::default()).unwrap();
+        let opts = FsOptions { commit_interval: None, ..FsOptions::default() };
+        let fs = Fs::open(store.clone(), opts.clone()).unwrap();
+        let counted0 = fs.usage().unwrap().counters.device_bytes;
+        let base = written();
+        let data: Vec<u8> = (0..3u32 << 20).map(|i| (i % 251) as u8 ^ (i >> 13) as u8).collect();
+        for n in 0..4u8 {
+            let f = fs.create(ROOT, &[b'f', b'0' + n], 0o644, 0, 0).unwrap();
+            fs.write(f.ino, 0, &data[..(n as usize + 1) << 19]).unwrap();
+        }
+        fs.sync().unwrap();
+        let u = fs.usage().unwrap();
+        assert!(written() - base > 1 << 20, "the data reached the device");
+        assert_eq!(u.counters.device_bytes - counted0, written() - base, "counted while open");
+        assert_eq!(u.counters.user_bytes, 10 << 19);
+        let before_close = written();
+        fs.close().unwrap();
+        let fs = Fs::open(store.clone(), opts).unwrap();
+        let kept = fs.usage().unwrap().counters.device_bytes - counted0;
+        let total = written() - base;
+        assert!(
+            kept >= before_close - base,
+            "close records what the last group wrote: {kept} < {}",
+            before_close - base
+        );
+        assert!(kept <= total && total - kept <= 64 << 10, "{kept} recorded of {total} written");
     }
 }

@@ -285,9 +285,11 @@ impl Config {
 }
 
 /// Lifetime write counters (the counters record), committed with each
-/// group: bytes users wrote, and bytes the engine wrote to the device
-/// up to the previous group (the device bytes of a group are counted by
-/// the next one).
+/// group: bytes users wrote, and bytes the engine wrote to the log's
+/// segments up to the previous group (a group's own journal record is
+/// counted by the next one; close records the last group's, so only what
+/// that record's own commit and the final checkpoint write goes
+/// uncounted).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Counters {
     /// Bytes passed to `write` (and imported).
