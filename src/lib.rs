@@ -19,7 +19,7 @@
 // about fifty.
 #![recursion_limit = "256"]
 
-pub use zlogfs_engine::{bytes, codec, engine, error, store};
+pub use zlogfs_engine::{bytes, codec, engine, error, metrics, store};
 pub use zlogfs_engine::{mkfs, Engine, Error, Op, Options, Result, Snapshot, WriteBatch};
 pub use zlogfs_engine::{validate_geometry, BlockAddr, BlockKind, DEFAULT_SEGMENT_SIZE};
 pub use zlogfs_fs as fs;

@@ -1270,3 +1270,93 @@ fn a_users_mount_answers_its_user_and_root_only() {
     wait_for("the daemon to close the image", || zlogfs(&["fsck", ip]).status.code() != Some(2));
     fsck_clean(&d);
 }
+
+/// `stats --latency` reports what each operation of the mount cost
+/// (FUSE requests, fsync, commits) and the time below them (compression,
+/// device writes and syncs) with the bytes; `--watch` reports an
+/// interval; an image is told to give a mount point.
+#[test]
+fn stats_latency_and_watch_report_the_mounts_operations() {
+    if !usable() {
+        return;
+    }
+    let d = Dir::new("latency");
+    mkfs(&d, "128M");
+    let mut child = mount_fg(&d, "commit=60");
+    let mp = d.mnt().to_str().expect("utf8").to_string();
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 97) as u8).collect();
+    for n in 0..8 {
+        let mut f = fs::File::create(d.mnt().join(format!("f{n}"))).expect("create");
+        f.write_all(&data).expect("write");
+        f.sync_all().expect("fsync");
+    }
+    let v = json_of(&["stats", &mp, "--latency"]);
+    let count = |k: &str, op: &str| v[k][op]["count"].as_u64().unwrap_or(0);
+    assert!(count("ops", "fuse.write") >= 8 && count("ops", "fuse.fsync") >= 8, "{v:#}");
+    assert!(count("ops", "fsync") >= 8 && count("ops", "commit") >= 8, "{v:#}");
+    assert!(v["ops"]["fuse.write"]["bytes"].as_u64() >= Some(8 << 20), "{v:#}");
+    assert!(v["ops"]["fsync"]["p50_ns"].as_u64() > Some(0), "{v:#}");
+    // 8 MiB compressed and at least some of it written and synced.
+    assert!(v["split"]["compress"]["bytes"].as_u64() >= Some(8 << 20), "{v:#}");
+    assert!(count("split", "device_sync") >= 8, "{v:#}");
+    let dev = v["split"]["device_write"]["bytes"].as_u64().unwrap_or(0);
+    assert!(dev > 0 && dev < 8 << 20, "compressible data: {dev} device bytes for 8 MiB");
+    assert!(v["counters"]["user_bytes_written"].as_u64() >= Some(8 << 20), "{v:#}");
+
+    // One interval of --watch sees the writes made during it, and only
+    // those.
+    let watch = Command::new(ZLOGFS)
+        .args(["stats", &mp, "--watch", "--count", "1", "--interval", "2", "--json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn watch");
+    std::thread::sleep(Duration::from_millis(500));
+    let mut f = fs::File::create(d.mnt().join("during")).expect("create");
+    f.write_all(&data[..4096]).expect("write");
+    f.sync_all().expect("fsync");
+    drop(f);
+    let out = watch.wait_with_output().expect("watch");
+    assert!(out.status.success());
+    let w: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
+    assert_eq!(w["ops"]["fuse.write"]["count"], 1, "{w:#}");
+    assert_eq!(w["ops"]["fuse.write"]["bytes"], 4096, "{w:#}");
+    assert!(w["seconds"].as_f64() >= Some(1.9), "{w:#}");
+
+    let o = zlogfs(&["stats", d.img().to_str().expect("utf8"), "--latency"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("give the mount point"));
+    unmount(&d);
+    child.wait().expect("wait");
+}
+
+/// `-o metrics=HOST:PORT` serves the figures in Prometheus' text format,
+/// at /metrics only.
+#[test]
+fn the_metrics_endpoint_serves_prometheus_text() {
+    use std::net::TcpStream;
+    if !usable() {
+        return;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let d = Dir::new("metrics");
+    mkfs(&d, "64M");
+    let mut child = mount_fg(&d, &format!("metrics=127.0.0.1:{port}"));
+    fs::write(d.mnt().join("f"), vec![7u8; 102_400]).expect("write");
+    let get = |path: &str| {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").expect("send");
+        let mut r = String::new();
+        s.read_to_string(&mut r).expect("read");
+        r
+    };
+    let r = get("/metrics");
+    assert!(r.starts_with("HTTP/1.0 200") || r.starts_with("HTTP/1.1 200"), "{r}");
+    assert!(r.contains("# TYPE zlogfs_op_duration_seconds histogram"), "{r}");
+    assert!(r.contains("zlogfs_op_duration_seconds_count{op=\"fuse.write\"}"), "{r}");
+    assert!(r.contains("zlogfs_op_bytes_total{op=\"fuse.write\"} 102400"), "{r}");
+    assert!(r.contains("\nzlogfs_free_bytes "), "{r}");
+    assert!(get("/other").contains(" 404 "));
+    unmount(&d);
+    child.wait().expect("wait");
+    assert!(TcpStream::connect(("127.0.0.1", port)).is_err(), "the endpoint stops with the mount");
+}

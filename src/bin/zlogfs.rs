@@ -22,6 +22,8 @@ use zlogfs::{validate_geometry, DEFAULT_SEGMENT_SIZE};
 mod admin;
 #[path = "zlogfs/logging.rs"]
 mod logging;
+#[path = "zlogfs/metrics_http.rs"]
+mod metrics_http;
 #[path = "zlogfs/mount.rs"]
 mod mount;
 
@@ -153,7 +155,23 @@ enum Cmd {
     Stats {
         /// The image, or a zlogfs mount point.
         target: PathBuf,
-        /// Machine-readable output.
+        /// What each operation costs since the mount: count and latency
+        /// percentiles per operation (each FUSE request kind, commit,
+        /// fsync, cleaning), time in compression, decompression and device
+        /// I/O, bytes and cache hits. Needs a mount point.
+        #[arg(long)]
+        latency: bool,
+        /// Print the latency figures of each interval, like `iostat 1`,
+        /// until interrupted (or --count intervals). Needs a mount point.
+        #[arg(long)]
+        watch: bool,
+        /// Seconds between --watch reports.
+        #[arg(long, default_value = "1", value_name = "SECONDS")]
+        interval: f64,
+        /// Stop --watch after this many reports.
+        #[arg(long, value_name = "N")]
+        count: Option<u64>,
+        /// Machine-readable output (with --watch, one JSON object per line).
         #[arg(long)]
         json: bool,
     },
@@ -277,7 +295,9 @@ fn main() -> ExitCode {
         Cmd::Cat { image, path } => cat(&image, &path),
         Cmd::Stat { image, path, json } => stat(&image, &path, json),
         Cmd::Du { target, path, json } => admin::du(&target, &path, json),
-        Cmd::Stats { target, json } => admin::stats(&target, json),
+        Cmd::Stats { target, latency: false, watch: false, json, .. } => admin::stats(&target, json),
+        Cmd::Stats { target, watch: false, json, .. } => admin::latency(&target, json),
+        Cmd::Stats { target, interval, count, json, .. } => admin::watch(&target, interval, count, json),
         Cmd::Fsck { target, repair, json } => admin::fsck(&target, repair, json),
         Cmd::Clean { target, segments, max_live, json } => admin::clean(&target, segments, max_live, json),
         Cmd::Sync { target, json } => admin::sync(&target, json),

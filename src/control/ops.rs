@@ -41,8 +41,11 @@ pub fn handler(fs: Arc<Fs>, info: Info) -> Handler {
             }
             Some("fsck") => fsck(&fs, &image, progress),
             Some("clean") => clean(&fs, req, progress),
+            Some("metrics") => Ok(crate::tools::metrics::metrics()),
             Some("sync") => fs.sync().map(|()| json!({"synced": true})).map_err(|e| e.to_string()),
-            Some(op) => Err(format!("unknown operation {op:?} (known: hello, stats, du, fsck, clean, sync)")),
+            Some(op) => {
+                Err(format!("unknown operation {op:?} (known: hello, stats, metrics, du, fsck, clean, sync)"))
+            }
             None => Err("the request names no operation (\"op\")".into()),
         }
     })

@@ -4,6 +4,7 @@
 
 pub mod export;
 pub mod import;
+pub mod metrics;
 pub mod report;
 
 use crate::fs::{self, Fs, Ino, Kind, ROOT};

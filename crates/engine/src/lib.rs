@@ -29,6 +29,7 @@ pub(crate) mod index;
 pub mod log;
 #[cfg(not(feature = "fuzzing"))]
 pub(crate) mod log;
+pub mod metrics;
 pub mod store;
 
 pub use engine::{mkfs, Engine, Op, Options, Snapshot, WriteBatch};

@@ -109,6 +109,14 @@ impl Fs {
     /// and free them. Holds the file system for one round of a few segments
     /// at a time; what it did is durable when it returns.
     pub fn clean(&self, opts: &CleanOptions, progress: &dyn Fn(&CleanReport)) -> Result<CleanReport> {
+        let start = std::time::Instant::now();
+        let r = self.clean_pass(opts, progress);
+        let moved = r.as_ref().map_or(0, |r| r.moved_bytes);
+        crate::stats::op_times().clean.since(start, moved);
+        r
+    }
+
+    fn clean_pass(&self, opts: &CleanOptions, progress: &dyn Fn(&CleanReport)) -> Result<CleanReport> {
         if self.st().read_only {
             return Err(Error::read_only("the file system is open read-only: nothing to clean"));
         }
@@ -200,7 +208,10 @@ impl State {
         let stash = self.bufs.take_all();
         let held = if stash.is_empty() { Pending::default() } else { self.group.take_pending() };
         self.cleaning = true;
+        let start = std::time::Instant::now();
+        let moved = rep.moved_bytes;
         let r = self.clean_round_inner(opts, rep, tried, &held);
+        crate::stats::op_times().clean_round.since(start, rep.moved_bytes.saturating_sub(moved));
         self.cleaning = false;
         // Moves left unstored (after an error, ENOSPC above all) are
         // dropped: nothing was committed for them, and each is a copy of

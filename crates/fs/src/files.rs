@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use zlogfs_engine::metrics::{self, Metrics};
 use zlogfs_engine::BlockAddr;
 
 use crate::error::{Error, Result};
@@ -146,6 +147,7 @@ impl Fs {
         }
         let v = st.read_data(&i, off, len)?;
         st.relatime(i);
+        Metrics::add(&metrics::global().counters.user_bytes_read, v.len() as u64);
         Ok(v)
     }
 

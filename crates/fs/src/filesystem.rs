@@ -179,6 +179,13 @@ impl Fs {
 
     /// Commit and make everything durable (syncfs).
     pub fn sync(&self) -> Result<()> {
+        let start = std::time::Instant::now();
+        let r = self.sync_now();
+        crate::stats::op_times().sync.since(start, 0);
+        r
+    }
+
+    fn sync_now(&self) -> Result<()> {
         self.st().commit()?;
         Ok(self.eng.sync()?)
     }
@@ -198,7 +205,10 @@ impl Fs {
     /// fsync/fdatasync of one file: this file system commits whole groups,
     /// so this is [`Fs::sync`].
     pub fn fsync(&self, _ino: Ino, _datasync: bool) -> Result<()> {
-        self.sync()
+        let start = std::time::Instant::now();
+        let r = self.sync_now();
+        crate::stats::op_times().fsync.since(start, 0);
+        r
     }
 
     /// Commit, sync, flush the index and checkpoint ([`Engine::settle`]),

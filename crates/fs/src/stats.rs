@@ -1,4 +1,9 @@
-//! Counters of an open file system ([`crate::Fs::stats`]).
+//! Counters of an open file system ([`crate::Fs::stats`]), and its
+//! operations' times in the process's metrics.
+
+use std::sync::{Arc, OnceLock};
+
+use zlogfs_engine::metrics::{self, Histogram};
 
 /// Counters of the file system layer.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -43,4 +48,34 @@ pub struct FsStats {
     /// The error that stopped the engine's background flush and merge
     /// (the engine then writes nothing more until reopened).
     pub engine_background_error: Option<String>,
+}
+
+/// The file system's operations in the process's metrics
+/// ([`zlogfs_engine::metrics`]), their handles kept for the hot paths.
+pub(crate) struct OpTimes {
+    /// A commit group written (by a writer, fsync, the commit thread).
+    pub(crate) commit: Arc<Histogram>,
+    /// fsync and fdatasync of a file or directory.
+    pub(crate) fsync: Arc<Histogram>,
+    /// A sync of the whole file system (syncfs, `zlogfs sync`).
+    pub(crate) sync: Arc<Histogram>,
+    /// One round of the cleaner (on demand or in the background).
+    pub(crate) clean_round: Arc<Histogram>,
+    /// A cleaning pass asked for (`zlogfs clean`).
+    pub(crate) clean: Arc<Histogram>,
+}
+
+/// The handles.
+pub(crate) fn op_times() -> &'static OpTimes {
+    static T: OnceLock<OpTimes> = OnceLock::new();
+    T.get_or_init(|| {
+        let m = metrics::global();
+        OpTimes {
+            commit: m.op("commit"),
+            fsync: m.op("fsync"),
+            sync: m.op("sync"),
+            clean_round: m.op("clean.round"),
+            clean: m.op("clean.pass"),
+        }
+    })
 }

@@ -74,6 +74,60 @@ pub mod op {
     pub const TMPFILE: u32 = 51;
 }
 
+/// The name of an opcode, lower case ("read"), or None for one this
+/// server does not know.
+pub fn op_name(opcode: u32) -> Option<&'static str> {
+    Some(match opcode {
+        op::LOOKUP => "lookup",
+        op::FORGET => "forget",
+        op::GETATTR => "getattr",
+        op::SETATTR => "setattr",
+        op::READLINK => "readlink",
+        op::SYMLINK => "symlink",
+        op::MKNOD => "mknod",
+        op::MKDIR => "mkdir",
+        op::UNLINK => "unlink",
+        op::RMDIR => "rmdir",
+        op::RENAME => "rename",
+        op::LINK => "link",
+        op::OPEN => "open",
+        op::READ => "read",
+        op::WRITE => "write",
+        op::STATFS => "statfs",
+        op::RELEASE => "release",
+        op::FSYNC => "fsync",
+        op::SETXATTR => "setxattr",
+        op::GETXATTR => "getxattr",
+        op::LISTXATTR => "listxattr",
+        op::REMOVEXATTR => "removexattr",
+        op::FLUSH => "flush",
+        op::INIT => "init",
+        op::OPENDIR => "opendir",
+        op::READDIR => "readdir",
+        op::RELEASEDIR => "releasedir",
+        op::FSYNCDIR => "fsyncdir",
+        op::GETLK => "getlk",
+        op::SETLK => "setlk",
+        op::SETLKW => "setlkw",
+        op::ACCESS => "access",
+        op::CREATE => "create",
+        op::INTERRUPT => "interrupt",
+        op::BMAP => "bmap",
+        op::DESTROY => "destroy",
+        op::IOCTL => "ioctl",
+        op::POLL => "poll",
+        op::BATCH_FORGET => "batch_forget",
+        op::FALLOCATE => "fallocate",
+        op::READDIRPLUS => "readdirplus",
+        op::RENAME2 => "rename2",
+        op::LSEEK => "lseek",
+        op::COPY_FILE_RANGE => "copy_file_range",
+        op::SYNCFS => "syncfs",
+        op::TMPFILE => "tmpfile",
+        _ => return None,
+    })
+}
+
 /// INIT flags (`FUSE_*` capability bits; bits 32-63 travel in `flags2`).
 pub mod init {
     pub const ASYNC_READ: u64 = 1 << 0;

@@ -44,9 +44,11 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::path::Path;
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use zlogfs_engine::metrics::{self, Histogram};
 
 pub use errno::{engine_errno, errno, is_failure};
 pub use kmount::{MountFlags, Unmounter};
@@ -137,11 +139,35 @@ pub(crate) trait Handler: Send + Sync {
 
 /// Hand a request to `handler`. A panic while serving it is reported and
 /// answered with EIO (the dropped [`Reply`]), and the mount goes on.
-fn dispatch(handler: &dyn Handler, h: &InHeader, op: Op<'_>, reply: Reply) {
+fn dispatch(handler: &dyn Handler, h: &InHeader, op: Op<'_>, mut reply: Reply) {
+    let written = if let Op::Write { data, .. } = &op { data.len() as u64 } else { 0 };
+    let read = h.opcode == abi::op::READ;
+    reply.timer =
+        op_histogram(h.opcode).map(|hist| Timer { hist, start: Instant::now(), bytes: written, read });
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler.serve(h, op, reply)));
     if let Err(p) = r {
         tracing::error!("internal error serving FUSE operation {}: {}", h.opcode, panic_text(&*p));
     }
+}
+
+/// The histogram of FUSE requests with `opcode` in the process's metrics
+/// ("fuse.read", ...), made once per opcode.
+fn op_histogram(opcode: u32) -> Option<Arc<Histogram>> {
+    static T: OnceLock<Vec<Option<Arc<Histogram>>>> = OnceLock::new();
+    let t = T.get_or_init(|| {
+        (0..64).map(|o| abi::op_name(o).map(|n| metrics::global().op(&format!("fuse.{n}")))).collect()
+    });
+    t.get(opcode as usize).cloned().flatten()
+}
+
+/// A request being timed, from its parsing to its answer.
+struct Timer {
+    hist: Arc<Histogram>,
+    start: Instant,
+    /// Bytes the request carried (a write's data).
+    bytes: u64,
+    /// A read: the answer's bytes count.
+    read: bool,
 }
 
 /// What a panic said.
@@ -161,24 +187,29 @@ enum Channel {
 pub struct Reply {
     unique: u64,
     ch: Option<Channel>,
+    timer: Option<Timer>,
 }
 
 impl Reply {
     fn dev(dev: Arc<File>, unique: u64) -> Reply {
-        Reply { unique, ch: Some(Channel::Dev(dev)) }
+        Reply { unique, ch: Some(Channel::Dev(dev)), timer: None }
     }
 
     fn ring(q: Arc<ring::Queue>, entry: u16, unique: u64) -> Reply {
-        Reply { unique, ch: Some(Channel::Ring(q, entry)) }
+        Reply { unique, ch: Some(Channel::Ring(q, entry)), timer: None }
     }
 
     /// The reply of a request the kernel wants none for (`/dev/fuse`):
     /// answering it sends nothing.
     fn none(unique: u64) -> Reply {
-        Reply { unique, ch: None }
+        Reply { unique, ch: None, timer: None }
     }
 
     fn send(mut self, error: i32, parts: &[&[u8]]) {
+        if let Some(t) = self.timer.take() {
+            let read: usize = if t.read { parts.iter().map(|p| p.len()).sum() } else { 0 };
+            t.hist.since(t.start, t.bytes + read as u64);
+        }
         match self.ch.take() {
             Some(Channel::Dev(f)) => dev::send(&f, self.unique, error, parts),
             Some(Channel::Ring(q, e)) => q.reply(e, self.unique, error, parts),
@@ -206,7 +237,7 @@ impl Drop for Reply {
     fn drop(&mut self) {
         if self.ch.is_some() {
             let ch = self.ch.take();
-            Reply { unique: self.unique, ch }.send(-libc::EIO, &[]);
+            Reply { unique: self.unique, ch, timer: self.timer.take() }.send(-libc::EIO, &[]);
         }
     }
 }

@@ -417,3 +417,171 @@ fn print_fsck(v: &Value) {
         if problems == 0 { "clean".to_string() } else { format!("{problems} problems") }
     );
 }
+
+/// The daemon's figures (`metrics`) of the mount at `target`.
+fn mount_metrics(target: &Path, what: &str) -> Result<(PathBuf, PathBuf), String> {
+    match Target::of(target)? {
+        Target::Mount { dir, socket } => Ok((dir, socket)),
+        Target::Image(p) => Err(format!(
+            "{}: {what} reports what a mount's daemon measured since it mounted; give the mount point of a mounted image",
+            p.display()
+        )),
+    }
+}
+
+/// What changed from `before` to `now` (two `metrics` answers; `before`
+/// Null for everything since the mount), over `secs` seconds: per
+/// operation and per part of the split, the count, rate, mean,
+/// percentiles and bytes; and the counters' growth.
+fn interval_view(before: &Value, now: &Value, secs: f64) -> Value {
+    let secs = secs.max(1e-9);
+    let one = |b: &Value, n: &Value| {
+        let h = tools::metrics::histogram_from_json(n).minus(&tools::metrics::histogram_from_json(b));
+        let mut m = Map::new();
+        m.insert("count".into(), h.count.into());
+        m.insert("per_s".into(), (h.count as f64 / secs).into());
+        m.insert("total_ns".into(), h.sum_ns.into());
+        m.insert("mean_ns".into(), h.mean_ns().into());
+        for (label, q) in tools::metrics::PERCENTILES {
+            m.insert(format!("{label}_ns"), h.quantile(q).into());
+        }
+        m.insert("bytes".into(), h.bytes.into());
+        Value::Object(m)
+    };
+    let group = |k: &str| -> Map<String, Value> {
+        now[k]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(name, n)| (name.clone(), one(&before[k][name], n)))
+            .filter(|(_, v)| v["count"].as_u64() != Some(0))
+            .collect()
+    };
+    let counters: Map<String, Value> = now["counters"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, n)| {
+            (k.clone(), (n.as_u64().unwrap_or(0) - before["counters"][k].as_u64().unwrap_or(0)).into())
+        })
+        .collect();
+    json!({"seconds": secs, "ops": group("ops"), "split": group("split"), "counters": counters})
+}
+
+/// A duration for people: 850ns, 35.2µs, 1.23ms, 2.10s.
+fn dur(ns: u64) -> String {
+    match ns {
+        0..=999 => format!("{ns}ns"),
+        1_000..=999_999 => format!("{:.1}µs", ns as f64 / 1e3),
+        1_000_000..=999_999_999 => format!("{:.2}ms", ns as f64 / 1e6),
+        _ => format!("{:.2}s", ns as f64 / 1e9),
+    }
+}
+
+/// Bytes for people: 4.0 KiB, 12.3 MiB.
+fn size(b: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", units[u])
+    }
+}
+
+fn print_view(v: &Value, title: &str) {
+    let row = |name: &str, h: &Value| {
+        let n = |k: &str| h[k].as_u64().unwrap_or(0);
+        println!(
+            "  {name:<22} {:>9} {:>9.1} {:>9} {:>9} {:>9} {:>9} {:>9} {:>11}",
+            n("count"),
+            h["per_s"].as_f64().unwrap_or(0.0),
+            dur(n("mean_ns")),
+            dur(n("p50_ns")),
+            dur(n("p90_ns")),
+            dur(n("p99_ns")),
+            dur(n("p999_ns")),
+            size(n("bytes"))
+        );
+    };
+    println!("{title}");
+    let head = |what: &str| {
+        println!(
+            "  {what:<22} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>11}",
+            "count", "per s", "mean", "p50", "p90", "p99", "p99.9", "bytes"
+        )
+    };
+    head("operation");
+    for (k, h) in v["ops"].as_object().into_iter().flatten() {
+        row(k, h);
+    }
+    head("time below them");
+    for (k, h) in v["split"].as_object().into_iter().flatten() {
+        row(k, h);
+    }
+    let c = &v["counters"];
+    let n = |k: &str| c[k].as_u64().unwrap_or(0);
+    let (hits, misses) = (n("cache_hits"), n("cache_misses"));
+    let dev = |k: &str| v["split"][k]["bytes"].as_u64().unwrap_or(0);
+    println!(
+        "  user bytes written {}, read {}; device bytes written {}, read {}; block cache {hits} hits, {misses} misses{}",
+        size(n("user_bytes_written")),
+        size(n("user_bytes_read")),
+        size(dev("device_write")),
+        size(dev("device_read")),
+        if hits + misses > 0 { format!(" ({:.1}% hits)", 100.0 * hits as f64 / (hits + misses) as f64) } else { String::new() }
+    );
+}
+
+/// `zlogfs stats --latency`: what each operation cost since the mount.
+pub fn latency(target: &Path, json: bool) -> Res {
+    let (dir, socket) = mount_metrics(target, "--latency")?;
+    let now = ask(&socket, "metrics", json!({}), &mut |_| {})?;
+    let up = now["uptime_s"].as_f64().unwrap_or(0.0);
+    let v = interval_view(&Value::Null, &now, up);
+    show(&v, json, |v| print_view(v, &format!("{}: since the mount, {up:.1} s ago", dir.display())));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `zlogfs stats --watch`: the figures of each interval, until
+/// interrupted or `count` reports.
+pub fn watch(target: &Path, interval: f64, count: Option<u64>, json: bool) -> Res {
+    if !(interval.is_finite() && interval >= 0.01) {
+        return Err(format!("--interval {interval} is not a number of seconds of at least 0.01"));
+    }
+    let (dir, socket) = mount_metrics(target, "--watch")?;
+    let mut before = ask(&socket, "metrics", json!({}), &mut |_| {})?;
+    let mut at = std::time::Instant::now();
+    let mut shown = 0;
+    while count.is_none_or(|c| shown < c) {
+        std::thread::sleep(std::time::Duration::from_secs_f64(interval));
+        let now = ask(&socket, "metrics", json!({}), &mut |_| {})?;
+        let v = interval_view(&before, &now, at.elapsed().as_secs_f64());
+        at = std::time::Instant::now();
+        if json {
+            println!("{v}");
+        } else {
+            let t = chrono_now();
+            print_view(
+                &v,
+                &format!("{}: {t}, the last {:.1} s", dir.display(), v["seconds"].as_f64().unwrap_or(0.0)),
+            );
+            println!();
+        }
+        before = now;
+        shown += 1;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The time of day, HH:MM:SS UTC.
+fn chrono_now() -> String {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+        % 86_400;
+    format!("{:02}:{:02}:{:02} UTC", t / 3600, t / 60 % 60, t % 60)
+}

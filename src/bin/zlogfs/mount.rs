@@ -2,6 +2,7 @@
 //! `mount.fuse.zlogfs` helper that mount(8) and /etc/fstab use.
 
 use std::io::{BufRead, BufReader, Write};
+use std::net::ToSocketAddrs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
@@ -17,6 +18,9 @@ use super::Res;
 
 /// Set in the environment of the daemon child: it reports on stdout.
 const READY_ENV: &str = "ZLOGFS_DAEMON_READY";
+
+/// The commit interval without `-o commit`.
+const COMMIT: Duration = Duration::from_secs(5);
 
 /// What `-o` gives, with the file system's own options apart.
 pub struct Parsed {
@@ -34,6 +38,10 @@ pub struct Parsed {
     /// `-o logfile=PATH`: where the background daemon logs (else the
     /// system log).
     pub logfile: Option<PathBuf>,
+    /// `-o commit=SECONDS`: the commit interval.
+    pub commit: Duration,
+    /// `-o metrics=HOST:PORT`: serve the figures for Prometheus there.
+    pub metrics: Option<String>,
 }
 
 /// Parse a `-o` list (several `-o` are joined). Every generic option of
@@ -52,6 +60,8 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
         patches: true,
         log: None,
         logfile: None,
+        commit: COMMIT,
+        metrics: None,
     };
     for opt in lists.iter().flat_map(|l| l.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
         let (k, v) = match opt.split_once('=') {
@@ -64,7 +74,7 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
             return Err(format!(
                 "unknown mount option {opt:?} (known: the generic options of mount(8), and allow_other, \
                  default_permissions, patches, nopatches, uring[=on|off|auto], spin=US, attr_timeout=S, \
-                 entry_timeout=S, negative_timeout=S, threads=N, log=LEVEL, logfile=PATH)"
+                 entry_timeout=S, negative_timeout=S, threads=N, commit=SECONDS, metrics=HOST:PORT, log=LEVEL, logfile=PATH)"
             ));
         }
     }
@@ -120,6 +130,16 @@ impl Parsed {
                 self.log = Some(v.to_string());
             }
             "logfile" => self.logfile = Some(PathBuf::from(v.ok_or("option logfile needs a path")?)),
+            "commit" => {
+                // As ext4's: 0 means the default.
+                let s = number(k, v, 0..=86_400, "seconds, e.g. commit=5 (0: the default, 5)")?;
+                self.commit = if s == 0 { COMMIT } else { Duration::from_secs(s) };
+            }
+            "metrics" => {
+                let a = v.ok_or("option metrics needs HOST:PORT, e.g. metrics=127.0.0.1:9184")?;
+                a.to_socket_addrs().map_err(|e| format!("option metrics={a}: {e} (give HOST:PORT)"))?;
+                self.metrics = Some(a.to_string());
+            }
             _ => return Ok(false),
         }
         Ok(true)
@@ -214,6 +234,7 @@ fn open_for_mount(image: &Path, p: &Parsed) -> Result<Fs, String> {
         diratime: p.diratime,
         sync: p.sync,
         patches: p.patches,
+        commit_interval: Some(p.commit),
         ..FsOptions::default()
     };
     Fs::open(Arc::new(f), opts).map_err(|e: zlogfs::fs::Error| format!("{}: {e}", image.display()))
@@ -239,8 +260,16 @@ pub fn mount(image: &Path, dir: &Path, opts: &[String], foreground: bool) -> Res
     if !foreground && !daemon_child {
         return spawn_daemon(image, dir, opts);
     }
+    // The figures of `stats --latency` count from here.
+    zlogfs::metrics::global();
     let fs = Arc::new(open_for_mount(image, &parsed).map_err(|e| ready_fail(daemon_child, e))?);
     let control = start_control(&fs, image, dir).map_err(|e| ready_fail(daemon_child, e))?;
+    let endpoint = match &parsed.metrics {
+        Some(a) => {
+            Some(crate::metrics_http::serve(a, Arc::clone(&fs)).map_err(|e| ready_fail(daemon_child, e))?)
+        }
+        None => None,
+    };
     let (session, mut unmounter) = fuse::mount(fs.clone(), dir, &parsed.mount)
         .map_err(|e| ready_fail(daemon_child, format!("cannot mount on {}: {e}", dir.display())))?;
     let mut signals = signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP])
@@ -269,6 +298,7 @@ pub fn mount(image: &Path, dir: &Path, opts: &[String], foreground: bool) -> Res
     }
     let served = session.run();
     drop(control);
+    drop(endpoint);
     let closed = close_when_free(fs, image);
     served.map_err(|e| format!("serving {}: {e}", dir.display()))?;
     closed?;
@@ -438,6 +468,14 @@ mod tests {
         assert_eq!(spin("ro"), Ok(Duration::from_micros(200)));
         assert_eq!(spin("spin=0"), Ok(Duration::ZERO));
         assert!(spin("spin").is_err() && spin("spin=-1").is_err() && spin("spin=1000000").is_err());
+        let commit = |o: &str| parse_options(&[o.into()], Path::new("i")).map(|p| p.commit);
+        assert_eq!(commit("commit=30"), Ok(Duration::from_secs(30)));
+        assert_eq!(commit("commit=0"), Ok(COMMIT), "0 is the default, as on ext4");
+        assert_eq!(commit("rw"), Ok(COMMIT));
+        assert!(commit("commit").is_err() && commit("commit=x").is_err() && commit("commit=100000").is_err());
+        let metrics = |o: &str| parse_options(&[o.into()], Path::new("i")).map(|p| p.metrics);
+        assert_eq!(metrics("metrics=127.0.0.1:9184"), Ok(Some("127.0.0.1:9184".into())));
+        assert!(metrics("metrics").is_err() && metrics("metrics=nowhere").is_err());
         let (i, d, o, f) =
             helper_args(&["img".into(), "/mnt".into(), "-o".into(), "rw,noatime".into(), "-n".into()])
                 .unwrap();

@@ -288,6 +288,14 @@ pub fn encode(spec: CodecSpec, raw: &[u8]) -> Encoded {
     if spec.id == CodecId::None {
         return Encoded::raw(raw, raw_reason::POLICY);
     }
+    let start = std::time::Instant::now();
+    let enc = compress(spec, raw);
+    crate::metrics::global().split.compress.since(start, raw.len() as u64);
+    enc
+}
+
+/// [`encode`] for a codec other than none: probe, compress, keep if worth it.
+fn compress(spec: CodecSpec, raw: &[u8]) -> Encoded {
     if looks_incompressible(raw) {
         return Encoded::raw(raw, raw_reason::PROBE);
     }
@@ -304,7 +312,11 @@ pub fn encode(spec: CodecSpec, raw: &[u8]) -> Encoded {
 pub fn decode(codec: u8, stored: &[u8], raw_len: usize) -> Result<Vec<u8>, DecodeError> {
     let id = CodecId::from_u8(codec).ok_or_else(|| DecodeError(format!("unknown codec {codec}")))?;
     let mut out = Vec::new();
+    let start = std::time::Instant::now();
     self::codec(id).decompress(stored, raw_len, &mut out)?;
+    if id != CodecId::None {
+        crate::metrics::global().split.decompress.since(start, raw_len as u64);
+    }
     if out.len() != raw_len {
         return Err(DecodeError::size(id, raw_len, format_args!("got {}", out.len())));
     }

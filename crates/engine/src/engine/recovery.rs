@@ -99,6 +99,7 @@ impl Engine {
     /// runs, and the log rolled forward from its replay start, so that
     /// every batch written before a crash that its journal names is back.
     pub fn open(store: Arc<dyn Store>, opts: Options) -> Result<Engine> {
+        let store: Arc<dyn Store> = Arc::new(crate::store::Metered(store));
         let (sb, sb_note) = read_superblock_noting(store.as_ref())?;
         let mut damage: Vec<String> = sb_note.into_iter().collect();
         if sb.geometry != store.geometry() {

@@ -19,11 +19,13 @@ use std::io;
 mod fault;
 mod file;
 mod mem;
+mod metered;
 
 #[cfg(any(test, feature = "testing"))]
 pub use fault::{CrashMode, FaultConfig, FaultStore, OpKind, Target};
 pub use file::FileStore;
 pub use mem::MemStore;
+pub(crate) use metered::Metered;
 
 /// Size of one metadata slot.
 pub const META_SLOT_SIZE: usize = 4096;

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use zlogfs_engine::error::Error as EngineError;
+use zlogfs_engine::metrics::{self, Metrics};
 use zlogfs_engine::BlockAddr;
 
 use crate::error::{Error, Result};
@@ -184,8 +185,12 @@ impl State {
             }
             idx += 1;
         }
+        let looked = out.len() as u64;
         out.retain(|a| self.cache.get(a).is_none());
         out.dedup();
+        let c = &metrics::global().counters;
+        Metrics::add(&c.cache_misses, out.len() as u64);
+        Metrics::add(&c.cache_hits, looked - out.len() as u64);
         Ok(out)
     }
 

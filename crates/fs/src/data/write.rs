@@ -2,6 +2,8 @@
 //! the patch blocks a write covers in part), writing into it, and handing
 //! full chunks to compression ahead.
 
+use zlogfs_engine::metrics::{self, Metrics};
+
 use crate::buffers::Buf;
 use crate::error::{Error, Result};
 use crate::keys::*;
@@ -242,6 +244,7 @@ impl State {
         }
         self.stats.bytes_written += data.len() as u64;
         self.group.counters_mut().user_bytes += data.len() as u64;
+        Metrics::add(&metrics::global().counters.user_bytes_written, data.len() as u64);
         Ok(())
     }
 
