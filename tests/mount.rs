@@ -1157,6 +1157,14 @@ fn admin_commands_answer_alike_on_the_mount_and_on_the_image() {
     ok(&["sync", mp]);
     let live = (json_of(&["stats", mp]), json_of(&["du", mp, "/linux"]), json_of(&["fsck", mp]));
     assert_eq!(live.2["clean"], true, "{:#}", live.2);
+    // Scrub through the daemon: clean, at the rate asked for (a lower
+    // bound on its time, which slowness cannot break).
+    let scrub = json_of(&["scrub", mp, "--rate", "4M"]);
+    assert_eq!(scrub["clean"], true, "{scrub:#}");
+    let bytes = scrub["bytes"].as_u64().expect("bytes");
+    assert!(bytes > 1 << 20, "{scrub:#}");
+    let least = bytes as f64 / f64::from(4u32 << 20);
+    assert!(scrub["seconds"].as_f64() >= Some(least * 0.9), "{scrub:#}: not held to 4 MiB/s");
     let cleaned = json_of(&["clean", mp, "--segments", "4"]);
     assert!(cleaned["examined"].is_u64(), "{cleaned:#}");
     unmount(&d);
@@ -1359,4 +1367,71 @@ fn the_metrics_endpoint_serves_prometheus_text() {
     unmount(&d);
     child.wait().expect("wait");
     assert!(TcpStream::connect(("127.0.0.1", port)).is_err(), "the endpoint stops with the mount");
+}
+
+/// A block damaged behind the daemon's back (written into the image file,
+/// caches dropped) is found by scrub through the mount, which names the
+/// file and its bytes, and the mount goes on serving reads while it runs.
+#[test]
+fn scrub_finds_damage_behind_the_daemons_back_and_the_mount_serves_on() {
+    if !usable() {
+        return;
+    }
+    let d = Dir::new("scrub");
+    mkfs(&d, "64M");
+    let mut child = mount_fg(&d, "");
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let victim: Vec<u8> = (0..300_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let other: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251) as u8).collect();
+    for (name, data) in [("victim", &victim), ("other", &other)] {
+        let mut f = fs::File::create(d.mnt().join(name)).expect("create");
+        f.write_all(data).expect("write");
+        f.sync_all().expect("fsync");
+    }
+    // Incompressible bytes are stored as they are: find some of the second
+    // chunk's in the image and flip one.
+    let image = fs::read(d.img()).expect("read image");
+    let probe = &victim[70_000..70_064];
+    let at = image.windows(probe.len()).position(|w| w == probe).expect("the victim's bytes in the image");
+    drop(image);
+    let img = fs::OpenOptions::new().write(true).open(d.img()).expect("open image");
+    img.write_at(&[victim[70_010] ^ 0x40], at as u64 + 10).expect("flip");
+    img.sync_all().expect("sync image");
+    fs::write("/proc/sys/vm/drop_caches", "3").expect("drop caches");
+    let mp = d.mnt().to_str().expect("utf8").to_string();
+    // Slowly (4 MiB at 2 MiB/s), while another file is read whole.
+    let scrub = Command::new(ZLOGFS)
+        .args(["scrub", &mp, "--rate", "2M", "--json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn scrub");
+    std::thread::sleep(Duration::from_millis(300));
+    let reader = fs::File::open(d.mnt().join("other")).expect("open");
+    let mut got = Vec::new();
+    std::io::BufReader::new(reader).read_to_end(&mut got).expect("read during the scrub");
+    assert!(got == other, "the other file reads right during the scrub");
+    let out = scrub.wait_with_output().expect("scrub");
+    assert_eq!(out.status.code(), Some(1), "damage found: exit status 1");
+    let rep: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let damaged = rep["damaged"].as_array().expect("damaged");
+    assert_eq!(damaged.len(), 1, "{rep:#}");
+    assert!(damaged[0].as_str().expect("text").contains("/victim (bytes 65536..131072)"), "{rep:#}");
+    // The rest of the victim still reads; its damaged chunk is EIO.
+    let f = fs::File::open(d.mnt().join("victim")).expect("open");
+    let mut head = vec![0u8; 65536];
+    f.read_exact_at(&mut head, 0).expect("the undamaged first chunk");
+    assert!(head == victim[..65536]);
+    let mut bad = vec![0u8; 4096];
+    let e = f.read_exact_at(&mut bad, 69_632).expect_err("the damaged chunk");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO));
+    drop(f);
+    unmount(&d);
+    child.wait().expect("wait");
 }

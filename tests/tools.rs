@@ -220,6 +220,15 @@ fn export_salvages_a_damaged_image() {
     assert_eq!(o.status.code(), Some(1));
     let report = String::from_utf8_lossy(&o.stdout);
     assert!(report.contains("/raw/victim"), "fsck names the file of the damaged block: {report}");
+    // Scrub finds the same block, and says which file and bytes.
+    let o = zlogfs(&[OsStr::new("scrub"), s(&img), OsStr::new("--json")]);
+    assert_eq!(o.status.code(), Some(1), "{}", String::from_utf8_lossy(&o.stderr));
+    let rep: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let damaged = rep["damaged"].as_array().expect("damaged list");
+    assert_eq!(damaged.len(), 1, "{rep:#}");
+    let d = damaged[0].as_str().expect("text");
+    assert!(d.contains("/raw/victim (bytes 65536..131072)"), "{d}");
+    assert!(rep["blocks"].as_u64() > Some(5), "the victim's 5 chunks and the packed files: {rep:#}");
     let _ = std::fs::remove_dir_all(&w);
 }
 

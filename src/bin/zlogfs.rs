@@ -207,6 +207,22 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Read every stored block of file data (and the index) and verify its
+    /// checksum, at a rate limit so that a mount goes on serving; report
+    /// damaged blocks with the files and byte ranges they hold. Exit
+    /// status 0 when clean, 1 with a report. TARGET is an image or the
+    /// mount point of a mounted one (its daemon reads).
+    Scrub {
+        /// The image, or a zlogfs mount point.
+        target: PathBuf,
+        /// Read at most this many bytes per second (K, M, G suffixes; 0:
+        /// unlimited). Default: 100M on a mount, unlimited on an image.
+        #[arg(long, value_parser = parse_size)]
+        rate: Option<u64>,
+        /// Machine-readable report.
+        #[arg(long)]
+        json: bool,
+    },
     /// Make everything written so far durable. On a mount point this is
     /// what sync(1) does for other file systems (it does not reach a FUSE
     /// daemon); on an image, recovery's result is written and checkpointed.
@@ -301,6 +317,7 @@ fn main() -> ExitCode {
         Cmd::Fsck { target, repair, json } => admin::fsck(&target, repair, json),
         Cmd::Clean { target, segments, max_live, json } => admin::clean(&target, segments, max_live, json),
         Cmd::Sync { target, json } => admin::sync(&target, json),
+        Cmd::Scrub { target, rate, json } => admin::scrub(&target, rate, json),
     };
     finish(r)
 }

@@ -1,5 +1,6 @@
 //! The control channel of a mounted image: how the admin commands
-//! (`stats`, `du`, `fsck`, `clean`, `sync`) reach the daemon that has the
+//! (`stats`, `du`, `fsck`, `scrub`, `clean`, `sync`, and the `metrics`
+//! of `stats --latency`) reach the daemon that has the
 //! image open (the image is locked while it is mounted, so they cannot
 //! open it themselves).
 //!

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 
 use super::{Handler, VERSION};
-use crate::fs::{CleanOptions, Fs};
+use crate::fs::{CleanOptions, Fs, ScrubOptions};
 use crate::tools::report;
 
 /// What the daemon serves.
@@ -41,11 +41,12 @@ pub fn handler(fs: Arc<Fs>, info: Info) -> Handler {
             }
             Some("fsck") => fsck(&fs, &image, progress),
             Some("clean") => clean(&fs, req, progress),
+            Some("scrub") => scrub(&fs, &info, req, progress),
             Some("metrics") => Ok(crate::tools::metrics::metrics()),
             Some("sync") => fs.sync().map(|()| json!({"synced": true})).map_err(|e| e.to_string()),
-            Some(op) => {
-                Err(format!("unknown operation {op:?} (known: hello, stats, metrics, du, fsck, clean, sync)"))
-            }
+            Some(op) => Err(format!(
+                "unknown operation {op:?} (known: hello, stats, metrics, du, fsck, scrub, clean, sync)"
+            )),
             None => Err("the request names no operation (\"op\")".into()),
         }
     })
@@ -82,4 +83,32 @@ fn clean(fs: &Fs, req: &Map<String, Value>, progress: &mut dyn FnMut(Value)) -> 
     let sink = RefCell::new(progress);
     let rep = fs.clean(&opts, &|r| (sink.borrow_mut())(r.to_json())).map_err(|e| e.to_string())?;
     Ok(rep.to_json())
+}
+
+/// A scrub at `rate` bytes per second (absent or 0: unlimited), its
+/// progress at most every 200 ms.
+fn scrub(
+    fs: &Fs,
+    info: &Info,
+    req: &Map<String, Value>,
+    progress: &mut dyn FnMut(Value),
+) -> Result<Value, String> {
+    let rate = match req.get("rate") {
+        None | Some(Value::Null) => None,
+        Some(v) => {
+            Some(v.as_u64().ok_or("\"rate\" is a whole number of bytes per second")?).filter(|&r| r > 0)
+        }
+    };
+    let start = Instant::now();
+    let sink = RefCell::new((progress, Instant::now()));
+    let rep = fs
+        .scrub(&ScrubOptions { rate }, &|r| {
+            let mut s = sink.borrow_mut();
+            if s.1.elapsed() >= PROGRESS_EVERY {
+                s.1 = Instant::now();
+                (s.0)(report::scrub_progress(r));
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    Ok(report::scrub(&info.mountpoint.display().to_string(), &rep, start.elapsed().as_secs_f64()))
 }

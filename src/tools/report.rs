@@ -7,7 +7,7 @@
 use serde_json::{json, Map, Value};
 
 use super::{resolve, Result};
-use crate::fs::{CheckReport, Fs, Kind, TreeUsage};
+use crate::fs::{CheckReport, Fs, Kind, ScrubReport, TreeUsage};
 
 /// What `zlogfs stats` reports: the image's space, tree, codecs, index,
 /// lifetime writes, and this process's errors of background work.
@@ -88,4 +88,15 @@ pub fn fsck(image: &str, fs: &Fs, repaired: &[String], progress: &dyn Fn(u64, u6
         "block_bytes": rep.block_bytes, "xattrs": rep.xattrs, "orphans": rep.orphans,
         "leaked_bytes": rep.leaked_bytes(), "repaired": repaired,
         "leaked": rep.leaked.iter().map(|(s, b)| json!({"segment": s, "bytes": b})).collect::<Vec<_>>()}))
+}
+
+/// What `zlogfs scrub` reports.
+pub fn scrub(target: &str, rep: &ScrubReport, seconds: f64) -> Value {
+    json!({"target": target, "clean": rep.damaged.is_empty(), "blocks": rep.blocks, "bytes": rep.bytes,
+        "moved": rep.moved, "damaged": rep.damaged, "seconds": seconds})
+}
+
+/// A scrub's progress line.
+pub fn scrub_progress(rep: &ScrubReport) -> Value {
+    json!({"done": rep.bytes, "total": rep.total.max(rep.bytes), "blocks": rep.blocks, "damaged": rep.damaged.len()})
 }

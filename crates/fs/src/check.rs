@@ -174,6 +174,15 @@ impl Fs {
     }
 }
 
+/// A path of each of `inos`, from a scan of every directory ("inode N"
+/// for one without a name).
+pub(crate) fn paths_of(st: &State, inos: &[Ino]) -> Result<HashMap<Ino, String>> {
+    let mut c = Checker::new(st);
+    c.inodes()?;
+    c.dirents()?;
+    Ok(inos.iter().map(|&i| (i, path_of(&c.names, i))).collect())
+}
+
 impl<'a> Checker<'a> {
     fn new(st: &'a State) -> Self {
         Checker {
@@ -694,5 +703,33 @@ impl Fs {
             e.stored += u64::from(a.len);
         }
         Ok(u)
+    }
+}
+
+impl State {
+    /// The stored bytes of the subtree at directory `ino`, with data not
+    /// committed yet counted as [`State::physical_now`] does; and whether
+    /// any was. A walk of the subtree: a scan of each directory's entries
+    /// and of each file's chunk records, as `du` does.
+    pub(crate) fn subtree_physical(&self, ino: Ino) -> Result<(u64, bool)> {
+        let (mut total, mut estimated) = (0, false);
+        let mut seen = HashSet::new();
+        let mut stack = vec![ino];
+        while let Some(i) = stack.pop() {
+            if !seen.insert(i) {
+                continue;
+            }
+            if self.inode(i)?.kind() == Kind::Dir {
+                let (lo, hi) = dirents_range(i);
+                for (_, v) in self.scan(&lo, &hi, usize::MAX)? {
+                    stack.push(decode_dirent(&v)?.0);
+                }
+            } else {
+                let (n, e) = self.physical_now(i)?;
+                total += n;
+                estimated |= e;
+            }
+        }
+        Ok((total, estimated))
     }
 }

@@ -267,7 +267,7 @@ mod tests {
 
     use zlogfs_engine::store::{Geometry, MemStore, MetaSlot, Store, META_SLOT_SIZE};
 
-    use crate::{mkfs, Fs, FsOptions, MkfsOptions, ROOT};
+    use crate::{mkfs, CleanOptions, Fs, FsOptions, MkfsOptions, ROOT};
 
     /// A store that counts the bytes written to its segments.
     struct Counting(MemStore, AtomicU64);
@@ -318,11 +318,18 @@ mod tests {
             let f = fs.create(ROOT, &[b'f', b'0' + n], 0o644, 0, 0).unwrap();
             fs.write(f.ino, 0, &data[..(n as usize + 1) << 19]).unwrap();
         }
+        // Cleaning writes too.
+        fs.sync().unwrap();
+        fs.unlink(ROOT, b"f1").unwrap();
+        fs.unlink(ROOT, b"f3").unwrap();
+        let opts_clean = CleanOptions { max_segments: usize::MAX, max_live: 0.95, target_free: None };
+        let cleaned = fs.clean(&opts_clean, &|_| {}).unwrap();
+        assert!(cleaned.moved_bytes > 0, "{cleaned:?}");
         fs.sync().unwrap();
         let u = fs.usage().unwrap();
         assert!(written() - base > 1 << 20, "the data reached the device");
         assert_eq!(u.counters.device_bytes - counted0, written() - base, "counted while open");
-        assert_eq!(u.counters.user_bytes, 10 << 19);
+        assert_eq!(u.counters.user_bytes, 10 << 19, "user bytes");
         let before_close = written();
         fs.close().unwrap();
         let fs = Fs::open(store.clone(), opts).unwrap();

@@ -42,6 +42,7 @@ mod namespace;
 mod options;
 mod patch;
 mod pending;
+mod scrub;
 mod state;
 mod stats;
 mod worker;
@@ -61,6 +62,7 @@ pub use filesystem::{mkfs, now, Fs};
 pub use keys::{Config, Counters, Ino, Inode, Kind, Time, ROOT};
 pub use namespace::MAX_SYMLINK;
 pub use options::{Atime, FsOptions, MkfsOptions, SyncMode};
+pub use scrub::{ScrubOptions, ScrubReport};
 pub use stats::FsStats;
 
 /// Lock `m`, taking over a lock that a panicking thread left poisoned (the

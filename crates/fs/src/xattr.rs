@@ -38,12 +38,16 @@ impl State {
 
 impl Fs {
     /// Value of an xattr. `user.zlogfs.physical` gives the stored bytes of
-    /// a file; `user.zlogfs.codec` its policy.
+    /// a file, or of a directory's subtree (a walk of it, as `du`),
+    /// prefixed `~` when data not committed yet is counted at its
+    /// uncompressed length; `user.zlogfs.codec` the codec policy.
     pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
         let st = self.st();
         let i = st.inode(ino)?;
         if name == XATTR_PHYSICAL {
-            return Ok(st.physical(ino)?.to_string().into_bytes());
+            let (n, estimated) =
+                if i.kind() == Kind::Dir { st.subtree_physical(ino)? } else { st.physical_now(ino)? };
+            return Ok(format!("{}{n}", if estimated { "~" } else { "" }).into_bytes());
         }
         if name == XATTR_CODEC {
             return match i.policy {

@@ -1,4 +1,4 @@
-//! The admin commands (`stats`, `du`, `fsck`, `clean`, `sync`) on an image
+//! The admin commands (`stats`, `du`, `fsck`, `scrub`, `clean`, `sync`) on an image
 //! or a mount point. An image is opened here; a mounted image is locked
 //! by its daemon, which answers through its control channel
 //! (docs/CONTROL.md) with the same reports (`zlogfs::tools::report`).
@@ -584,4 +584,50 @@ fn chrono_now() -> String {
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
         % 86_400;
     format!("{:02}:{:02}:{:02} UTC", t / 3600, t / 60 % 60, t % 60)
+}
+
+/// The scrub rate on a mount when none is given: the device's bandwidth
+/// is shared with the mount's users.
+const MOUNT_SCRUB_RATE: u64 = 100 << 20;
+
+/// `zlogfs scrub`: exit status 0 when clean, 1 with a report.
+pub fn scrub(target: &Path, rate: Option<u64>, json: bool) -> Res {
+    let pb = tools::progress(0, "verifying blocks", json);
+    let step = |p: &Value| {
+        pb.set_length(p["total"].as_u64().unwrap_or(0));
+        pb.set_position(p["done"].as_u64().unwrap_or(0));
+    };
+    let v = match Target::of(target)? {
+        Target::Image(image) => {
+            let fs = open_fs_ro(&image)?;
+            let start = std::time::Instant::now();
+            let opts = zfs::ScrubOptions { rate: rate.filter(|&r| r > 0) };
+            let rep = fs
+                .scrub(&opts, &|r| step(&report::scrub_progress(r)))
+                .map_err(|e| format!("{}: scrub stopped: {e}", image.display()))?;
+            report::scrub(&image.display().to_string(), &rep, start.elapsed().as_secs_f64())
+        }
+        Target::Mount { socket, .. } => {
+            ask(&socket, "scrub", json!({"rate": rate.unwrap_or(MOUNT_SCRUB_RATE)}), &mut |p| step(p))?
+        }
+    };
+    pb.finish_and_clear();
+    show(&v, json, |v| {
+        for d in v["damaged"].as_array().into_iter().flatten() {
+            println!("damaged: {}", d.as_str().unwrap_or(""));
+        }
+        let n = |k: &str| v[k].as_u64().unwrap_or(0);
+        let secs = v["seconds"].as_f64().unwrap_or(0.0);
+        let damaged = v["damaged"].as_array().map_or(0, Vec::len);
+        println!(
+            "{}: {} blocks ({}) verified in {secs:.1} s ({}/s){}: {}",
+            v["target"].as_str().unwrap_or(""),
+            n("blocks"),
+            size(n("bytes")),
+            size((n("bytes") as f64 / secs.max(1e-3)) as u64),
+            if n("moved") > 0 { format!(", {} moved while it ran", n("moved")) } else { String::new() },
+            if damaged == 0 { "clean".to_string() } else { format!("{damaged} damaged") }
+        );
+    });
+    Ok(if v["clean"].as_bool() == Some(true) { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

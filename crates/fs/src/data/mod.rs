@@ -13,6 +13,7 @@
 //!   chunks counted at their buffered length.
 
 mod read;
+pub(crate) use read::extent_blocks;
 mod store;
 mod trim;
 mod write;

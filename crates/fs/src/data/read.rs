@@ -160,19 +160,6 @@ impl State {
     /// The blocks a read of `[off, off + len)` would read that are not
     /// cached (chunks buffered are read from their buffers).
     pub(crate) fn uncached_blocks(&mut self, i: &Inode, off: u64, len: usize) -> Result<Vec<BlockAddr>> {
-        fn blocks(e: &Extent, out: &mut Vec<BlockAddr>) {
-            match e {
-                Extent::Own(a, _) => out.push(*a),
-                Extent::Shared { addr, .. } => out.push(*addr),
-                Extent::Patched { base, patches, .. } => {
-                    blocks(base, out);
-                    for p in patches {
-                        blocks(&p.piece, out);
-                    }
-                }
-                Extent::Inline(_) | Extent::Gone(_) | Extent::Reserved(_) => {}
-            }
-        }
         let end = off.saturating_add(len as u64).min(i.size);
         let cs = self.cs();
         let mut out = Vec::new();
@@ -180,7 +167,7 @@ impl State {
         while idx * cs < end {
             if self.bufs.get(i.ino, idx).is_none() {
                 if let Some(e) = self.stored_extent(i.ino, idx)? {
-                    blocks(&e, &mut out);
+                    extent_blocks(&e, &mut out);
                 }
             }
             idx += 1;
@@ -249,6 +236,26 @@ impl State {
     }
 
     /// Stored bytes of a file's chunks.
+    /// [`State::physical`] with the chunks not committed yet counted at
+    /// their buffered length (their compression is not known before they
+    /// are stored: an upper bound); and whether there were any.
+    pub(crate) fn physical_now(&self, ino: Ino) -> Result<(u64, bool)> {
+        let (lo, hi) = extents_from(ino, 0);
+        let mut total = 0;
+        for (k, v) in self.scan(&lo, &hi, usize::MAX)? {
+            let whole =
+                parse_extent_key(&k).and_then(|(_, idx)| self.bufs.get(ino, idx)).is_some_and(|b| !b.partial);
+            if !whole {
+                total += Extent::decode(&v, &format!("chunk of inode {ino} ({k:02x?})"))?.phys();
+            }
+        }
+        let buffered = self.bufs.chunks_from(ino, 0);
+        for idx in &buffered {
+            total += self.bufs.get(ino, *idx).map_or(0, |b| b.data().len() as u64);
+        }
+        Ok((total, !buffered.is_empty()))
+    }
+
     pub(crate) fn physical(&self, ino: Ino) -> Result<u64> {
         let (lo, hi) = extents_from(ino, 0);
         let mut total = 0;
@@ -256,5 +263,21 @@ impl State {
             total += Extent::decode(&v, &format!("chunk of inode {ino} ({k:02x?})"))?.phys();
         }
         Ok(total)
+    }
+}
+
+/// The stored blocks chunk `e` reads (its own or shared block, a
+/// patched chunk's base and patches).
+pub(crate) fn extent_blocks(e: &Extent, out: &mut Vec<BlockAddr>) {
+    match e {
+        Extent::Own(a, _) => out.push(*a),
+        Extent::Shared { addr, .. } => out.push(*addr),
+        Extent::Patched { base, patches, .. } => {
+            extent_blocks(base, out);
+            for p in patches {
+                extent_blocks(&p.piece, out);
+            }
+        }
+        Extent::Inline(_) | Extent::Gone(_) | Extent::Reserved(_) => {}
     }
 }

@@ -1,0 +1,151 @@
+//! Scrub: read every stored block of file data from the device and
+//! verify its checksum, a page of chunks at a time, at a rate limit, so
+//! that a mounted file system goes on serving meanwhile (fsck, which
+//! checks cross-references too, holds the file system for its whole run).
+//! A block that fails is reported with the files and byte ranges whose
+//! data it holds, unless it was moved or freed since it was listed (then
+//! it is not damage: the cleaner or a writer got there first). The
+//! index's own blocks are verified last.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant};
+
+use zlogfs_engine::BlockAddr;
+
+use crate::check::paths_of;
+use crate::data::extent_blocks;
+use crate::error::Result;
+use crate::keys::{all_extents_range, parse_extent_key, Extent, Ino};
+use crate::Fs;
+
+/// Chunks listed per page (the file system is held while it is listed).
+const PAGE: usize = 4096;
+
+/// How to scrub.
+#[derive(Debug, Clone, Default)]
+pub struct ScrubOptions {
+    /// Read at most this many bytes per second (None: as fast as the
+    /// device goes).
+    pub rate: Option<u64>,
+}
+
+/// What a scrub found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ScrubReport {
+    /// Blocks read and verified.
+    pub blocks: u64,
+    /// Their stored bytes.
+    pub bytes: u64,
+    /// About how many stored bytes there are to read (the log's live
+    /// bytes when the scrub began).
+    pub total: u64,
+    /// Blocks that failed but had been moved or freed by then.
+    pub moved: u64,
+    /// Each damaged block: what failed, and the data it holds.
+    pub damaged: Vec<String>,
+}
+
+impl Fs {
+    /// Scrub the file system; `progress` sees the report after each block.
+    pub fn scrub(&self, opts: &ScrubOptions, progress: &dyn Fn(&ScrubReport)) -> Result<ScrubReport> {
+        let mut rep = ScrubReport { total: self.eng.stats().live_bytes, ..ScrubReport::default() };
+        let start = Instant::now();
+        let (mut lo, hi) = all_extents_range();
+        loop {
+            let page = self.scrub_page(&lo, &hi)?;
+            for (a, users) in &page.blocks {
+                self.pace(opts, &rep, start);
+                match self.eng.read_block(*a) {
+                    Ok(_) => {}
+                    Err(e) => self.damaged(*a, users, &e.to_string(), &mut rep)?,
+                }
+                rep.blocks += 1;
+                rep.bytes += u64::from(a.len);
+                progress(&rep);
+            }
+            match page.next {
+                Some(k) => lo = k,
+                None => break,
+            }
+        }
+        for d in self.eng.verify_runs() {
+            rep.damaged.push(format!("index run {}, block {}: {}", d.run, d.addr, d.error));
+        }
+        Ok(rep)
+    }
+
+    /// The blocks of the next page of chunks from `lo`, each with the
+    /// chunks that read it; and the key to go on from.
+    fn scrub_page(&self, lo: &[u8], hi: &[u8]) -> Result<Page> {
+        let st = self.st();
+        let found = st.scan(lo, hi, PAGE)?;
+        let next = (found.len() >= PAGE).then(|| found.last().map(|(k, _)| after(k))).flatten();
+        let mut blocks: BTreeMap<BlockAddr, Vec<(Ino, u64)>> = BTreeMap::new();
+        let mut out = Vec::new();
+        for (k, v) in found {
+            let Some((ino, idx)) = parse_extent_key(&k) else { continue };
+            // fsck reports a chunk record that does not decode.
+            let Ok(e) = Extent::decode(&v, "chunk") else { continue };
+            out.clear();
+            extent_blocks(&e, &mut out);
+            for a in &out {
+                blocks.entry(*a).or_default().push((ino, idx));
+            }
+        }
+        Ok(Page { blocks, next })
+    }
+
+    /// Sleep as long as keeps the scrub under its rate.
+    fn pace(&self, opts: &ScrubOptions, rep: &ScrubReport, start: Instant) {
+        if let Some(rate) = opts.rate.filter(|&r| r > 0) {
+            let due = Duration::from_secs_f64(rep.bytes as f64 / rate as f64);
+            if let Some(wait) = due.checked_sub(start.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+    }
+
+    /// Block `a` failed with `why`: damage if a chunk of `users` still
+    /// reads it, with those chunks' files and bytes.
+    fn damaged(&self, a: BlockAddr, users: &[(Ino, u64)], why: &str, rep: &mut ScrubReport) -> Result<()> {
+        let st = self.st();
+        let mut still = Vec::new();
+        let mut out = Vec::new();
+        for &(ino, idx) in users {
+            out.clear();
+            if let Some(e) = st.stored_extent(ino, idx)? {
+                extent_blocks(&e, &mut out);
+            }
+            if out.contains(&a) {
+                still.push((ino, idx));
+            }
+        }
+        if still.is_empty() {
+            rep.moved += 1;
+            return Ok(());
+        }
+        let inos: Vec<Ino> = still.iter().map(|u| u.0).collect::<HashSet<_>>().into_iter().collect();
+        let paths = paths_of(&st, &inos)?;
+        let cs = st.cs();
+        let files: Vec<String> =
+            still.iter().map(|(i, c)| format!("{} (bytes {}..{})", paths[i], c * cs, (c + 1) * cs)).collect();
+        // `why` names the block.
+        let d = format!("{why}; it holds data of {}", files.join(", "));
+        tracing::error!("scrub: {d}");
+        rep.damaged.push(d);
+        Ok(())
+    }
+}
+
+/// A page of chunks' blocks.
+struct Page {
+    blocks: BTreeMap<BlockAddr, Vec<(Ino, u64)>>,
+    next: Option<Vec<u8>>,
+}
+
+/// The smallest key after `k`.
+fn after(k: &[u8]) -> Vec<u8> {
+    let mut n = k.to_vec();
+    n.push(0);
+    n
+}
