@@ -1277,6 +1277,8 @@ fn a_users_mount_answers_its_user_and_root_only() {
     run_ok(Command::new("fusermount3").args(["-u", mp]));
     wait_for("the daemon to close the image", || zlogfs(&["fsck", ip]).status.code() != Some(2));
     fsck_clean(&d);
+    let after = json_of(&["stats", ip]);
+    assert_eq!(holds(&v, STATS_KEYS), holds(&after, STATS_KEYS), "the user's answer is the image's");
 }
 
 /// `stats --latency` reports what each operation of the mount cost
