@@ -17,7 +17,7 @@ cargo clippy --all-targets -- -D warnings
 # command-line tool needs (argument parsing, progress bars, signals, the
 # allocator, the log's output, the metrics endpoint's HTTP server).
 echo "== library crates without command-line crates"
-cli_deps=$(cargo tree -p zlogfs-engine -p zlogfs-fs -p zlogfs-fuse -e normal --prefix none |
+cli_deps=$(cargo tree -p zlogfs-engine -p zlogfs-fs -p zlogfs-fuse -p zlogfs-nbd -e normal --prefix none |
     grep -E '^(clap|indicatif|mimalloc|signal-hook|tiny_http|tracing-subscriber) ' | sort -u || true)
 if [ -n "$cli_deps" ]; then
     echo "library crates depend on command-line crates: $cli_deps" >&2

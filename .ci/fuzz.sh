@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fuzz every on-disk decoder of zlogfs for a short time.
+# Fuzz every on-disk decoder of zlogfs, and the NBD server, for a short time.
 #
 #   .ci/fuzz.sh                       # each target for $FUZZ_SECONDS (default 20)
 #   FUZZ_SECONDS=300 .ci/fuzz.sh      # longer
@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 FUZZ_SECONDS="${FUZZ_SECONDS:-20}"
-ALL_TARGETS="fuzz_superblock fuzz_checkpoint_slot fuzz_batch fuzz_block fuzz_codec fuzz_run_blocks fuzz_checkpoint_body fuzz_journal"
+ALL_TARGETS="fuzz_superblock fuzz_checkpoint_slot fuzz_batch fuzz_block fuzz_codec fuzz_run_blocks fuzz_checkpoint_body fuzz_journal fuzz_nbd"
 FUZZ_TARGETS="${FUZZ_TARGETS:-$ALL_TARGETS}"
 # Same flags for build and run, or `cargo fuzz run` rebuilds.
 FUZZ_FLAGS=(-O --debug-assertions)

@@ -26,6 +26,8 @@ mod logging;
 mod metrics_http;
 #[path = "zlogfs/mount.rs"]
 mod mount;
+#[path = "zlogfs/nbd.rs"]
+mod nbd;
 
 #[derive(Parser)]
 #[command(name = "zlogfs", version, about = "A log-structured file system with transparent compression")]
@@ -223,6 +225,29 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Serve the image's regular files as NBD block devices (exports named
+    /// by their path: nbd+unix:///vm/disk.raw?socket=PATH), until SIGTERM
+    /// or Ctrl-C. A mounted image serves them from its daemon instead
+    /// (mount -o nbd=PATH).
+    #[command(group(clap::ArgGroup::new("at").required(true).args(["socket", "listen"])))]
+    Nbd {
+        /// The image.
+        image: PathBuf,
+        /// Listen on a Unix socket at this path.
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// Listen on TCP at HOST:PORT (no TLS, no authentication: a trusted
+        /// network only).
+        #[arg(long, value_name = "HOST:PORT")]
+        listen: Option<String>,
+        /// Make a volume first, unless PATH exists: PATH:SIZE, e.g.
+        /// vm/disk.raw:10G (directories made as needed). May be repeated.
+        #[arg(long, value_name = "PATH:SIZE")]
+        create: Vec<String>,
+        /// Options as for mount: ro (serve read-only), commit=S, log=LEVEL, ...
+        #[arg(short = 'o', value_name = "OPTS")]
+        options: Vec<String>,
+    },
     /// Make everything written so far durable. On a mount point this is
     /// what sync(1) does for other file systems (it does not reach a FUSE
     /// daemon); on an image, recovery's result is written and checkpointed.
@@ -317,6 +342,14 @@ fn main() -> ExitCode {
         Cmd::Fsck { target, repair, json } => admin::fsck(&target, repair, json),
         Cmd::Clean { target, segments, max_live, json } => admin::clean(&target, segments, max_live, json),
         Cmd::Sync { target, json } => admin::sync(&target, json),
+        Cmd::Nbd { image, socket, listen, create, options } => {
+            let at = match (socket, listen) {
+                (Some(p), _) => nbd::Listen::Unix(p),
+                (None, Some(a)) => nbd::Listen::Tcp(a),
+                (None, None) => return finish(Err("give --socket PATH or --listen HOST:PORT".into())),
+            };
+            nbd::nbd(&image, at, &create, &options)
+        }
         Cmd::Scrub { target, rate, json } => admin::scrub(&target, rate, json),
     };
     finish(r)

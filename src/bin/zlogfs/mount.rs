@@ -42,6 +42,9 @@ pub struct Parsed {
     pub commit: Duration,
     /// `-o metrics=HOST:PORT`: serve the figures for Prometheus there.
     pub metrics: Option<String>,
+    /// `-o nbd=PATH`: serve the image's files as NBD exports on a Unix
+    /// socket there.
+    pub nbd: Option<PathBuf>,
 }
 
 /// Parse a `-o` list (several `-o` are joined). Every generic option of
@@ -62,6 +65,7 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
         logfile: None,
         commit: COMMIT,
         metrics: None,
+        nbd: None,
     };
     for opt in lists.iter().flat_map(|l| l.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
         let (k, v) = match opt.split_once('=') {
@@ -74,7 +78,7 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
             return Err(format!(
                 "unknown mount option {opt:?} (known: the generic options of mount(8), and allow_other, \
                  default_permissions, patches, nopatches, uring[=on|off|auto], spin=US, attr_timeout=S, \
-                 entry_timeout=S, negative_timeout=S, threads=N, commit=SECONDS, metrics=HOST:PORT, log=LEVEL, logfile=PATH)"
+                 entry_timeout=S, negative_timeout=S, threads=N, commit=SECONDS, metrics=HOST:PORT, nbd=PATH, log=LEVEL, logfile=PATH)"
             ));
         }
     }
@@ -135,6 +139,7 @@ impl Parsed {
                 let s = number(k, v, 0..=86_400, "seconds, e.g. commit=5 (0: the default, 5)")?;
                 self.commit = if s == 0 { COMMIT } else { Duration::from_secs(s) };
             }
+            "nbd" => self.nbd = Some(PathBuf::from(v.ok_or("option nbd needs the path of a Unix socket")?)),
             "metrics" => {
                 let a = v.ok_or("option metrics needs HOST:PORT, e.g. metrics=127.0.0.1:9184")?;
                 a.to_socket_addrs().map_err(|e| format!("option metrics={a}: {e} (give HOST:PORT)"))?;
@@ -217,7 +222,7 @@ fn preflight(dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
-fn open_for_mount(image: &Path, p: &Parsed) -> Result<Fs, String> {
+pub fn open_for_mount(image: &Path, p: &Parsed) -> Result<Fs, String> {
     // Read-only, the image is opened so (with a shared lock): it may be
     // read-only to the caller, and other read-only users may share it.
     let f = if p.mount.read_only {
@@ -264,6 +269,17 @@ pub fn mount(image: &Path, dir: &Path, opts: &[String], foreground: bool) -> Res
     zlogfs::metrics::global();
     let fs = Arc::new(open_for_mount(image, &parsed).map_err(|e| ready_fail(daemon_child, e))?);
     let control = start_control(&fs, image, dir).map_err(|e| ready_fail(daemon_child, e))?;
+    let nbd = match &parsed.nbd {
+        Some(p) => Some(
+            crate::nbd::Server::start(
+                crate::nbd::Listen::Unix(p.clone()),
+                Arc::clone(&fs),
+                parsed.mount.read_only,
+            )
+            .map_err(|e| ready_fail(daemon_child, e))?,
+        ),
+        None => None,
+    };
     let endpoint = match &parsed.metrics {
         Some(a) => {
             Some(crate::metrics_http::serve(a, Arc::clone(&fs)).map_err(|e| ready_fail(daemon_child, e))?)
@@ -299,6 +315,7 @@ pub fn mount(image: &Path, dir: &Path, opts: &[String], foreground: bool) -> Res
     let served = session.run();
     drop(control);
     drop(endpoint);
+    drop(nbd);
     let closed = close_when_free(fs, image);
     served.map_err(|e| format!("serving {}: {e}", dir.display()))?;
     closed?;
@@ -326,7 +343,7 @@ fn start_control(fs: &Arc<Fs>, image: &Path, dir: &Path) -> Result<control::Serv
 /// (a control request still running is waited for, up to a minute): close
 /// writes a checkpoint so that the next open has nothing to replay. The
 /// session synced as it ended (`Session::run`).
-fn close_when_free(mut fs: Arc<Fs>, image: &Path) -> Result<(), String> {
+pub fn close_when_free(mut fs: Arc<Fs>, image: &Path) -> Result<(), String> {
     for _ in 0..600 {
         match Arc::try_unwrap(fs) {
             Ok(fs) => return fs.close().map_err(|e| format!("closing {}: {e}", image.display())),

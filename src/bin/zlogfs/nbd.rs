@@ -1,0 +1,238 @@
+//! `zlogfs nbd` and `mount -o nbd=`: the regular files of an image served
+//! as NBD exports (crates/nbd) on a Unix socket or a TCP address, a
+//! thread per client.
+
+use std::collections::HashMap;
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use zlogfs::fs::{Fs, SetAttr, ROOT};
+
+use super::Res;
+
+/// Where to listen.
+#[derive(Debug, Clone)]
+pub enum Listen {
+    /// A Unix socket at this path.
+    Unix(PathBuf),
+    /// A TCP address (HOST:PORT).
+    Tcp(String),
+}
+
+impl std::fmt::Display for Listen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Listen::Unix(p) => write!(f, "nbd+unix:///?socket={}", p.display()),
+            Listen::Tcp(a) => write!(f, "nbd://{a}/"),
+        }
+    }
+}
+
+/// One accepted connection: its two halves.
+enum Conn {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Conn {
+    fn shutdown(&self) {
+        let r = match self {
+            Conn::Unix(s) => s.shutdown(Shutdown::Both),
+            Conn::Tcp(s) => s.shutdown(Shutdown::Both),
+        };
+        if let Err(e) = r {
+            tracing::debug!("nbd: hanging up a client: {e}");
+        }
+    }
+}
+
+/// The connected clients by id: a handle of the socket to hang up on,
+/// and the thread serving it.
+type Clients = Arc<Mutex<HashMap<u64, (Conn, Option<JoinHandle<()>>)>>>;
+
+/// The server while it serves; dropping it hangs up on every client,
+/// waits for their threads and stops listening.
+pub struct Server {
+    at: Listen,
+    stop: Arc<AtomicBool>,
+    accept: Option<JoinHandle<()>>,
+    conns: Clients,
+}
+
+impl Server {
+    /// Listen at `at` and serve `fs`'s files (`read_only`: refuse changes).
+    pub fn start(at: Listen, fs: Arc<Fs>, read_only: bool) -> Result<Server, String> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let conns = Clients::default();
+        let (flag, c) = (Arc::clone(&stop), Arc::clone(&conns));
+        let accept = match &at {
+            Listen::Unix(p) => {
+                let l = bind_unix(p)?;
+                std::thread::spawn(move || {
+                    accept_loop(|| l.accept().map(|(s, _)| Conn::Unix(s)), &flag, &c, &fs, read_only)
+                })
+            }
+            Listen::Tcp(a) => {
+                let l = TcpListener::bind(a).map_err(|e| format!("cannot listen on {a}: {e}"))?;
+                std::thread::spawn(move || {
+                    accept_loop(|| l.accept().map(|(s, _)| Conn::Tcp(s)), &flag, &c, &fs, read_only)
+                })
+            }
+        };
+        Ok(Server { at, stop, accept: Some(accept), conns })
+    }
+}
+
+/// A Unix socket at `p`; one left by a server that died is replaced.
+fn bind_unix(p: &Path) -> Result<UnixListener, String> {
+    if p.exists() {
+        if UnixStream::connect(p).is_ok() {
+            return Err(format!("{} is served by another server already", p.display()));
+        }
+        std::fs::remove_file(p).map_err(|e| format!("removing the stale socket {}: {e}", p.display()))?;
+    }
+    UnixListener::bind(p).map_err(|e| format!("cannot listen on {}: {e}", p.display()))
+}
+
+fn accept_loop(
+    accept: impl Fn() -> std::io::Result<Conn>,
+    stop: &AtomicBool,
+    conns: &Clients,
+    fs: &Arc<Fs>,
+    ro: bool,
+) {
+    static IDS: AtomicU64 = AtomicU64::new(0);
+    loop {
+        let conn = accept();
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        let conn = match conn {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("nbd: accepting a client: {e}");
+                continue;
+            }
+        };
+        let id = IDS.fetch_add(1, Ordering::Relaxed);
+        let (keep, fs, cs) = (clone_conn(&conn), Arc::clone(fs), Arc::clone(conns));
+        let Some(keep) = keep else { continue };
+        let t = std::thread::spawn(move || {
+            let r = match conn {
+                Conn::Unix(s) => s.try_clone().and_then(|w| zlogfs_nbd::serve_client(s, w, &fs, ro)),
+                Conn::Tcp(s) => {
+                    // Replies go out whole: no delay for the next request.
+                    let _ = s.set_nodelay(true);
+                    s.try_clone().and_then(|w| zlogfs_nbd::serve_client(s, w, &fs, ro))
+                }
+            };
+            if let Err(e) = r {
+                tracing::info!("nbd: a client's connection ended: {e}");
+            }
+            cs.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        });
+        conns.lock().unwrap_or_else(|p| p.into_inner()).insert(id, (keep, Some(t)));
+    }
+}
+
+fn clone_conn(c: &Conn) -> Option<Conn> {
+    let r = match c {
+        Conn::Unix(s) => s.try_clone().map(Conn::Unix),
+        Conn::Tcp(s) => s.try_clone().map(Conn::Tcp),
+    };
+    r.map_err(|e| tracing::warn!("nbd: a client's socket: {e}")).ok()
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wake the accepting thread.
+        let woke = match &self.at {
+            Listen::Unix(p) => UnixStream::connect(p).map(|_| ()),
+            Listen::Tcp(a) => TcpStream::connect(a).map(|_| ()),
+        };
+        if let Err(e) = woke {
+            tracing::debug!("nbd: waking the listener: {e}");
+        }
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+        let threads: Vec<JoinHandle<()>> = {
+            let mut cs = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+            cs.values_mut()
+                .filter_map(|(c, t)| {
+                    c.shutdown();
+                    t.take()
+                })
+                .collect()
+        };
+        for t in threads {
+            let _ = t.join();
+        }
+        if let Listen::Unix(p) = &self.at {
+            if let Err(e) = std::fs::remove_file(p) {
+                tracing::warn!("nbd: removing the socket {}: {e}", p.display());
+            }
+        }
+    }
+}
+
+/// `--create PATH:SIZE`: make a volume (its directories too) of SIZE
+/// bytes unless PATH exists.
+pub fn create_volume(fs: &Fs, spec: &str) -> Result<(), String> {
+    let (path, size) = spec
+        .rsplit_once(':')
+        .ok_or_else(|| format!("--create {spec}: give PATH:SIZE, e.g. vm/disk.raw:10G"))?;
+    let size = super::parse_size(size).map_err(|e| format!("--create {spec}: {e}"))?;
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    let Some((name, dirs)) = parts.split_last() else {
+        return Err(format!("--create {spec}: the volume needs a name"));
+    };
+    let mut dir = ROOT;
+    for d in dirs {
+        dir = match fs.lookup(dir, d.as_bytes()) {
+            Ok(a) => a.ino,
+            Err(_) => {
+                fs.mkdir(dir, d.as_bytes(), 0o755, 0, 0)
+                    .map_err(|e| format!("--create {spec}: {d}: {e}"))?
+                    .ino
+            }
+        };
+    }
+    if fs.lookup(dir, name.as_bytes()).is_ok() {
+        return Ok(());
+    }
+    let f = fs.create(dir, name.as_bytes(), 0o600, 0, 0).map_err(|e| format!("--create {spec}: {e}"))?;
+    fs.setattr(f.ino, &SetAttr { size: Some(size), ..SetAttr::default() })
+        .map_err(|e| format!("--create {spec}: setting the size: {e}"))?;
+    fs.sync().map_err(|e| format!("--create {spec}: {e}"))
+}
+
+/// `zlogfs nbd IMAGE`: serve until SIGTERM, SIGINT or SIGHUP, then close
+/// the image cleanly.
+pub fn nbd(image: &Path, at: Listen, create: &[String], opts: &[String]) -> Res {
+    let parsed = super::mount::parse_options(opts, image)?;
+    let fs = Arc::new(super::mount::open_for_mount(image, &parsed)?);
+    for c in create {
+        create_volume(&fs, c)?;
+    }
+    let ro = parsed.mount.read_only;
+    let mut signals = signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP])
+        .map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    let server = Server::start(at.clone(), Arc::clone(&fs), ro)?;
+    eprintln!(
+        "zlogfs: serving the files of {} at {at}{}; stop with Ctrl-C or SIGTERM",
+        image.display(),
+        if ro { " read-only" } else { "" }
+    );
+    signals.forever().next();
+    drop(server);
+    super::mount::close_when_free(fs, image)?;
+    eprintln!("zlogfs: {} closed cleanly", image.display());
+    Ok(ExitCode::SUCCESS)
+}

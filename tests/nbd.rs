@@ -1,0 +1,284 @@
+//! The NBD server (`zlogfs nbd`, `mount -o nbd=`) with real clients from
+//! Debian: libnbd's nbdinfo, nbdcopy and Python binding in strict mode,
+//! qemu-img, fio's nbd engine. Skipped with a note when a client is
+//! missing, except under CI=true (.ci/run installs them).
+
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const ZLOGFS: &str = env!("CARGO_BIN_EXE_zlogfs");
+
+fn have(tool: &str, arg: &str) -> bool {
+    Command::new(tool).arg(arg).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok()
+}
+
+/// The clients, or a note (a failure under CI).
+fn clients() -> bool {
+    let missing: Vec<&str> =
+        [("nbdinfo", "--version"), ("nbdcopy", "--version"), ("qemu-img", "--version"), ("fio", "--version")]
+            .iter()
+            .filter(|(t, a)| !have(t, a))
+            .map(|(t, _)| *t)
+            .collect();
+    let py = Command::new("/usr/bin/python3").args(["-c", "import nbd"]).status().is_ok_and(|s| s.success());
+    if missing.is_empty() && py {
+        return true;
+    }
+    let why = format!("missing {missing:?}{}", if py { "" } else { ", python3-libnbd" });
+    assert!(std::env::var("CI").as_deref() != Ok("true"), "NBD tests cannot run under CI: {why}");
+    eprintln!("skipping the NBD tests: {why} (apt-get install libnbd-bin python3-libnbd qemu-utils fio)");
+    false
+}
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!("zlogfs-nbd-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).expect("mkdir");
+        Dir(d)
+    }
+    fn p(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+    fn s(&self, name: &str) -> String {
+        self.p(name).to_str().expect("utf8").to_string()
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn ok(c: &mut Command) -> String {
+    let o = c.output().expect("run");
+    assert!(
+        o.status.success(),
+        "{c:?}: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn wait_for(what: &str, f: impl Fn() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(20), "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A server that is stopped (SIGTERM, then waited for) when dropped, so
+/// that a failed test leaves none behind.
+struct Server(Option<Child>);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            stop(c);
+        }
+    }
+}
+
+fn serve(d: &Dir, extra: &[&str]) -> Server {
+    let sock = d.p("sock");
+    let child = Command::new(ZLOGFS)
+        .args(["nbd", &d.s("img"), "--socket", sock.to_str().expect("utf8")])
+        .args(extra)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("zlogfs nbd");
+    wait_for("the NBD socket", || UnixStream::connect(&sock).is_ok());
+    Server(Some(child))
+}
+
+/// SIGTERM, and the exit status within 20 s (else SIGKILL and a failure).
+fn stop(mut child: Child) {
+    // SAFETY: kill(2) on our own child's pid, which has not been reaped.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let t = Instant::now();
+    let s = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            let _ = child.wait();
+            assert!(std::thread::panicking(), "zlogfs nbd did not end 20 s after SIGTERM");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(std::thread::panicking() || s.success(), "zlogfs nbd ends cleanly on SIGTERM: {s:?}");
+}
+
+fn uri(d: &Dir, export: &str) -> String {
+    format!("nbd+unix:///{export}?socket={}", d.s("sock"))
+}
+
+/// Real data: binaries and text of /usr, `n` bytes.
+fn real_data(n: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n);
+    for dir in ["/usr/bin", "/usr/share/perl5", "/usr/include"] {
+        let mut stack = vec![PathBuf::from(dir)];
+        while let Some(p) = stack.pop() {
+            let Ok(rd) = fs::read_dir(&p) else { continue };
+            let mut entries: Vec<_> = rd.filter_map(Result::ok).map(|e| e.path()).collect();
+            entries.sort();
+            for e in entries {
+                if out.len() >= n {
+                    out.truncate(n);
+                    return out;
+                }
+                match fs::symlink_metadata(&e) {
+                    Ok(m) if m.is_dir() => stack.push(e),
+                    Ok(m) if m.is_file() => out.extend(fs::read(&e).unwrap_or_default()),
+                    _ => {}
+                }
+            }
+        }
+    }
+    out.resize(n, 0);
+    out
+}
+
+#[test]
+fn real_clients_use_every_command_and_the_image_stays_clean() {
+    if !clients() {
+        return;
+    }
+    let d = Dir::new("clients");
+    ok(Command::new(ZLOGFS).args(["mkfs", &d.s("img"), "--size", "512M"]));
+    let server = serve(&d, &["--create", "vm/disk.raw:64M"]);
+    let u = uri(&d, "vm/disk.raw");
+    let info: serde_json::Value =
+        serde_json::from_str(&ok(Command::new("nbdinfo").args(["--json", &u]))).expect("json");
+    let x = &info["exports"][0];
+    assert_eq!(x["export-size"], 64 << 20, "{info:#}");
+    assert_eq!(x["can_multi_conn"], true);
+    assert!(x["contexts"].as_array().is_some_and(|c| c.iter().any(|c| c == "base:allocation")), "{info:#}");
+    let list = ok(Command::new("nbdinfo").args(["--list", &uri(&d, "")]));
+    assert!(list.contains("export=\"vm/disk.raw\""), "{list}");
+    // Every command and flag, and refused requests.
+    let out = ok(Command::new("/usr/bin/python3").arg("tests/nbd/commands.py").arg(&u));
+    assert!(out.trim_end().ends_with("ok"), "{out}");
+    // nbdcopy in and out, qemu-img compare.
+    let data = real_data(48 << 20);
+    let mut raw = data.clone();
+    raw.resize(64 << 20, 0);
+    fs::write(d.p("in.raw"), &raw).expect("write");
+    ok(Command::new("nbdcopy").args([&d.s("in.raw"), &u]));
+    ok(Command::new("nbdcopy").args([&u, &d.s("out.raw")]));
+    assert!(fs::read(d.p("out.raw")).expect("read") == raw, "nbdcopy out gives what went in");
+    ok(Command::new("qemu-img").args(["compare", "-f", "raw", "-F", "raw", &d.s("in.raw"), &u]));
+    let map = ok(Command::new("nbdinfo").args(["--map", &u]));
+    assert!(map.contains("hole,zero") && map.contains("data"), "the zero tail is a hole: {map}");
+    // fio's nbd engine, 4 jobs, verified.
+    ok(Command::new("fio").args([
+        "--name=v",
+        "--ioengine=nbd",
+        &format!("--uri={u}"),
+        "--rw=randwrite",
+        "--bs=4k",
+        "--numjobs=4",
+        "--iodepth=8",
+        "--size=8M",
+        "--offset_increment=8M",
+        "--verify=crc32c",
+        "--verify_fatal=1",
+        "--group_reporting",
+        "--verify_state_save=0",
+    ]));
+    drop(server);
+    let fsck = ok(Command::new(ZLOGFS).args(["fsck", &d.s("img")]));
+    assert!(fsck.contains("clean"), "{fsck}");
+    // The volume is a file of the image, with what fio left in it.
+    let stat = ok(Command::new(ZLOGFS).args(["stat", &d.s("img"), "/vm/disk.raw", "--json"]));
+    assert!(stat.contains("67108864"), "{stat}");
+}
+
+/// Bytes no client sends: the server says so or hangs up, and serves the
+/// next client.
+#[test]
+fn malformed_negotiation_is_refused_and_the_server_goes_on() {
+    if !clients() {
+        return;
+    }
+    let d = Dir::new("malformed");
+    ok(Command::new(ZLOGFS).args(["mkfs", &d.s("img"), "--size", "64M"]));
+    let server = serve(&d, &["--create", "disk:1M"]);
+    let talk = |bytes: &[u8]| -> Vec<u8> {
+        let mut s = UnixStream::connect(d.p("sock")).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        let mut hello = [0u8; 18];
+        s.read_exact(&mut hello).expect("hello");
+        assert_eq!(&hello[..8], b"NBDMAGIC");
+        s.write_all(bytes).expect("send");
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        out
+    };
+    // Not fixed newstyle: hung up on.
+    assert!(talk(&[0, 0, 0, 0]).is_empty());
+    // A bad option magic: hung up on.
+    let mut bad = 3u32.to_be_bytes().to_vec();
+    bad.extend_from_slice(&[0xee; 16]);
+    assert!(talk(&bad).is_empty());
+    // An unknown option: ERR_UNSUP, then ABORT is acknowledged.
+    let mut v = 3u32.to_be_bytes().to_vec();
+    for (opt, data) in [(77u32, &b"xyz"[..]), (2, &b""[..])] {
+        v.extend_from_slice(b"IHAVEOPT");
+        v.extend_from_slice(&opt.to_be_bytes());
+        v.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        v.extend_from_slice(data);
+    }
+    let out = talk(&v);
+    assert!(out.len() >= 40, "{out:?}");
+    assert_eq!(u32::from_be_bytes(out[12..16].try_into().expect("4")), (1 << 31) + 1, "ERR_UNSUP");
+    let info = ok(Command::new("nbdinfo").arg(uri(&d, "disk")));
+    assert!(info.contains("export-size: 1048576"), "{info}");
+    // An export that does not exist: a clear refusal.
+    let o = Command::new("nbdinfo").arg(uri(&d, "nope")).output().expect("nbdinfo");
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("nope") && err.contains("No such file"), "{err}");
+    drop(server);
+}
+
+/// A mounted image serves its files over NBD from its daemon: a volume
+/// written through NBD reads the same through the mount.
+#[test]
+fn a_mount_serves_its_files_over_nbd() {
+    if !clients() || !Path::new("/dev/fuse").exists() {
+        return;
+    }
+    let d = Dir::new("mount");
+    ok(Command::new(ZLOGFS).args(["mkfs", &d.s("img"), "--size", "256M"]));
+    fs::create_dir_all(d.p("mnt")).expect("mkdir");
+    let mut child = Command::new(ZLOGFS)
+        .args(["mount", "-f", &d.s("img"), &d.s("mnt"), "-o", &format!("nbd={}", d.s("sock"))])
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("mount");
+    wait_for("the NBD socket", || UnixStream::connect(d.p("sock")).is_ok());
+    let vol = fs::File::create(d.p("mnt/vol")).expect("create");
+    vol.set_len(16 << 20).expect("size");
+    vol.sync_all().expect("fsync");
+    drop(vol);
+    let data = real_data(16 << 20);
+    fs::write(d.p("in.raw"), &data).expect("write");
+    ok(Command::new("nbdcopy").args([&d.s("in.raw"), &uri(&d, "vol")]));
+    assert!(fs::read(d.p("mnt/vol")).expect("read through the mount") == data);
+    ok(Command::new("fusermount3").args(["-u", &d.s("mnt")]));
+    assert!(child.wait().expect("wait").success());
+    assert!(!d.p("sock").exists(), "the socket goes with the mount");
+}
