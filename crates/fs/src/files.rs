@@ -283,20 +283,25 @@ impl Fs {
             Error::file_too_big(format!("fallocate of {len} bytes at {off} passes the largest file size"))
         })?;
         let keep = mode & FALLOC_FL_KEEP_SIZE != 0;
-        match mode & !FALLOC_FL_KEEP_SIZE {
-            0 => st.reserve(&mut i, off, end)?,
+        let r = match mode & !FALLOC_FL_KEEP_SIZE {
+            0 => st.reserve(&mut i, off, end),
             FALLOC_FL_PUNCH_HOLE if keep => {
-                st.zero_range(&mut i, off, len)?;
-                st.unreserve_past_size(&mut i, off, end)?;
+                st.zero_range(&mut i, off, len).and_then(|()| st.unreserve_past_size(&mut i, off, end))
             }
             // Zeroed, and then reserved as mode 0 would: on a full file
             // system the range may be zeroed and ENOSPC answered, as ext4
             // may.
             FALLOC_FL_ZERO_RANGE => {
-                st.zero_range(&mut i, off, len)?;
-                st.reserve(&mut i, off, end)?;
+                st.zero_range(&mut i, off, len).and_then(|()| st.reserve(&mut i, off, end))
             }
             _ => return Err(Error::not_supported(format!("fallocate mode {mode:#x} is not supported"))),
+        };
+        if let Err(e) = r {
+            // What was done before the failure (chunks made holes, their
+            // counts in `i`) stays done: the inode goes with it.
+            st.save(&i);
+            st.debug_check_file(&i);
+            return Err(e);
         }
         if !keep && end > i.size {
             i.size = end;

@@ -79,13 +79,16 @@ impl State {
 
     /// Make chunk `idx` a hole: drop its buffer and its stored extent. A
     /// buffered chunk is counted in `alloc` at its buffer's length only.
+    /// What can fail (reading the stored extent, releasing it) comes
+    /// before the buffer is dropped, so that a failure leaves the chunk
+    /// and its count as they were.
     fn punch_chunk(&mut self, i: &mut Inode, idx: u64) -> Result<()> {
-        let buffered = self.drop_dirty(i.ino, idx);
         let stored = self.stored_extent(i.ino, idx)?;
         if let Some(e) = &stored {
             self.release(i.ino, idx, e)?;
             self.del(extent_key(i.ino, idx));
         }
+        let buffered = self.drop_dirty(i.ino, idx);
         let counted = match (buffered, stored) {
             (Some(n), _) => n as u64,
             (None, Some(e)) => e.len(),
