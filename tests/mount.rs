@@ -1437,3 +1437,72 @@ fn scrub_finds_damage_behind_the_daemons_back_and_the_mount_serves_on() {
     unmount(&d);
     child.wait().expect("wait");
 }
+
+/// A real file system on a volume: ext4 made on a loop device over a
+/// file of the mount, a tree copied in, e2fsck clean after unmount, and
+/// fstrim gives the space back (TRIM reaches zlogfs as a punched hole).
+#[test]
+fn ext4_on_a_volume_checks_clean_and_trims() {
+    if !usable() {
+        return;
+    }
+    let tools = ["mkfs.ext4", "e2fsck", "losetup", "fstrim"];
+    if let Some(t) =
+        tools.iter().find(|t| Command::new("which").arg(t).output().map_or(true, |o| !o.status.success()))
+    {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "{t} is missing under CI");
+        eprintln!("skipping: {t} is missing");
+        return;
+    }
+    let d = Dir::new("ext4vol");
+    mkfs(&d, "512M");
+    let mut child = mount_fg(&d, "");
+    let vol = d.mnt().join("vol.raw");
+    fs::File::create(&vol).expect("create").set_len(256 << 20).expect("size");
+    let out = Command::new("losetup").args(["-f", "--show"]).arg(&vol).output().expect("losetup");
+    if !out.status.success() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "losetup: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!("skipping: no loop device: {}", String::from_utf8_lossy(&out.stderr));
+        unmount(&d);
+        child.wait().expect("wait");
+        return;
+    }
+    let loopdev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    struct Loop(String);
+    impl Drop for Loop {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+            let _ = Command::new("losetup").args(["-d", &self.0]).status();
+        }
+    }
+    let lo = Loop(loopdev.clone());
+    run_ok(Command::new("mkfs.ext4").args(["-q", "-F", &loopdev]));
+    let inner = d.0.join("inner");
+    fs::create_dir_all(&inner).expect("mkdir");
+    run_ok(Command::new("mount").arg(&loopdev).arg(&inner));
+    run_ok(Command::new("cp").args(["-a", "/usr/include/linux"]).arg(&inner));
+    let phys = |p: &Path| -> u64 {
+        let v = xattr::get(p, "user.zlogfs.physical").expect("get").expect("present");
+        String::from_utf8_lossy(&v).trim_start_matches('~').parse().expect("a number")
+    };
+    run_ok(Command::new("sync").arg("-f").arg(&inner));
+    run_ok(Command::new("diff").args(["-r", "/usr/include/linux"]).arg(inner.join("linux")));
+    run_ok(Command::new("rm").arg("-rf").arg(inner.join("linux")));
+    run_ok(Command::new("sync").arg("-f").arg(&inner));
+    fs::File::open(&vol).expect("open").sync_all().expect("fsync");
+    let before = phys(&vol);
+    run_ok(Command::new("fstrim").arg(&inner));
+    run_ok(Command::new("umount").arg(&inner));
+    fs::File::open(&vol).expect("open").sync_all().expect("fsync");
+    let after = phys(&vol);
+    assert!(after < before, "fstrim gave space back: {before} -> {after} stored bytes");
+    run_ok(Command::new("e2fsck").args(["-fn", &loopdev]));
+    drop(lo);
+    unmount(&d);
+    child.wait().expect("wait");
+    fsck_clean(&d);
+}

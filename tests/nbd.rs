@@ -282,3 +282,51 @@ fn a_mount_serves_its_files_over_nbd() {
     assert!(child.wait().expect("wait").success());
     assert!(!d.p("sock").exists(), "the socket goes with the mount");
 }
+
+/// kill -9 of the server while a client writes: every write covered by
+/// an acknowledged FLUSH or FUA is there after a restart, and the image
+/// is clean.
+#[test]
+fn flushed_writes_survive_a_kill_of_the_server() {
+    use std::io::BufRead;
+    if !clients() {
+        return;
+    }
+    let d = Dir::new("kill");
+    ok(Command::new(ZLOGFS).args(["mkfs", &d.s("img"), "--size", "256M"]));
+    let mut server = serve(&d, &["--create", "vol:16M"]);
+    let u = uri(&d, "vol");
+    let seed =
+        std::env::var("ZLOGFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random::<u32>);
+    eprintln!("seed {seed} (ZLOGFS_SEED={seed} to replay)");
+    let mut writer = Command::new("/usr/bin/python3")
+        .args(["tests/nbd/crash.py", "write", &u, &seed.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("writer");
+    let mut flushed = 0u64;
+    let lines = std::io::BufReader::new(writer.stdout.take().expect("stdout")).lines();
+    for l in lines {
+        let l = l.expect("line");
+        flushed = l.trim_start_matches("flushed ").parse().expect("a count");
+        if flushed >= 600 {
+            break;
+        }
+    }
+    let mut child = server.0.take().expect("server");
+    child.kill().expect("kill -9");
+    child.wait().expect("wait");
+    let _ = writer.wait();
+    let fsck = ok(Command::new(ZLOGFS).args(["fsck", &d.s("img")]));
+    assert!(fsck.contains("clean"), "{fsck}");
+    let _server = serve(&d, &[]);
+    let out = ok(Command::new("/usr/bin/python3").args([
+        "tests/nbd/crash.py",
+        "verify",
+        &u,
+        &seed.to_string(),
+        &flushed.to_string(),
+    ]));
+    assert!(out.starts_with("ok"), "{out}");
+}
