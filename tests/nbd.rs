@@ -215,6 +215,8 @@ fn malformed_negotiation_is_refused_and_the_server_goes_on() {
     let d = Dir::new("malformed");
     ok(Command::new(ZLOGFS).args(["mkfs", &d.s("img"), "--size", "64M"]));
     let server = serve(&d, &["--create", "disk:1M"]);
+    let mode = std::os::unix::fs::MetadataExt::mode(&fs::metadata(d.p("sock")).expect("socket"));
+    assert_eq!(mode & 0o777, 0o600, "only the server's user reaches the volumes");
     let talk = |bytes: &[u8]| -> Vec<u8> {
         let mut s = UnixStream::connect(d.p("sock")).expect("connect");
         s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");

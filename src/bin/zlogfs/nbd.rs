@@ -88,7 +88,9 @@ impl Server {
     }
 }
 
-/// A Unix socket at `p`; one left by a server that died is replaced.
+/// A Unix socket at `p`, mode 0600 (the volumes are the server's user's:
+/// chmod the socket to share them); one left by a server that died is
+/// replaced.
 fn bind_unix(p: &Path) -> Result<UnixListener, String> {
     if p.exists() {
         if UnixStream::connect(p).is_ok() {
@@ -96,7 +98,10 @@ fn bind_unix(p: &Path) -> Result<UnixListener, String> {
         }
         std::fs::remove_file(p).map_err(|e| format!("removing the stale socket {}: {e}", p.display()))?;
     }
-    UnixListener::bind(p).map_err(|e| format!("cannot listen on {}: {e}", p.display()))
+    let l = UnixListener::bind(p).map_err(|e| format!("cannot listen on {}: {e}", p.display()))?;
+    std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .map_err(|e| format!("making {} private: {e}", p.display()))?;
+    Ok(l)
 }
 
 fn accept_loop(

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# The compressed block device (issue 27) beside what a user would pick
+# instead, in one run, each export on a Unix socket and driven by fio's
+# nbd engine: zlogfs (`zlogfs nbd`), `nbdkit file` on a raw image on ext4
+# (no compression), and `nbdkit file` on a raw image on btrfs with
+# compress=zstd:1 (a compressed VM disk today).
+#
+#   bash bench/nbd.sh
+#
+# For each: a volume of SIZE (default 1 GiB) written sequentially with
+# fio (1 MiB blocks, buffer_compress_percentage=50), then 4 KiB random
+# reads and writes at queue depth 1 and 32 (RUNTIME seconds each, default
+# 15), then 1 MiB sequential reads; and the space used after storing, in
+# a fresh volume, an ext4 image holding the linux-source tree (nbdcopy).
+# Each host file system lives on its own loop device over a sparse file
+# in /var/tmp, as zlogfs's image does. Prints a Markdown table with the
+# ratios to `nbdkit file` on btrfs zstd:1, and writes it to
+# bench/results/nbd-DATE.md (or OUT). Needs root; installs nbdkit,
+# libnbd-bin, fio and btrfs-progs when missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bench/lib.sh
+need_tools nbdkit:nbdkit nbdcopy:libnbd-bin fio:fio mkfs.btrfs:btrfs-progs
+size=${SIZE:-1G}
+runtime=${RUNTIME:-15}
+cargo build --release -q
+z=$PWD/target/release/zlogfs
+tree=$(linux_tree /var/tmp/zlogfs-bench)
+work=$(mktemp -d /var/tmp/zlogfs-nbdbench.XXXXXX)
+mkdir -p "$work/host" "$work/ext4tree"
+loop=""
+server=""
+cleanup() {
+    [ -n "$server" ] && kill "$server" 2>/dev/null && wait "$server" 2>/dev/null
+    mountpoint -q "$work/ext4tree" && umount "$work/ext4tree"
+    mountpoint -q "$work/host" && umount "$work/host"
+    [ -n "$loop" ] && losetup -d "$loop" 2>/dev/null
+    rm -rf "$work"
+}
+trap cleanup EXIT
+sock=$work/sock
+
+# The ext4 image holding the tree, made once.
+truncate -s 3G "$work/tree.ext4"
+mkfs.ext4 -q -F "$work/tree.ext4"
+mount -o loop "$work/tree.ext4" "$work/ext4tree"
+cp -a "$tree" "$work/ext4tree/"
+umount "$work/ext4tree"
+logical=$(du -sb "$tree" | cut -f1)
+
+# start SYS VOLSIZE: an export called "vol" of VOLSIZE on $sock.
+start() {
+    rm -f "$sock"
+    case $1 in
+    zlogfs)
+        truncate -s 16G "$work/z.img"
+        "$z" mkfs "$work/z.img" --size 16G --force >/dev/null 2>&1
+        "$z" nbd "$work/z.img" --socket "$sock" --create "vol:$2" 2>/dev/null &
+        ;;
+    ext4 | btrfs)
+        truncate -s 16G "$work/host.img"
+        loop=$(losetup -f --show "$work/host.img")
+        if [ "$1" = ext4 ]; then
+            mkfs.ext4 -q -F "$loop"
+            mount "$loop" "$work/host"
+        else
+            mkfs.btrfs -q -f "$loop" >/dev/null
+            mount -o compress=zstd:1 "$loop" "$work/host"
+        fi
+        truncate -s "$2" "$work/host/vol"
+        nbdkit -f -U "$sock" --exportname vol file "$work/host/vol" &
+        ;;
+    esac
+    server=$!
+    for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+}
+stop() {
+    kill "$server"
+    wait "$server" || true
+    server=""
+    mountpoint -q "$work/host" && umount "$work/host"
+    [ -n "$loop" ] && losetup -d "$loop"
+    loop=""
+    rm -f "$work/z.img" "$work/host.img"
+}
+# used SYS: bytes the host stores for the volume.
+used() {
+    case $1 in
+    zlogfs) "$z" stats "$work/z.img" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["live_bytes"])' ;;
+    ext4) sync -f "$work/host/vol"; df -B1 --output=used "$work/host" | tail -n 1 ;;
+    btrfs)
+        sync -f "$work/host/vol"
+        btrfs filesystem df -b "$work/host" | awk -F'used=' '/^(Data|Metadata|System)/ {split($2, a, " "); s += a[1]} END {print s}'
+        ;;
+    esac
+}
+fio_nbd() { # fio args...: the JSON of one job
+    fio --name=b --ioengine=nbd --uri="nbd+unix:///vol?socket=$sock" --output-format=json \
+        --buffer_compress_percentage=50 --refill_buffers "$@"
+}
+iops() { python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; print("%.0f" % (j["read"]["iops"] + j["write"]["iops"]))'; }
+mbps() { python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; print("%.1f" % ((j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 1048576))'; }
+
+declare -A R
+systems=(zlogfs ext4 btrfs)
+for sys in "${systems[@]}"; do
+    echo "== $sys" >&2
+    # Space: the ext4 image with the tree, in a fresh volume.
+    start $sys 3G
+    nbdcopy "$work/tree.ext4" "nbd+unix:///vol?socket=$sock"
+    stop_used=$(used $sys)
+    R[$sys,space]=$stop_used
+    stop
+    # Speed.
+    start $sys "$size"
+    R[$sys,seqw]=$(fio_nbd --rw=write --bs=1M --size="$size" --iodepth=8 | mbps)
+    R[$sys,rr1]=$(fio_nbd --rw=randread --bs=4k --size="$size" --iodepth=1 --time_based --runtime="$runtime" | iops)
+    R[$sys,rr32]=$(fio_nbd --rw=randread --bs=4k --size="$size" --iodepth=32 --time_based --runtime="$runtime" | iops)
+    R[$sys,rw1]=$(fio_nbd --rw=randwrite --bs=4k --size="$size" --iodepth=1 --time_based --runtime="$runtime" | iops)
+    R[$sys,rw32]=$(fio_nbd --rw=randwrite --bs=4k --size="$size" --iodepth=32 --time_based --runtime="$runtime" | iops)
+    R[$sys,seqr]=$(fio_nbd --rw=read --bs=1M --size="$size" --iodepth=8 | mbps)
+    stop
+done
+
+out=${OUT:-bench/results/nbd-$(date -u +%F).md}
+row() { # key label
+    local b=${R[btrfs,$1]}
+    printf '| %s | %s | %s | %s | %.2f | %.2f |\n' "$2" "${R[zlogfs,$1]}" "${R[ext4,$1]}" "$b" \
+        "$(python3 -c "print(${R[zlogfs,$1]} / max($b, 1e-9))")" "$(python3 -c "print(${R[ext4,$1]} / max($b, 1e-9))")"
+}
+{
+    echo "Machine: $(nproc) cores, kernel $(uname -r); $(date -u +%Y-%m-%dT%H:%MZ); commit $(git rev-parse --short HEAD)"
+    echo "Command: ${SIZE:+SIZE=$SIZE }${RUNTIME:+RUNTIME=$RUNTIME }bash bench/nbd.sh; volume $size, random tests $runtime s each; fio's nbd engine over a Unix socket; space: an ext4 image holding $(basename "$tree") ($logical bytes of file data) copied in with nbdcopy."
+    echo
+    echo "| measure | zlogfs nbd | nbdkit file on ext4 | nbdkit file on btrfs zstd:1 | zlogfs / btrfs | ext4 / btrfs |"
+    echo "|---|---:|---:|---:|---:|---:|"
+    row space "space used (bytes)"
+    row seqw "1 MiB sequential write (MiB/s)"
+    row seqr "1 MiB sequential read (MiB/s)"
+    row rr1 "4 KiB random read, QD1 (IOPS)"
+    row rr32 "4 KiB random read, QD32 (IOPS)"
+    row rw1 "4 KiB random write, QD1 (IOPS)"
+    row rw32 "4 KiB random write, QD32 (IOPS)"
+} | tee "$out"
+echo "written to $out" >&2
