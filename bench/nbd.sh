@@ -74,10 +74,13 @@ start() {
     server=$!
     for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
 }
-stop() {
+stop_server() {
     kill "$server"
     wait "$server" || true
     server=""
+}
+stop() {
+    [ -n "$server" ] && stop_server
     mountpoint -q "$work/host" && umount "$work/host"
     [ -n "$loop" ] && losetup -d "$loop"
     loop=""
@@ -108,8 +111,10 @@ for sys in "${systems[@]}"; do
     # Space: the ext4 image with the tree, in a fresh volume.
     start $sys 3G
     nbdcopy "$work/tree.ext4" "nbd+unix:///vol?socket=$sock"
-    stop_used=$(used $sys)
-    R[$sys,space]=$stop_used
+    # The image is the server's while it runs: stop it first (its
+    # close syncs and checkpoints), then count.
+    stop_server
+    R[$sys,space]=$(used $sys)
     stop
     # Speed.
     start $sys "$size"

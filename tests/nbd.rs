@@ -253,6 +253,9 @@ fn malformed_negotiation_is_refused_and_the_server_goes_on() {
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("nope") && err.contains("No such file"), "{err}");
+    // A socket file removed behind the server's back (a /tmp cleaner)
+    // does not keep it from stopping on SIGTERM.
+    fs::remove_file(d.p("sock")).expect("remove the socket");
     drop(server);
 }
 

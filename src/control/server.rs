@@ -77,6 +77,7 @@ impl Server {
             std::fs::remove_file(&path)?;
         }
         let listener = UnixListener::bind(&path)?;
+        listener.set_nonblocking(true)?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
@@ -97,10 +98,6 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        // Wake the accepting thread, which then sees the flag.
-        if let Err(e) = UnixStream::connect(&self.path) {
-            tracing::debug!("waking the control socket's thread: {e}");
-        }
         if let Some(t) = self.accept.take() {
             if t.join().is_err() {
                 tracing::error!("the control socket's thread ended in a panic");
@@ -136,11 +133,28 @@ fn private_dir(dir: &Path, owner: u32) -> io::Result<()> {
     Ok(())
 }
 
-fn accept_loop(listener: UnixListener, stop: &AtomicBool, owner: u32, handler: Handler, conns: &Conns) {
-    for conn in listener.incoming() {
+/// How often a listener looks at its stop flag between connections.
+const STOP_POLL: Duration = Duration::from_millis(100);
+
+/// The next connection from a nonblocking listener (`accept`), looking at
+/// `stop` between tries; None once it is set. A listener is stopped this
+/// way rather than by connecting to it, which would hang if its socket
+/// file were removed behind its back.
+pub fn accept_or_stop<T>(accept: impl Fn() -> io::Result<T>, stop: &AtomicBool) -> Option<io::Result<T>> {
+    loop {
         if stop.load(Ordering::Acquire) {
-            return;
+            return None;
         }
+        match accept() {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(STOP_POLL),
+            r => return Some(r),
+        }
+    }
+}
+
+fn accept_loop(listener: UnixListener, stop: &AtomicBool, owner: u32, handler: Handler, conns: &Conns) {
+    let accept = || listener.accept().and_then(|(s, _)| s.set_nonblocking(false).map(|()| s));
+    while let Some(conn) = accept_or_stop(accept, stop) {
         match conn {
             Ok(s) => {
                 let h = Arc::clone(&handler);

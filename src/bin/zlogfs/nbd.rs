@@ -71,16 +71,23 @@ impl Server {
         let conns = Clients::default();
         let (flag, c) = (Arc::clone(&stop), Arc::clone(&conns));
         let accept = match &at {
+            // Nonblocking: the accepting thread looks at `stop` between tries.
             Listen::Unix(p) => {
                 let l = bind_unix(p)?;
+                l.set_nonblocking(true).map_err(|e| format!("{}: {e}", p.display()))?;
                 std::thread::spawn(move || {
-                    accept_loop(|| l.accept().map(|(s, _)| Conn::Unix(s)), &flag, &c, &fs, read_only)
+                    let accept =
+                        || l.accept().and_then(|(s, _)| s.set_nonblocking(false).map(|()| Conn::Unix(s)));
+                    accept_loop(accept, &flag, &c, &fs, read_only)
                 })
             }
             Listen::Tcp(a) => {
                 let l = TcpListener::bind(a).map_err(|e| format!("cannot listen on {a}: {e}"))?;
+                l.set_nonblocking(true).map_err(|e| format!("{a}: {e}"))?;
                 std::thread::spawn(move || {
-                    accept_loop(|| l.accept().map(|(s, _)| Conn::Tcp(s)), &flag, &c, &fs, read_only)
+                    let accept =
+                        || l.accept().and_then(|(s, _)| s.set_nonblocking(false).map(|()| Conn::Tcp(s)));
+                    accept_loop(accept, &flag, &c, &fs, read_only)
                 })
             }
         };
@@ -105,18 +112,14 @@ fn bind_unix(p: &Path) -> Result<UnixListener, String> {
 }
 
 fn accept_loop(
-    accept: impl Fn() -> std::io::Result<Conn>,
+    accept: impl Fn() -> std::io::Result<Conn> + Copy,
     stop: &AtomicBool,
     conns: &Clients,
     fs: &Arc<Fs>,
     ro: bool,
 ) {
     static IDS: AtomicU64 = AtomicU64::new(0);
-    loop {
-        let conn = accept();
-        if stop.load(Ordering::Acquire) {
-            return;
-        }
+    while let Some(conn) = zlogfs::control::accept_or_stop(accept, stop) {
         let conn = match conn {
             Ok(c) => c,
             Err(e) => {
@@ -156,14 +159,6 @@ fn clone_conn(c: &Conn) -> Option<Conn> {
 impl Drop for Server {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        // Wake the accepting thread.
-        let woke = match &self.at {
-            Listen::Unix(p) => UnixStream::connect(p).map(|_| ()),
-            Listen::Tcp(a) => TcpStream::connect(a).map(|_| ()),
-        };
-        if let Err(e) = woke {
-            tracing::debug!("nbd: waking the listener: {e}");
-        }
         if let Some(t) = self.accept.take() {
             let _ = t.join();
         }
@@ -180,7 +175,15 @@ impl Drop for Server {
             let _ = t.join();
         }
         if let Listen::Unix(p) = &self.at {
-            if let Err(e) = std::fs::remove_file(p) {
+            // A socket removed behind the server's back is no error.
+            let r = std::fs::remove_file(p).or_else(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            });
+            if let Err(e) = r {
                 tracing::warn!("nbd: removing the socket {}: {e}", p.display());
             }
         }
