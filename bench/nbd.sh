@@ -8,9 +8,11 @@
 #   bash bench/nbd.sh
 #
 # For each: a volume of SIZE (default 1 GiB) written sequentially with
-# fio (1 MiB blocks, buffer_compress_percentage=50), then 4 KiB random
-# reads and writes at queue depth 1 and 32 (RUNTIME seconds each, default
-# 15), then 1 MiB sequential reads; and the space used after storing, in
+# fio (1 MiB blocks, buffer_compress_percentage=50), read back
+# sequentially, then 4 KiB random reads and writes at queue depth 1 and 32
+# (RUNTIME seconds each, default 15); each read test after the server was
+# restarted and the page cache dropped (cold, for every system); and the
+# space used after storing, in
 # a fresh volume, an ext4 image holding the linux-source tree (nbdcopy).
 # Each host file system lives on its own loop device over a sparse file
 # in /var/tmp, as zlogfs's image does. Prints a Markdown table with the
@@ -74,6 +76,24 @@ start() {
     server=$!
     for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
 }
+# serve SYS: the server of the volume made by start, started again.
+serve() {
+    rm -f "$sock"
+    case $1 in
+    zlogfs) "$z" nbd "$work/z.img" --socket "$sock" 2>/dev/null & ;;
+    *) nbdkit -f -U "$sock" --exportname vol file "$work/host/vol" & ;;
+    esac
+    server=$!
+    for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+}
+# cold SYS: the server restarted and the page cache dropped, so that
+# reads come from the device for every system.
+cold() {
+    stop_server
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+    serve "$1"
+}
 stop_server() {
     kill "$server"
     wait "$server" || true
@@ -101,8 +121,9 @@ fio_nbd() { # fio args...: the JSON of one job
     fio --name=b --ioengine=nbd --uri="nbd+unix:///vol?socket=$sock" --output-format=json \
         --buffer_compress_percentage=50 --refill_buffers "$@"
 }
-iops() { python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; print("%.0f" % (j["read"]["iops"] + j["write"]["iops"]))'; }
-mbps() { python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; print("%.1f" % ((j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 1048576))'; }
+# (fio's nbd engine prints a line before the JSON.)
+iops() { python3 -c 'import json,sys; s=sys.stdin.read(); j=json.loads(s[s.index("{"):])["jobs"][0]; print("%.0f" % (j["read"]["iops"] + j["write"]["iops"]))'; }
+mbps() { python3 -c 'import json,sys; s=sys.stdin.read(); j=json.loads(s[s.index("{"):])["jobs"][0]; print("%.1f" % ((j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 1048576))'; }
 
 declare -A R
 systems=(zlogfs ext4 btrfs)
@@ -119,11 +140,14 @@ for sys in "${systems[@]}"; do
     # Speed.
     start $sys "$size"
     R[$sys,seqw]=$(fio_nbd --rw=write --bs=1M --size="$size" --iodepth=8 | mbps)
+    cold $sys
+    R[$sys,seqr]=$(fio_nbd --rw=read --bs=1M --size="$size" --iodepth=8 | mbps)
+    cold $sys
     R[$sys,rr1]=$(fio_nbd --rw=randread --bs=4k --size="$size" --iodepth=1 --time_based --runtime="$runtime" | iops)
+    cold $sys
     R[$sys,rr32]=$(fio_nbd --rw=randread --bs=4k --size="$size" --iodepth=32 --time_based --runtime="$runtime" | iops)
     R[$sys,rw1]=$(fio_nbd --rw=randwrite --bs=4k --size="$size" --iodepth=1 --time_based --runtime="$runtime" | iops)
     R[$sys,rw32]=$(fio_nbd --rw=randwrite --bs=4k --size="$size" --iodepth=32 --time_based --runtime="$runtime" | iops)
-    R[$sys,seqr]=$(fio_nbd --rw=read --bs=1M --size="$size" --iodepth=8 | mbps)
     stop
 done
 
