@@ -12,7 +12,8 @@ use crate::metrics::{global, HistogramSnapshot, Snapshot};
 /// Percentiles reported, as (label, fraction).
 pub const PERCENTILES: [(&str, f64); 4] = [("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999)];
 
-fn histogram(h: &HistogramSnapshot) -> Value {
+/// A histogram's figures: count, total, mean, percentiles (ns), bytes.
+pub fn summary(h: &HistogramSnapshot) -> Map<String, Value> {
     let mut m = Map::new();
     m.insert("count".into(), h.count.into());
     m.insert("total_ns".into(), h.sum_ns.into());
@@ -21,6 +22,13 @@ fn histogram(h: &HistogramSnapshot) -> Value {
         m.insert(format!("{label}_ns"), h.quantile(q).into());
     }
     m.insert("bytes".into(), h.bytes.into());
+    m
+}
+
+/// [`summary`] and the cumulative buckets, from which a client works out
+/// an interval's figures.
+fn histogram(h: &HistogramSnapshot) -> Value {
+    let mut m = summary(h);
     let cum: Vec<Value> = h.cumulative().into_iter().map(|(le, n)| json!([le, n])).collect();
     m.insert("buckets".into(), cum.into());
     Value::Object(m)

@@ -174,13 +174,23 @@ impl Fs {
     }
 }
 
-/// A path of each of `inos`, from a scan of every directory ("inode N"
-/// for one without a name).
-pub(crate) fn paths_of(st: &State, inos: &[Ino]) -> Result<HashMap<Ino, String>> {
-    let mut c = Checker::new(st);
-    c.inodes()?;
-    c.dirents()?;
-    Ok(inos.iter().map(|&i| (i, path_of(&c.names, i))).collect())
+/// A name of every inode, from a scan of every directory, to say which
+/// files something concerns.
+pub(crate) struct Names(HashMap<Ino, (Ino, Vec<u8>)>);
+
+impl Names {
+    /// Scan the tree.
+    pub(crate) fn scan(st: &State) -> Result<Names> {
+        let mut c = Checker::new(st);
+        c.inodes()?;
+        c.dirents()?;
+        Ok(Names(c.names))
+    }
+
+    /// A path of `ino` ("inode N" when it had no name).
+    pub(crate) fn path(&self, ino: Ino) -> String {
+        path_of(&self.0, ino)
+    }
 }
 
 impl<'a> Checker<'a> {
@@ -610,21 +620,9 @@ impl Fs {
     pub fn du(&self, ino: Ino) -> Result<TreeUsage> {
         let st = self.st();
         let mut u = TreeUsage::default();
-        let mut seen = HashSet::new();
-        let mut stack = vec![ino];
-        while let Some(i) = stack.pop() {
-            if !seen.insert(i) {
-                continue;
-            }
-            let node = st.inode(i)?;
+        st.walk(ino, &mut |node| {
             match node.kind() {
-                Kind::Dir => {
-                    u.dirs += 1;
-                    let (lo, hi) = dirents_range(i);
-                    for (_, v) in st.scan(&lo, &hi, usize::MAX)? {
-                        stack.push(decode_dirent(&v)?.0);
-                    }
-                }
+                Kind::Dir => u.dirs += 1,
                 k => {
                     if k == Kind::File {
                         u.files += 1;
@@ -633,10 +631,11 @@ impl Fs {
                         u.others += 1;
                     }
                     u.allocated += node.alloc;
-                    u.physical += st.physical(i)?;
+                    u.physical += st.physical(node.ino)?;
                 }
             }
-        }
+            Ok(())
+        })?;
         Ok(u)
     }
 
@@ -713,23 +712,35 @@ impl State {
     /// and of each file's chunk records, as `du` does.
     pub(crate) fn subtree_physical(&self, ino: Ino) -> Result<(u64, bool)> {
         let (mut total, mut estimated) = (0, false);
+        self.walk(ino, &mut |node| {
+            if node.kind() != Kind::Dir {
+                let (n, e) = self.physical_now(node.ino)?;
+                total += n;
+                estimated |= e;
+            }
+            Ok(())
+        })?;
+        Ok((total, estimated))
+    }
+
+    /// Call `f` on every inode of the subtree at `ino` (itself included),
+    /// each once (hard links and all).
+    fn walk(&self, ino: Ino, f: &mut dyn FnMut(&Inode) -> Result<()>) -> Result<()> {
         let mut seen = HashSet::new();
         let mut stack = vec![ino];
         while let Some(i) = stack.pop() {
             if !seen.insert(i) {
                 continue;
             }
-            if self.inode(i)?.kind() == Kind::Dir {
+            let node = self.inode(i)?;
+            if node.kind() == Kind::Dir {
                 let (lo, hi) = dirents_range(i);
                 for (_, v) in self.scan(&lo, &hi, usize::MAX)? {
                     stack.push(decode_dirent(&v)?.0);
                 }
-            } else {
-                let (n, e) = self.physical_now(i)?;
-                total += n;
-                estimated |= e;
             }
+            f(&node)?;
         }
-        Ok((total, estimated))
+        Ok(())
     }
 }

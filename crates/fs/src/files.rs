@@ -296,27 +296,24 @@ impl Fs {
             }
             _ => return Err(Error::not_supported(format!("fallocate mode {mode:#x} is not supported"))),
         };
-        if let Err(e) = r {
-            // What was done before the failure (chunks made holes, their
-            // counts in `i`) stays done: the inode goes with it.
-            st.save(&i);
-            st.debug_check_file(&i);
-            return Err(e);
+        if r.is_ok() {
+            if !keep && end > i.size {
+                i.size = end;
+            }
+            let t = now();
+            if mode != 0 && mode != FALLOC_FL_KEEP_SIZE {
+                i.mtime = t;
+            }
+            i.ctime = t;
+            if let Some(c) = by {
+                i.mode &= !c.cleared_by_write(i.mode, i.gid);
+            }
         }
-        if !keep && end > i.size {
-            i.size = end;
-        }
-        let t = now();
-        if mode != 0 && mode != FALLOC_FL_KEEP_SIZE {
-            i.mtime = t;
-        }
-        i.ctime = t;
-        if let Some(c) = by {
-            i.mode &= !c.cleared_by_write(i.mode, i.gid);
-        }
+        // After a failure too: what was done before it (chunks made
+        // holes, their counts in `i`) stays done, and the inode with it.
         st.save(&i);
         st.debug_check_file(&i);
-        Ok(())
+        r
     }
 
     /// Copy `len` bytes between files (through memory: no shared blocks).

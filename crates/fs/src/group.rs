@@ -197,13 +197,20 @@ impl Group {
     /// counters record, as a change of its own (at close, so that the
     /// last group's bytes are recorded too); whether there were any.
     pub(crate) fn count_device_bytes(&mut self, dev_written: u64) -> bool {
-        if dev_written <= self.dev_seen {
-            return false;
+        let any = self.take_device_bytes(dev_written);
+        if any {
+            self.put(counters_key(), self.counters.encode());
         }
-        self.counters.device_bytes += dev_written - self.dev_seen;
-        self.dev_seen = dev_written;
-        self.put(counters_key(), self.counters.encode());
-        true
+        any
+    }
+
+    /// Add the device bytes written since the last count to the counters;
+    /// whether there were any.
+    fn take_device_bytes(&mut self, dev_written: u64) -> bool {
+        let new = dev_written.saturating_sub(self.dev_seen);
+        self.counters.device_bytes += new;
+        self.dev_seen = self.dev_seen.max(dev_written);
+        new > 0
     }
 
     pub(crate) fn counters_mut(&mut self) -> &mut Counters {
@@ -232,8 +239,7 @@ impl Group {
         if self.pend.is_empty() {
             return None;
         }
-        self.counters.device_bytes += dev_written.saturating_sub(self.dev_seen);
-        self.dev_seen = dev_written;
+        self.take_device_bytes(dev_written);
         if self.counters != self.saved {
             self.put(counters_key(), self.counters.encode());
         }

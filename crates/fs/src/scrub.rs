@@ -7,12 +7,12 @@
 //! it is not damage: the cleaner or a writer got there first). The
 //! index's own blocks are verified last.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use zlogfs_engine::BlockAddr;
 
-use crate::check::paths_of;
+use crate::check::Names;
 use crate::data::extent_blocks;
 use crate::error::Result;
 use crate::keys::{all_extents_range, parse_extent_key, Extent, Ino};
@@ -50,6 +50,8 @@ impl Fs {
     pub fn scrub(&self, opts: &ScrubOptions, progress: &dyn Fn(&ScrubReport)) -> Result<ScrubReport> {
         let mut rep = ScrubReport { total: self.eng.stats().live_bytes, ..ScrubReport::default() };
         let start = Instant::now();
+        // The tree's names, scanned at the first damage only.
+        let mut names = None;
         let (mut lo, hi) = all_extents_range();
         loop {
             let page = self.scrub_page(&lo, &hi)?;
@@ -57,7 +59,7 @@ impl Fs {
                 self.pace(opts, &rep, start);
                 match self.eng.read_block(*a) {
                     Ok(_) => {}
-                    Err(e) => self.damaged(*a, users, &e.to_string(), &mut rep)?,
+                    Err(e) => self.damaged(*a, users, &e.to_string(), &mut names, &mut rep)?,
                 }
                 rep.blocks += 1;
                 rep.bytes += u64::from(a.len);
@@ -106,8 +108,16 @@ impl Fs {
     }
 
     /// Block `a` failed with `why`: damage if a chunk of `users` still
-    /// reads it, with those chunks' files and bytes.
-    fn damaged(&self, a: BlockAddr, users: &[(Ino, u64)], why: &str, rep: &mut ScrubReport) -> Result<()> {
+    /// reads it, with those chunks' files and bytes (`names`: scanned
+    /// once, at the first damage).
+    fn damaged(
+        &self,
+        a: BlockAddr,
+        users: &[(Ino, u64)],
+        why: &str,
+        names: &mut Option<Names>,
+        rep: &mut ScrubReport,
+    ) -> Result<()> {
         let st = self.st();
         let mut still = Vec::new();
         let mut out = Vec::new();
@@ -124,11 +134,15 @@ impl Fs {
             rep.moved += 1;
             return Ok(());
         }
-        let inos: Vec<Ino> = still.iter().map(|u| u.0).collect::<HashSet<_>>().into_iter().collect();
-        let paths = paths_of(&st, &inos)?;
+        let names = match names {
+            Some(n) => n,
+            None => names.insert(Names::scan(&st)?),
+        };
         let cs = st.cs();
-        let files: Vec<String> =
-            still.iter().map(|(i, c)| format!("{} (bytes {}..{})", paths[i], c * cs, (c + 1) * cs)).collect();
+        let files: Vec<String> = still
+            .iter()
+            .map(|&(i, c)| format!("{} (bytes {}..{})", names.path(i), c * cs, (c + 1) * cs))
+            .collect();
         // `why` names the block.
         let d = format!("{why}; it holds data of {}", files.join(", "));
         tracing::error!("scrub: {d}");

@@ -437,15 +437,8 @@ fn interval_view(before: &Value, now: &Value, secs: f64) -> Value {
     let secs = secs.max(1e-9);
     let one = |b: &Value, n: &Value| {
         let h = tools::metrics::histogram_from_json(n).minus(&tools::metrics::histogram_from_json(b));
-        let mut m = Map::new();
-        m.insert("count".into(), h.count.into());
+        let mut m = tools::metrics::summary(&h);
         m.insert("per_s".into(), (h.count as f64 / secs).into());
-        m.insert("total_ns".into(), h.sum_ns.into());
-        m.insert("mean_ns".into(), h.mean_ns().into());
-        for (label, q) in tools::metrics::PERCENTILES {
-            m.insert(format!("{label}_ns"), h.quantile(q).into());
-        }
-        m.insert("bytes".into(), h.bytes.into());
         Value::Object(m)
     };
     let group = |k: &str| -> Map<String, Value> {
