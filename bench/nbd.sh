@@ -19,6 +19,10 @@
 # ratios to `nbdkit file` on btrfs zstd:1, and writes it to
 # bench/results/nbd-DATE.md (or OUT). Needs root; installs nbdkit,
 # libnbd-bin, fio and btrfs-progs when missing.
+#
+# SYSTEMS picks the columns (default "zlogfs ext4 btrfs"); zlogfs:SIZE is
+# zlogfs with volumes of SIZE chunks (`--chunk-size`), e.g.
+#   SYSTEMS="zlogfs:4K zlogfs:16K zlogfs:64K btrfs" bash bench/nbd.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -50,73 +54,8 @@ cp -a "$tree" "$work/ext4tree/"
 umount "$work/ext4tree"
 logical=$(du -sb "$tree" | cut -f1)
 
-# start SYS VOLSIZE: an export called "vol" of VOLSIZE on $sock.
-start() {
-    rm -f "$sock"
-    case $1 in
-    zlogfs)
-        truncate -s 16G "$work/z.img"
-        "$z" mkfs "$work/z.img" --size 16G --force >/dev/null 2>&1
-        "$z" nbd "$work/z.img" --socket "$sock" --create "vol:$2" 2>/dev/null &
-        ;;
-    ext4 | btrfs)
-        truncate -s 16G "$work/host.img"
-        loop=$(losetup -f --show "$work/host.img")
-        if [ "$1" = ext4 ]; then
-            mkfs.ext4 -q -F "$loop"
-            mount "$loop" "$work/host"
-        else
-            mkfs.btrfs -q -f "$loop" >/dev/null
-            mount -o compress=zstd:1 "$loop" "$work/host"
-        fi
-        truncate -s "$2" "$work/host/vol"
-        nbdkit -f -U "$sock" --exportname vol file "$work/host/vol" &
-        ;;
-    esac
-    server=$!
-    for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
-}
-# serve SYS: the server of the volume made by start, started again.
-serve() {
-    rm -f "$sock"
-    case $1 in
-    zlogfs) "$z" nbd "$work/z.img" --socket "$sock" 2>/dev/null & ;;
-    *) nbdkit -f -U "$sock" --exportname vol file "$work/host/vol" & ;;
-    esac
-    server=$!
-    for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
-}
-# cold SYS: the server restarted and the page cache dropped, so that
-# reads come from the device for every system.
-cold() {
-    stop_server
-    sync
-    echo 3 >/proc/sys/vm/drop_caches
-    serve "$1"
-}
-stop_server() {
-    kill "$server"
-    wait "$server" || true
-    server=""
-}
-stop() {
-    [ -n "$server" ] && stop_server
-    mountpoint -q "$work/host" && umount "$work/host"
-    [ -n "$loop" ] && losetup -d "$loop"
-    loop=""
-    rm -f "$work/z.img" "$work/host.img"
-}
-# used SYS: bytes the host stores for the volume.
-used() {
-    case $1 in
-    zlogfs) "$z" stats "$work/z.img" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["live_bytes"])' ;;
-    ext4) sync -f "$work/host/vol"; df -B1 --output=used "$work/host" | tail -n 1 ;;
-    btrfs)
-        sync -f "$work/host/vol"
-        btrfs filesystem df -b "$work/host" | awk -F'used=' '/^(Data|Metadata|System)/ {split($2, a, " "); s += a[1]} END {print s}'
-        ;;
-    esac
-}
+. bench/nbd-lib.sh
+
 fio_nbd() { # fio args...: the JSON of one job
     fio --name=b --ioengine=nbd --uri="nbd+unix:///vol?socket=$sock" --output-format=json \
         --buffer_compress_percentage=50 --refill_buffers "$@"
@@ -126,7 +65,7 @@ iops() { python3 -c 'import json,sys; s=sys.stdin.read(); j=json.loads(s[s.index
 mbps() { python3 -c 'import json,sys; s=sys.stdin.read(); j=json.loads(s[s.index("{"):])["jobs"][0]; print("%.1f" % ((j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 1048576))'; }
 
 declare -A R
-systems=(zlogfs ext4 btrfs)
+read -r -a systems <<<"${SYSTEMS:-zlogfs ext4 btrfs}"
 for sys in "${systems[@]}"; do
     echo "== $sys" >&2
     # Space: the ext4 image with the tree, in a fresh volume.
@@ -152,23 +91,17 @@ for sys in "${systems[@]}"; do
 done
 
 out=${OUT:-bench/results/nbd-$(date -u +%F).md}
-row() { # key label
-    local b=${R[btrfs,$1]}
-    printf '| %s | %s | %s | %s | %.2f | %.2f |\n' "$2" "${R[zlogfs,$1]}" "${R[ext4,$1]}" "$b" \
-        "$(python3 -c "print(${R[zlogfs,$1]} / max($b, 1e-9))")" "$(python3 -c "print(${R[ext4,$1]} / max($b, 1e-9))")"
-}
 {
     echo "Machine: $(nproc) cores, kernel $(uname -r); $(date -u +%Y-%m-%dT%H:%MZ); commit $(git rev-parse --short HEAD)"
-    echo "Command: ${SIZE:+SIZE=$SIZE }${RUNTIME:+RUNTIME=$RUNTIME }bash bench/nbd.sh; volume $size, random tests $runtime s each; fio's nbd engine over a Unix socket; space: an ext4 image holding $(basename "$tree") ($logical bytes of file data) copied in with nbdcopy."
+    echo "Command: ${SYSTEMS:+SYSTEMS=\"$SYSTEMS\" }${SIZE:+SIZE=$SIZE }${RUNTIME:+RUNTIME=$RUNTIME }bash bench/nbd.sh; volume $size, random tests $runtime s each; fio's nbd engine over a Unix socket; space: an ext4 image holding $(basename "$tree") ($logical bytes of file data) copied in with nbdcopy."
     echo
-    echo "| measure | zlogfs nbd | nbdkit file on ext4 | nbdkit file on btrfs zstd:1 | zlogfs / btrfs | ext4 / btrfs |"
-    echo "|---|---:|---:|---:|---:|---:|"
-    row space "space used (bytes)"
-    row seqw "1 MiB sequential write (MiB/s)"
-    row seqr "1 MiB sequential read (MiB/s)"
-    row rr1 "4 KiB random read, QD1 (IOPS)"
-    row rr32 "4 KiB random read, QD32 (IOPS)"
-    row rw1 "4 KiB random write, QD1 (IOPS)"
-    row rw32 "4 KiB random write, QD32 (IOPS)"
+    table_head "${systems[@]}"
+    table_row space "space used (bytes)" "${systems[@]}"
+    table_row seqw "1 MiB sequential write (MiB/s)" "${systems[@]}"
+    table_row seqr "1 MiB sequential read (MiB/s)" "${systems[@]}"
+    table_row rr1 "4 KiB random read, QD1 (IOPS)" "${systems[@]}"
+    table_row rr32 "4 KiB random read, QD32 (IOPS)" "${systems[@]}"
+    table_row rw1 "4 KiB random write, QD1 (IOPS)" "${systems[@]}"
+    table_row rw32 "4 KiB random write, QD32 (IOPS)" "${systems[@]}"
 } | tee "$out"
 echo "written to $out" >&2

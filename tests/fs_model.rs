@@ -427,6 +427,21 @@ struct Setup {
     clean: bool,
 }
 
+/// On images of chunks above 4 KiB, a third of new files and directories
+/// get a smaller chunk size of their own (a directory's is inherited), so
+/// that files of several chunk sizes share buffers, packs and cleaning.
+fn own_chunk(r: &mut StdRng, image: u32) -> Option<u32> {
+    let c = [4096, 8192, 16384][r.gen_range(0..3)];
+    (r.gen_range(0..3) == 0 && c < image).then_some(c)
+}
+
+fn set_chunk(f: &Fs, ino: Ino, chunk: Option<u32>) -> Res {
+    match chunk {
+        Some(c) => errno(f.setxattr(ino, fs::XATTR_CHUNK, format!("{}K", c >> 10).as_bytes(), 0)),
+        None => Ok(()),
+    }
+}
+
 fn run(seed: u64, steps: usize, setup: Setup) {
     let Setup { io_errors, chunk, clean } = setup;
     let mut r = common::rng(seed);
@@ -447,12 +462,18 @@ fn run(seed: u64, steps: usize, setup: Setup) {
             0..=11 => {
                 let p = path(&mut r);
                 let perm = 0o644;
-                let fr = fs_parent(&f, &p).and_then(|(d, n)| errno(f.create(d, n, perm, 0, 0)).map(|_| ()));
+                let own = own_chunk(&mut r, chunk);
+                let fr = fs_parent(&f, &p)
+                    .and_then(|(d, n)| errno(f.create(d, n, perm, 0, 0)))
+                    .and_then(|a| set_chunk(&f, a.ino, own));
                 (fr, m.add(&p, MKind::File(vec![]), perm))
             }
             12..=19 => {
                 let p = path(&mut r);
-                let fr = fs_parent(&f, &p).and_then(|(d, n)| errno(f.mkdir(d, n, 0o755, 0, 0)).map(|_| ()));
+                let own = own_chunk(&mut r, chunk);
+                let fr = fs_parent(&f, &p)
+                    .and_then(|(d, n)| errno(f.mkdir(d, n, 0o755, 0, 0)))
+                    .and_then(|a| set_chunk(&f, a.ino, own));
                 (fr, m.add(&p, MKind::Dir(BTreeMap::new()), 0o755))
             }
             20..=22 => {

@@ -269,23 +269,47 @@ fn a_mount_serves_its_files_over_nbd() {
     let d = Dir::new("mount");
     ok(Command::new(ZLOGFS).args(["mkfs", &d.s("img"), "--size", "256M"]));
     fs::create_dir_all(d.p("mnt")).expect("mkdir");
-    let mut child = Command::new(ZLOGFS)
+    let child = Command::new(ZLOGFS)
         .args(["mount", "-f", &d.s("img"), &d.s("mnt"), "-o", &format!("nbd={}", d.s("sock"))])
         .stdin(Stdio::null())
         .spawn()
         .expect("mount");
+    // Unmounted even when an assertion fails (the daemon holds the test's
+    // output open, and cargo would wait for it).
+    let mut mount = Mounted(Some(child), d.p("mnt"));
     wait_for("the NBD socket", || UnixStream::connect(d.p("sock")).is_ok());
     let vol = fs::File::create(d.p("mnt/vol")).expect("create");
     vol.set_len(16 << 20).expect("size");
     vol.sync_all().expect("fsync");
     drop(vol);
+    // Read through the mount first: its pages are in the kernel's cache
+    // (kept across opens), which NBD's writes must drop.
+    assert!(fs::read(d.p("mnt/vol")).expect("read through the mount").iter().all(|&b| b == 0));
     let data = real_data(16 << 20);
     fs::write(d.p("in.raw"), &data).expect("write");
     ok(Command::new("nbdcopy").args([&d.s("in.raw"), &uri(&d, "vol")]));
-    assert!(fs::read(d.p("mnt/vol")).expect("read through the mount") == data);
-    ok(Command::new("fusermount3").args(["-u", &d.s("mnt")]));
-    assert!(child.wait().expect("wait").success());
+    assert!(fs::read(d.p("mnt/vol")).expect("read through the mount") == data, "the mount sees NBD's writes");
+    let child = mount.0.take().expect("mounted");
+    assert!(mount.unmount(child).success());
     assert!(!d.p("sock").exists(), "the socket goes with the mount");
+}
+
+/// A `zlogfs mount -f` child, unmounted when dropped.
+struct Mounted(Option<Child>, PathBuf);
+
+impl Mounted {
+    fn unmount(&self, mut c: Child) -> std::process::ExitStatus {
+        let _ = Command::new("fusermount3").arg("-u").arg(&self.1).status();
+        c.wait().expect("wait for the mount")
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            self.unmount(c);
+        }
+    }
 }
 
 /// kill -9 of the server while a client writes: every write covered by

@@ -244,6 +244,11 @@ enum Cmd {
         /// vm/disk.raw:10G (directories made as needed). May be repeated.
         #[arg(long, value_name = "PATH:SIZE")]
         create: Vec<String>,
+        /// Chunk size of the volumes --create makes (the unit a 4 KiB read
+        /// decompresses): 4K to the image's chunk size [default: 16K, or
+        /// the image's when smaller; see docs/decisions/ on volume chunks]
+        #[arg(long, value_name = "SIZE")]
+        chunk_size: Option<String>,
         /// Options as for mount: ro (serve read-only), commit=S, log=LEVEL, ...
         #[arg(short = 'o', value_name = "OPTS")]
         options: Vec<String>,
@@ -342,13 +347,13 @@ fn main() -> ExitCode {
         Cmd::Fsck { target, repair, json } => admin::fsck(&target, repair, json),
         Cmd::Clean { target, segments, max_live, json } => admin::clean(&target, segments, max_live, json),
         Cmd::Sync { target, json } => admin::sync(&target, json),
-        Cmd::Nbd { image, socket, listen, create, options } => {
+        Cmd::Nbd { image, socket, listen, create, chunk_size, options } => {
             let at = match (socket, listen) {
                 (Some(p), _) => nbd::Listen::Unix(p),
                 (None, Some(a)) => nbd::Listen::Tcp(a),
                 (None, None) => return finish(Err("give --socket PATH or --listen HOST:PORT".into())),
             };
-            nbd::nbd(&image, at, &create, &options)
+            nbd::nbd(&image, at, &create, chunk_size.as_deref(), &options)
         }
         Cmd::Scrub { target, rate, json } => admin::scrub(&target, rate, json),
     };

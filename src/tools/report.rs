@@ -7,7 +7,7 @@
 use serde_json::{json, Map, Value};
 
 use super::{resolve, Result};
-use crate::fs::{CheckReport, Fs, Kind, ScrubReport, TreeUsage};
+use crate::fs::{CheckReport, Fs, Kind, ScrubReport, TreeUsage, ROOT, XATTR_CHUNK};
 
 /// What `zlogfs stats` reports: the image's space, tree, codecs, index,
 /// lifetime writes, and this process's errors of background work.
@@ -29,6 +29,7 @@ pub fn stats(image: &str, fs: &Fs) -> Result<Value> {
         .map(|(k, c)| (k.clone(), json!({"blocks": c.blocks, "logical": c.raw, "stored": c.stored})))
         .collect();
     let fst = fs.stats();
+    let volumes = volumes(fs)?;
     Ok(json!({
         "image": image,
         "format_version": e.superblock().version, "records_version": fs.config().version,
@@ -52,7 +53,43 @@ pub fn stats(image: &str, fs: &Fs) -> Result<Value> {
         "background_errors": fst.background_errors,
         "last_background_error": fst.last_background_error,
         "engine_background_error": fst.engine_background_error,
+        "volumes": volumes,
     }))
+}
+
+/// The volumes: regular files with a chunk size of their own (what
+/// `zlogfs nbd --create` makes, or `user.zlogfs.chunk` set), each with
+/// its path, chunk size, and logical, allocated and stored bytes.
+fn volumes(fs: &Fs) -> Result<Vec<Value>> {
+    let mut out = Vec::new();
+    let mut stack = vec![(ROOT, String::new())];
+    while let Some((dir, prefix)) = stack.pop() {
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let page = fs.readdir(dir, after.as_deref(), 1024)?;
+            let Some(l) = page.last() else { break };
+            after = Some(l.name.clone());
+            for e in page {
+                let path = format!("{prefix}/{}", String::from_utf8_lossy(&e.name));
+                match e.kind {
+                    Kind::Dir => stack.push((e.ino, path)),
+                    Kind::File => {
+                        let chunk = match fs.getxattr(e.ino, XATTR_CHUNK) {
+                            Ok(c) => String::from_utf8_lossy(&c).into_owned(),
+                            Err(crate::fs::Error::NoAttr(_)) => continue,
+                            Err(e) => return Err(e.into()),
+                        };
+                        let mut row = usage_row(&path, &fs.du(e.ino)?);
+                        row["chunk"] = Value::from(chunk);
+                        out.push(row);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    out.sort_by(|a, b| a["path"].as_str().cmp(&b["path"].as_str()));
+    Ok(out)
 }
 
 fn usage_row(path: &str, u: &TreeUsage) -> Value {

@@ -174,5 +174,12 @@ pub const XATTR_KILL_SGID: u32 = 1 << 31;
 /// The xattr holding a file's or directory's codec policy.
 pub const XATTR_CODEC: &[u8] = b"user.zlogfs.codec";
 
+/// The xattr holding a file's chunk size (settable while the file holds
+/// no data) or a directory's (inherited by the files and directories made
+/// in it): "4K" to the image's chunk size, a power of two. Not listed by
+/// listxattr, so that copies (which set xattrs after the data) do not
+/// trip over it.
+pub const XATTR_CHUNK: &[u8] = b"user.zlogfs.chunk";
+
 /// The read-only xattr giving a file's stored (compressed) bytes.
 pub const XATTR_PHYSICAL: &[u8] = b"user.zlogfs.physical";

@@ -40,12 +40,26 @@ pub(crate) struct Buf {
     /// anything that needs the whole chunk. The cleaner drops its own at
     /// the end of a round if they were not stored.
     pub partial: bool,
+    /// The chunk size of the file: what the buffer counts as in the
+    /// buffers' bytes, and the most `data` holds.
+    chunk: u32,
 }
 
 impl Buf {
-    pub(crate) fn new(data: Vec<u8>, touched: Option<Vec<u64>>, partial: bool) -> Buf {
+    /// A buffer of a chunk of `chunk` bytes.
+    pub(crate) fn new(data: Vec<u8>, touched: Option<Vec<u64>>, partial: bool, chunk: u32) -> Buf {
         debug_assert!(!partial || touched.is_some(), "a partial buffer tracks its blocks");
-        Buf { data, stamp: STAMP.fetch_add(1, Ordering::Relaxed), touched, partial }
+        debug_assert!(
+            data.len() <= chunk as usize,
+            "a buffer of {} bytes for a {chunk}-byte chunk",
+            data.len()
+        );
+        Buf { data, stamp: STAMP.fetch_add(1, Ordering::Relaxed), touched, partial, chunk }
+    }
+
+    /// The chunk size of the file (see the field).
+    pub(crate) fn chunk(&self) -> u32 {
+        self.chunk
     }
 
     pub(crate) fn data(&self) -> &[u8] {
@@ -78,18 +92,19 @@ pub(crate) struct Buffers {
     map: Chunks,
     /// Buffers in `map`.
     count: usize,
-    chunk_size: usize,
+    /// Their bytes, each counted as a whole chunk of its file.
+    bytes: usize,
     /// Buffered bytes (counted whole chunks) past which a commit starts.
     limit: usize,
     ahead: Ahead,
 }
 
 impl Buffers {
-    pub(crate) fn new(chunk_size: u32, limit: usize) -> Self {
+    pub(crate) fn new(limit: usize) -> Self {
         Buffers {
             map: HashMap::new(),
             count: 0,
-            chunk_size: chunk_size as usize,
+            bytes: 0,
             limit: limit.max(1 << 20),
             ahead: Ahead::default(),
         }
@@ -118,7 +133,7 @@ impl Buffers {
 
     /// Buffered bytes, each buffer counted as a whole chunk.
     pub(crate) fn bytes(&self) -> usize {
-        self.count * self.chunk_size
+        self.bytes
     }
 
     /// The bound past which a commit starts.
@@ -128,10 +143,13 @@ impl Buffers {
 
     /// Buffer chunk `idx` of `ino`, which has no buffer yet.
     pub(crate) fn insert(&mut self, ino: Ino, idx: u64, b: Buf) {
+        let n = b.chunk as usize;
         let old = self.map.entry(ino).or_default().insert(idx, b);
         debug_assert!(old.is_none(), "chunk {idx} of inode {ino} was buffered twice");
-        if old.is_none() {
-            self.count += 1;
+        self.bytes += n;
+        match old {
+            Some(o) => self.bytes -= o.chunk as usize,
+            None => self.count += 1,
         }
     }
 
@@ -143,6 +161,7 @@ impl Buffers {
             self.map.remove(&ino);
         }
         self.count -= 1;
+        self.bytes -= b.chunk as usize;
         Some(b)
     }
 
@@ -159,6 +178,7 @@ impl Buffers {
     /// Every buffer, for a commit to store; the buffers are empty after.
     pub(crate) fn take_all(&mut self) -> Chunks {
         self.count = 0;
+        self.bytes = 0;
         std::mem::take(&mut self.map)
     }
 
@@ -172,23 +192,25 @@ impl Buffers {
             }
         }
         self.count = self.map.values().map(|m| m.len()).sum();
+        self.bytes = self.map.values().flat_map(|m| m.values()).map(|b| b.chunk as usize).sum();
     }
 
     /// Drop every buffer.
     pub(crate) fn clear(&mut self) {
         self.map.clear();
         self.count = 0;
+        self.bytes = 0;
     }
 
     /// Compress chunk `idx` of `ino` with `spec` on the pool now, if it is
     /// buffered whole, full and not tracked for patches, and fewer than
     /// [`AHEAD_BYTES`] of chunks wait for the pool already.
     pub(crate) fn compress_ahead(&mut self, ino: Ino, idx: u64, spec: CodecSpec) {
-        let cs = self.chunk_size;
+        let Some(b) = self.get(ino, idx) else { return };
+        let cs = b.chunk as usize;
         if self.ahead.jobs.load(Ordering::Relaxed) >= (AHEAD_BYTES / cs).max(1) {
             return;
         }
-        let Some(b) = self.get(ino, idx) else { return };
         if b.partial || b.touched.is_some() || b.data().len() != cs {
             return;
         }
@@ -305,20 +327,20 @@ mod tests {
 
     #[test]
     fn the_count_follows_the_map() {
-        let mut b = Buffers::new(4096, 0);
+        let mut b = Buffers::new(0);
         assert_eq!(b.limit(), 1 << 20, "at least a MiB");
-        b.insert(1, 0, Buf::new(vec![1], None, false));
-        b.insert(1, 3, Buf::new(vec![2], None, false));
-        b.insert(2, 0, Buf::new(vec![3], None, false));
-        assert_eq!((b.count(), b.bytes()), (3, 3 * 4096));
+        b.insert(1, 0, Buf::new(vec![1], None, false, 4096));
+        b.insert(1, 3, Buf::new(vec![2], None, false, 4096));
+        b.insert(2, 0, Buf::new(vec![3], None, false, 65536));
+        assert_eq!((b.count(), b.bytes()), (3, 2 * 4096 + 65536), "each counted as a chunk of its file");
         assert_eq!(b.chunks_from(1, 1), vec![3]);
         assert_eq!(b.next_from(1, 1), Some(3));
         assert!(b.remove(1, 0).is_some() && b.remove(1, 0).is_none());
         let all = b.take_all();
         assert!(b.is_empty() && b.bytes() == 0);
-        b.insert(2, 0, Buf::new(vec![9], None, false));
+        b.insert(2, 0, Buf::new(vec![9], None, false, 65536));
         b.restore(all);
-        assert_eq!(b.count(), 2);
+        assert_eq!((b.count(), b.bytes()), (2, 4096 + 65536));
         assert_eq!(b.get(2, 0).map(|x| x.data()[0]), Some(9), "the newer buffer stays");
         b.clear();
         assert!(b.is_empty() && b.get(1, 3).is_none());
@@ -326,7 +348,7 @@ mod tests {
 
     #[test]
     fn a_changed_buffer_has_a_new_stamp() {
-        let mut b = Buf::new(vec![0; 8], None, false);
+        let mut b = Buf::new(vec![0; 8], None, false, 4096);
         let s = b.stamp();
         b.data_mut()[0] = 1;
         assert_ne!(b.stamp(), s);
@@ -335,8 +357,8 @@ mod tests {
     #[test]
     fn a_block_compressed_ahead_is_taken_only_for_the_same_bytes() {
         let spec = CodecSpec::new(zlogfs_engine::codec::CodecId::Zstd, 1);
-        let mut b = Buffers::new(4096, 1 << 20);
-        b.insert(7, 0, Buf::new(vec![5; 4096], None, false));
+        let mut b = Buffers::new(1 << 20);
+        b.insert(7, 0, Buf::new(vec![5; 4096], None, false, 4096));
         b.compress_ahead(7, 0, spec);
         let stamp = b.get(7, 0).map(Buf::stamp).unwrap_or(0);
         // Wait for the pool's job.

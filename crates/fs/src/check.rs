@@ -131,7 +131,7 @@ type SharedUsers = HashMap<BlockAddr, Vec<(Ino, u64, u32, u32)>>;
 /// fsck's phases over one state, and what each gathers for the next.
 struct Checker<'a> {
     st: &'a State,
-    /// Bytes per chunk.
+    /// The image's chunk size (files without their own).
     cs: u64,
     rep: CheckReport,
     inodes: HashMap<Ino, Inode>,
@@ -197,7 +197,7 @@ impl<'a> Checker<'a> {
     fn new(st: &'a State) -> Self {
         Checker {
             st,
-            cs: st.cs(),
+            cs: st.group.chunk_size(),
             rep: CheckReport::default(),
             inodes: HashMap::new(),
             orphans: HashSet::new(),
@@ -263,6 +263,10 @@ impl<'a> Checker<'a> {
                 Ok(i) => {
                     if ino >= next {
                         self.bad(format!("inode {ino} is not below the next inode number {next}"));
+                    }
+                    if i.chunk.is_some_and(|c| c > st.group.cfg().chunk_size) {
+                        let image = st.group.cfg().chunk_size;
+                        self.bad(format!("inode {ino} has chunks larger than the image's ({image} bytes)"));
                     }
                     self.inodes.insert(ino, i);
                 }
@@ -413,8 +417,13 @@ impl<'a> Checker<'a> {
         Ok(())
     }
 
+    /// The chunk size of file `ino`.
+    fn cs_of(&self, ino: Ino) -> u64 {
+        self.inodes.get(&ino).and_then(|i| i.chunk).map_or(self.cs, u64::from)
+    }
+
     fn chunk(&mut self, ino: Ino, idx: u64, e: &Extent) {
-        let cs = self.cs;
+        let cs = self.cs_of(ino);
         match self.inodes.get(&ino).map(|i| (i.kind(), i.size)) {
             // A reservation may lie past the size (fallocate's KEEP_SIZE).
             Some((Kind::File, _)) if matches!(e, Extent::Reserved(_)) => {
@@ -564,11 +573,11 @@ impl<'a> Checker<'a> {
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    let cs = self.cs;
                     let files: Vec<String> = self
                         .users(a, own)
                         .iter()
                         .map(|&(i, c)| {
+                            let cs = self.cs_of(i);
                             format!("{} (bytes {}..{})", path_of(&self.names, i), c * cs, (c + 1) * cs)
                         })
                         .collect();

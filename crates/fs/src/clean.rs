@@ -405,7 +405,8 @@ impl State {
             // Patches lie here: move them, not the chunk (which may be many
             // times their size).
             (Some(runs), _) => {
-                self.move_patch(ino, idx, &runs)?;
+                let cs = self.chunk_of(ino)?;
+                self.move_patch(ino, idx, cs, &runs)?;
                 rep.patches += 1;
                 self.relocated()
             }
@@ -458,7 +459,8 @@ impl State {
                 // more patches, and the base is gone (the chunk is its
                 // patches from then on), instead of writing the whole chunk
                 // again.
-                self.move_patch(ino, idx, &rest)?;
+                let cs = self.chunk_of(ino)?;
+                self.move_patch(ino, idx, cs, &rest)?;
                 rep.patches += 1;
                 self.relocated()?;
             }
@@ -467,9 +469,15 @@ impl State {
     }
 
     fn relocate(&mut self, ino: Ino, idx: u64, rep: &mut CleanReport) -> Result<()> {
-        self.dirty_mut(ino, idx)?;
+        let cs = self.chunk_of(ino)?;
+        self.dirty_mut(ino, idx, cs)?;
         rep.chunks += 1;
         self.relocated()
+    }
+
+    /// The chunk size of file `ino`.
+    fn chunk_of(&self, ino: Ino) -> Result<u32> {
+        Ok(self.cs(&self.inode(ino)?) as u32)
     }
 
     /// After buffering a moved chunk: commit when the buffers are full.

@@ -171,7 +171,7 @@ impl Fs {
                 data.len()
             )));
         }
-        let fresh = st.fresh_bytes(ino, off, data.len())?;
+        let fresh = st.fresh_bytes(&i, off, data.len())?;
         st.pre_write(fresh)?;
         st.write_data(&mut i, off, data)?;
         let t = now();

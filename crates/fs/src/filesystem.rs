@@ -31,7 +31,14 @@ pub struct Fs {
     pub(crate) eng: Arc<Engine>,
     worker: Option<JoinHandle<()>>,
     sync_mode: SyncMode,
+    invalidator: std::sync::RwLock<Option<Invalidator>>,
 }
+
+/// Told that bytes `[off, off + len)` of a file changed through another
+/// front end than the one that set it: a FUSE session sets one that drops
+/// the kernel's cached pages of the range, and the NBD server reports its
+/// writes, trims and zero writes to it ([`Fs::changed_elsewhere`]).
+pub type Invalidator = Arc<dyn Fn(Ino, u64, u64) + Send + Sync>;
 
 /// The coarse clock of timestamps: wall time truncated to milliseconds
 /// (Linux's own file times come from a clock of 1-10 ms granularity).
@@ -87,6 +94,7 @@ pub fn mkfs(store: Arc<dyn Store>, o: &MkfsOptions) -> Result<()> {
         btime: t,
         parent: ROOT,
         policy: None,
+        chunk: None,
     };
     let mut b = WriteBatch::new();
     b.put(config_key(), cfg.encode());
@@ -97,6 +105,20 @@ pub fn mkfs(store: Arc<dyn Store>, o: &MkfsOptions) -> Result<()> {
 }
 
 impl Fs {
+    /// Set (or clear) the [`Invalidator`].
+    pub fn set_invalidator(&self, f: Option<Invalidator>) {
+        *self.invalidator.write().unwrap_or_else(|p| p.into_inner()) = f;
+    }
+
+    /// Bytes `[off, off + len)` of `ino` changed through a front end that
+    /// is not the one that set the [`Invalidator`]: tell it.
+    pub fn changed_elsewhere(&self, ino: Ino, off: u64, len: u64) {
+        let f = self.invalidator.read().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(f) = f {
+            f(ino, off, len);
+        }
+    }
+
     /// Open the file system on `store`, recovering it to its last durable
     /// state and finishing deletes and truncations a crash interrupted.
     pub fn open(store: Arc<dyn Store>, opts: FsOptions) -> Result<Fs> {
@@ -106,7 +128,7 @@ impl Fs {
         let space_hint = eng.free_bytes().saturating_sub(group.counters().reserved);
         let st = State {
             eng: eng.clone(),
-            bufs: Buffers::new(group.cfg().chunk_size, opts.dirty_bytes),
+            bufs: Buffers::new(opts.dirty_bytes),
             group,
             cache: BlockCache::new(opts.cache_bytes),
             open: HashMap::new(),
@@ -134,7 +156,7 @@ impl Fs {
                 .spawn(move || worker::commit_loop(w, e, iv))
                 .expect("spawning the commit thread")
         });
-        Ok(Fs { inner, eng, worker, sync_mode: opts.sync })
+        Ok(Fs { inner, eng, worker, sync_mode: opts.sync, invalidator: Default::default() })
     }
 
     pub(crate) fn st(&self) -> MutexGuard<'_, State> {

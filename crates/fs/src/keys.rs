@@ -22,10 +22,11 @@ pub const ROOT: Ino = 1;
 /// version 3 patched chunks that release the replaced part of their base
 /// (chunk type 4), version 4 bases that are gone (type 5), version 5
 /// chunks reserved by fallocate (`Extent::Reserved`, type 6, and the
-/// reserved bytes of the counters record). An image is marked by the first
+/// reserved bytes of the counters record), version 6 inodes with a chunk
+/// size of their own ([`Inode::chunk`]). An image is marked by the first
 /// commit that writes such a record, so images that never had one stay
 /// readable by older builds.
-pub const FS_VERSION: u8 = 5;
+pub const FS_VERSION: u8 = 6;
 
 const T_CONFIG: u8 = 0x01;
 const T_TRIPLE: u8 = 0x02;
@@ -474,7 +475,15 @@ pub struct Inode {
     /// Compression policy set on this inode (inherited by new entries of a
     /// directory).
     pub policy: Option<CodecSpec>,
+    /// Chunk size of this file's data (a directory's is inherited by its
+    /// new entries), a power of two from [`MIN_CHUNK`] to the image's
+    /// chunk size; None: the image's. Fixed while a regular file holds
+    /// data (record version 6).
+    pub chunk: Option<u32>,
 }
+
+/// The smallest chunk size, of an image or of a file.
+pub const MIN_CHUNK: u32 = 4096;
 
 const F_NLINK: u64 = 1;
 const F_RDEV: u64 = 2;
@@ -484,6 +493,7 @@ const F_BTIME: u64 = 16;
 const F_ALLOC: u64 = 32;
 const F_POLICY: u64 = 64;
 const F_PARENT: u64 = 128;
+const F_CHUNK: u64 = 256;
 
 impl Inode {
     /// Its kind.
@@ -509,6 +519,7 @@ impl Inode {
         f |= if self.alloc != self.size { F_ALLOC } else { 0 };
         f |= if self.policy.is_some() { F_POLICY } else { 0 };
         f |= if self.parent != 0 { F_PARENT } else { 0 };
+        f |= if self.chunk.is_some() { F_CHUNK } else { 0 };
         let mut v = Vec::with_capacity(24);
         v.put_var(f);
         v.put_var(u64::from(triple));
@@ -539,6 +550,9 @@ impl Inode {
         if f & F_PARENT != 0 {
             v.put_var(self.parent);
         }
+        if let Some(c) = self.chunk {
+            v.put_u8(c.trailing_zeros() as u8);
+        }
         v
     }
 
@@ -552,7 +566,7 @@ impl Inode {
         let what = format!("inode {ino}");
         let mut r = Reader::new(b, &what);
         let f = r.var()?;
-        if f >= 256 {
+        if f >= 512 {
             return Err(r.err(format!("unknown flags {f:#x}")));
         }
         let tid = r.var_max(u64::from(u32::MAX), "triple id")? as u32;
@@ -585,6 +599,15 @@ impl Inode {
             None
         };
         let parent = if f & F_PARENT != 0 { r.var()? } else { 0 };
+        let chunk = if f & F_CHUNK != 0 {
+            let shift = r.u8()?;
+            if !(MIN_CHUNK.trailing_zeros() as u8..=24).contains(&shift) {
+                return Err(r.err(format!("chunk size 2^{shift} out of range")));
+            }
+            Some(1u32 << shift)
+        } else {
+            None
+        };
         r.finish()?;
         Ok(Inode {
             ino,
@@ -601,6 +624,7 @@ impl Inode {
             btime,
             parent,
             policy,
+            chunk,
         })
     }
 }
@@ -979,6 +1003,7 @@ mod tests {
             btime: t,
             parent: 0,
             policy: None,
+            chunk: None,
         };
         let b = i.encode(3, 1_700_000_000);
         // flags, triple, size (2), mtime (2)
@@ -993,9 +1018,14 @@ mod tests {
         i.alloc = 65536;
         i.policy = Some(CodecSpec::new(CodecId::Lz4, 0));
         i.parent = 9;
+        i.chunk = Some(16384);
         let b = i.encode(3, 1_700_000_000);
         assert_eq!(Inode::decode(5, &b, 1_700_000_000, tr).unwrap(), i);
         assert!(Inode::decode(5, &b, 0, |_| None).is_err());
+        // A chunk size out of range is refused, not used.
+        let mut bad = b.clone();
+        *bad.last_mut().unwrap() = 40;
+        assert!(Inode::decode(5, &bad, 1_700_000_000, tr).unwrap_err().to_string().contains("chunk size"));
         for n in 0..b.len() {
             let _ = Inode::decode(5, &b[..n], 1_700_000_000, tr);
         }

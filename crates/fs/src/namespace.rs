@@ -102,6 +102,7 @@ impl State {
             btime: t,
             parent: if kind == Kind::Dir { parent } else { 0 },
             policy: p.policy,
+            chunk: if matches!(kind, Kind::File | Kind::Dir) { p.chunk } else { None },
         };
         self.save(&i);
         self.put(dirent_key(parent, name), encode_dirent(ino, kind));

@@ -138,10 +138,12 @@ impl Fs {
             Some(n) => n,
             None => names.insert(Names::scan(&st)?),
         };
-        let cs = st.cs();
         let files: Vec<String> = still
             .iter()
-            .map(|&(i, c)| format!("{} (bytes {}..{})", names.path(i), c * cs, (c + 1) * cs))
+            .map(|&(i, c)| {
+                let cs = st.inode(i).map_or(st.group.chunk_size(), |f| st.cs(&f));
+                format!("{} (bytes {}..{})", names.path(i), c * cs, (c + 1) * cs)
+            })
             .collect();
         // `why` names the block.
         let d = format!("{why}; it holds data of {}", files.join(", "));

@@ -101,6 +101,9 @@ impl State {
     pub(crate) fn save(&mut self, i: &Inode) {
         let id = self.group.triple_id(i.triple());
         let v = i.encode(id, self.group.cfg().base_sec);
+        if i.chunk.is_some() {
+            self.group.mark_version(6);
+        }
         self.put(inode_key(i.ino), v);
     }
 
@@ -144,7 +147,7 @@ impl State {
             mtime: i.mtime,
             ctime: i.ctime,
             btime: i.btime,
-            blksize: self.group.cfg().chunk_size,
+            blksize: self.cs(i) as u32,
         }
     }
 

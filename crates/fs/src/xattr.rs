@@ -10,7 +10,9 @@ use crate::filesystem::now;
 use crate::keys::*;
 use crate::namespace::name_str;
 use crate::state::State;
-use crate::{acl, Fs, XATTR_CODEC, XATTR_CREATE, XATTR_KILL_SGID, XATTR_PHYSICAL, XATTR_REPLACE};
+use crate::{
+    acl, Fs, XATTR_CHUNK, XATTR_CODEC, XATTR_CREATE, XATTR_KILL_SGID, XATTR_PHYSICAL, XATTR_REPLACE,
+};
 
 fn check_xattr_name(name: &[u8]) -> Result<()> {
     if name.is_empty() || name.len() > 255 {
@@ -34,6 +36,55 @@ impl State {
     fn xattr_limit(&self) -> usize {
         (self.group.max_bytes() / 8).min(zlogfs_engine::MAX_VALUE)
     }
+
+    /// Set (Some) or clear inode `i`'s own chunk size: any time on a
+    /// directory, on a regular file only while it holds no data.
+    fn set_chunk(&self, i: &mut Inode, chunk: Option<u32>) -> Result<()> {
+        let ino = i.ino;
+        match i.kind() {
+            Kind::Dir => {}
+            Kind::File => {
+                let (lo, hi) = extents_from(ino, 0);
+                if i.alloc != 0
+                    || self.bufs.next_from(ino, 0).is_some()
+                    || !self.scan(&lo, &hi, 1)?.is_empty()
+                {
+                    return Err(Error::invalid(format!(
+                        "inode {ino} holds data: its chunk size is set while it has none (before the first write)"
+                    )));
+                }
+            }
+            k => {
+                return Err(Error::invalid(format!(
+                    "inode {ino} is a {k:?}: only files and directories have a chunk size"
+                )))
+            }
+        }
+        i.chunk = chunk;
+        Ok(())
+    }
+}
+
+/// A chunk size given as an xattr value: bytes, or with K, KiB or M.
+fn parse_chunk(value: &[u8], image: u32) -> Result<u32> {
+    let s = std::str::from_utf8(value).map_err(|_| Error::invalid("chunk size is not UTF-8"))?.trim();
+    let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let mul: u64 = match s[digits.len()..].to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" | "kb" => 1 << 10,
+        "m" | "mib" | "mb" => 1 << 20,
+        u => return Err(Error::invalid(format!("chunk size {s:?}: unknown unit {u:?} (use K or M)"))),
+    };
+    let n = digits.parse::<u64>().ok().and_then(|n| n.checked_mul(mul));
+    match n {
+        Some(n) if n.is_power_of_two() && (u64::from(MIN_CHUNK)..=u64::from(image)).contains(&n) => {
+            Ok(n as u32)
+        }
+        _ => Err(Error::invalid(format!(
+            "chunk size {s:?}: a power of two from 4K to the image's chunk size ({}K) is needed",
+            image >> 10
+        ))),
+    }
 }
 
 impl Fs {
@@ -53,6 +104,12 @@ impl Fs {
             return match i.policy {
                 Some(p) => Ok(p.to_string().into_bytes()),
                 None => Err(Error::no_attr(format!("inode {ino} has no codec policy"))),
+            };
+        }
+        if name == XATTR_CHUNK {
+            return match i.chunk {
+                Some(c) => Ok(format!("{}K", c >> 10).into_bytes()),
+                None => Err(Error::no_attr(format!("inode {ino} has no chunk size of its own"))),
             };
         }
         check_xattr_name(name)?;
@@ -98,6 +155,8 @@ impl Fs {
         }
         let exists = if name == XATTR_CODEC {
             i.policy.is_some()
+        } else if name == XATTR_CHUNK {
+            i.chunk.is_some()
         } else {
             check_xattr_name(name)?;
             if value.len() > st.xattr_limit() {
@@ -120,6 +179,9 @@ impl Fs {
             let spec: CodecSpec =
                 s.trim().parse().map_err(|e| Error::invalid(format!("bad codec policy {s:?}: {e}")))?;
             i.policy = Some(spec.normalized());
+        } else if name == XATTR_CHUNK {
+            let c = parse_chunk(value, st.group.cfg().chunk_size)?;
+            st.set_chunk(&mut i, Some(c))?;
         } else {
             st.put(xattr_key(ino, name), value.to_vec());
         }
@@ -158,6 +220,11 @@ impl Fs {
             if i.policy.take().is_none() {
                 return Err(Error::no_attr(format!("inode {ino} has no codec policy")));
             }
+        } else if name == XATTR_CHUNK {
+            if i.chunk.is_none() {
+                return Err(Error::no_attr(format!("inode {ino} has no chunk size of its own")));
+            }
+            st.set_chunk(&mut i, None)?;
         } else {
             check_xattr_name(name)?;
             let k = xattr_key(ino, name);
@@ -169,5 +236,89 @@ impl Fs {
         i.ctime = now();
         st.save(&i);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use zlogfs_engine::store::{Geometry, MemStore, Store};
+
+    use crate::keys::{extents_from, FS_VERSION};
+    use crate::{mkfs, Error, Fs, FsOptions, MkfsOptions, ROOT, XATTR_CHUNK};
+
+    fn open(store: &Arc<dyn Store>) -> Fs {
+        Fs::open(store.clone(), FsOptions { commit_interval: None, ..FsOptions::default() }).unwrap()
+    }
+
+    fn invalid<T: std::fmt::Debug>(r: crate::Result<T>) -> String {
+        match r {
+            Err(Error::Invalid(m)) => m,
+            r => panic!("expected EINVAL, got {r:?}"),
+        }
+    }
+
+    #[test]
+    fn a_file_of_its_own_chunk_size_stores_chunks_of_that_size() {
+        let store: Arc<dyn Store> =
+            Arc::new(MemStore::new(Geometry { segment_size: 1 << 20, segment_count: 32 }));
+        mkfs(store.clone(), &MkfsOptions::default()).unwrap();
+        let fs = open(&store);
+        let a = fs.create(ROOT, b"vol", 0o644, 0, 0).unwrap();
+        fs.setxattr(a.ino, XATTR_CHUNK, b"16K", 0).unwrap();
+        assert_eq!(fs.getxattr(a.ino, XATTR_CHUNK).unwrap(), b"16K");
+        assert_eq!(fs.getattr(a.ino).unwrap().blksize, 16384);
+        assert!(!fs.listxattr(a.ino).unwrap().iter().any(|n| n == XATTR_CHUNK), "not listed");
+        let data: Vec<u8> = (0..100_000u32).map(|n| (n * 7 % 251) as u8).collect();
+        fs.write(a.ino, 0, &data).unwrap();
+        assert!(invalid(fs.setxattr(a.ino, XATTR_CHUNK, b"4K", 0)).contains("holds data"));
+        fs.commit().unwrap();
+        let (lo, hi) = extents_from(a.ino, 0);
+        assert_eq!(fs.st().scan(&lo, &hi, usize::MAX).unwrap().len(), 100_000usize.div_ceil(16384));
+        // A 4 KiB overwrite in the middle, a hole punched, a truncation.
+        fs.write(a.ino, 20_000, &[9; 4096]).unwrap();
+        fs.fallocate(a.ino, crate::FALLOC_FL_PUNCH_HOLE | crate::FALLOC_FL_KEEP_SIZE, 40_000, 30_000)
+            .unwrap();
+        fs.setattr(a.ino, &crate::SetAttr { size: Some(90_001), ..Default::default() }).unwrap();
+        let mut want = data.clone();
+        want[20_000..24_096].fill(9);
+        want[40_000..70_000].fill(0);
+        want.truncate(90_001);
+        assert_eq!(fs.read(a.ino, 0, 200_000).unwrap(), want);
+        fs.close().unwrap();
+        let fs = open(&store);
+        assert_eq!(fs.read(a.ino, 0, 200_000).unwrap(), want, "after reopen");
+        assert_eq!(fs.config().version, FS_VERSION, "the image is marked as holding such inodes");
+        let rep = fs.check(&|_, _| {}).unwrap();
+        assert!(rep.problems.is_empty(), "{:?}", rep.problems);
+    }
+
+    #[test]
+    fn chunk_sizes_are_checked_and_inherited() {
+        let store: Arc<dyn Store> =
+            Arc::new(MemStore::new(Geometry { segment_size: 1 << 20, segment_count: 16 }));
+        mkfs(store.clone(), &MkfsOptions::default()).unwrap();
+        let fs = open(&store);
+        let d = fs.mkdir(ROOT, b"vols", 0o755, 0, 0).unwrap();
+        for bad in [&b"3K"[..], b"2K", b"128K", b"1M", b"abc", b"16Q", b""] {
+            assert!(invalid(fs.setxattr(d.ino, XATTR_CHUNK, bad, 0)).contains("chunk size"), "{bad:?}");
+        }
+        fs.setxattr(d.ino, XATTR_CHUNK, b"8192", 0).unwrap();
+        let f = fs.create(d.ino, b"a", 0o644, 0, 0).unwrap();
+        let sub = fs.mkdir(d.ino, b"sub", 0o755, 0, 0).unwrap();
+        let g = fs.create(sub.ino, b"b", 0o644, 0, 0).unwrap();
+        let s = fs.symlink(d.ino, b"s", b"a", 0, 0).unwrap();
+        for ino in [d.ino, f.ino, sub.ino, g.ino] {
+            assert_eq!(fs.getxattr(ino, XATTR_CHUNK).unwrap(), b"8K", "inode {ino}");
+        }
+        assert!(matches!(fs.getxattr(s.ino, XATTR_CHUNK), Err(Error::NoAttr(_))), "not on a symlink");
+        assert!(invalid(fs.setxattr(s.ino, XATTR_CHUNK, b"8K", 0)).contains("only files and directories"));
+        // A file's own setting goes while it holds no data.
+        fs.removexattr(g.ino, XATTR_CHUNK).unwrap();
+        assert_eq!(fs.getattr(g.ino).unwrap().blksize, 65536, "the image's again");
+        assert!(matches!(fs.removexattr(g.ino, XATTR_CHUNK), Err(Error::NoAttr(_))));
+        let root = fs.create(ROOT, b"c", 0o644, 0, 0).unwrap();
+        assert!(matches!(fs.getxattr(root.ino, XATTR_CHUNK), Err(Error::NoAttr(_))), "the root has none");
     }
 }

@@ -978,6 +978,7 @@ impl Session {
             }
         }
         self.handler.workers.stop();
+        self.handler.fs.set_invalidator(None);
         if let Err(e) = self.handler.fs.sync() {
             tracing::error!("sync at unmount: {e}");
         }
@@ -1008,6 +1009,9 @@ pub fn mount(fs: Arc<Fs>, dir: &Path, opts: &MountOptions) -> io::Result<(Sessio
             return Err(e);
         }
     };
+    // Writes by other front ends (NBD) drop the kernel's cached pages.
+    let notify = Arc::clone(&dev);
+    fs.set_invalidator(Some(Arc::new(move |ino, off, len| dev::notify_inval_inode(&notify, ino, off, len))));
     let handler = Arc::new(ZlogFuse::new(fs, opts.clone(), &n));
     let queues = match rings {
         Some(r) if n.uring => {

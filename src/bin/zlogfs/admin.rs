@@ -46,6 +46,9 @@ impl Target {
                 return Ok(Target::Mount { socket: control::find_socket(&dir, uid), dir });
             }
         }
+        if let Some(t) = Target::served(p) {
+            return Ok(t);
+        }
         if p.is_dir() {
             return Err(format!(
                 "{} is a directory but not a zlogfs mount point (give the image, or where it is mounted)",
@@ -53,6 +56,17 @@ impl Target {
             ));
         }
         Ok(Target::Image(p.to_path_buf()))
+    }
+
+    /// Image `p` as served by a running `zlogfs nbd` of this user: its
+    /// control socket (named after the image's canonical path) answers.
+    fn served(p: &Path) -> Option<Target> {
+        let image = p.canonicalize().ok().filter(|c| !c.is_dir())?;
+        let socket = control::find_socket(&image, nix::unistd::geteuid().as_raw());
+        // A socket left by a server that was killed refuses connections:
+        // the image is then opened as any other.
+        std::os::unix::net::UnixStream::connect(&socket).ok()?;
+        Some(Target::Mount { dir: image, socket })
     }
 
     fn name(&self) -> String {
@@ -225,6 +239,29 @@ fn print_stats(v: &Value) {
     }
     if let Some(e) = v["engine_background_error"].as_str() {
         println!("engine stopped:   {e} (unmount and mount again)");
+    }
+    print_volumes(&v["volumes"]);
+}
+
+/// The volumes of `stats` (files with a chunk size of their own).
+fn print_volumes(v: &Value) {
+    let Some(vols) = v.as_array().filter(|a| !a.is_empty()) else { return };
+    println!("volumes:          {} (files with a chunk size of their own)", vols.len());
+    // The ratio of a volume is of its allocated bytes: most of a new
+    // volume is holes.
+    let head = ("chunk", "logical", "allocated", "stored", "alloc/stored");
+    println!("  {:>6} {:>14} {:>14} {:>14} {:>12}  path", head.0, head.1, head.2, head.3, head.4);
+    for r in vols {
+        let n = |k: &str| r[k].as_u64().unwrap_or(0);
+        println!(
+            "  {:>6} {:>14} {:>14} {:>14} {:>12.2}  {}",
+            r["chunk"].as_str().unwrap_or(""),
+            n("logical"),
+            n("allocated"),
+            n("physical"),
+            n("allocated") as f64 / n("physical").max(1) as f64,
+            r["path"].as_str().unwrap_or("")
+        );
     }
 }
 

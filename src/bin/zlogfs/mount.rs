@@ -326,8 +326,9 @@ pub fn mount(image: &Path, dir: &Path, opts: &[String], foreground: bool) -> Res
 }
 
 /// Serve the control channel of the mount on `dir` (docs/CONTROL.md), for
-/// this process's user and root.
-fn start_control(fs: &Arc<Fs>, image: &Path, dir: &Path) -> Result<control::Server, String> {
+/// this process's user and root. `zlogfs nbd` serves its image's with the
+/// image as `dir`.
+pub fn start_control(fs: &Arc<Fs>, image: &Path, dir: &Path) -> Result<control::Server, String> {
     // Before the mount: once mounted, resolving the path would ask this
     // process, which does not serve yet.
     let mountpoint = dir.canonicalize().map_err(|e| format!("{}: {e}", dir.display()))?;

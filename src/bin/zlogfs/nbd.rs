@@ -190,9 +190,18 @@ impl Drop for Server {
     }
 }
 
+/// The chunk size of volumes made by `--create` when `--chunk-size` is not
+/// given (the image's when that is smaller): 4 KiB random reads
+/// decompress a sixteenth of what 64 KiB chunks make them decompress, and
+/// space costs little
+/// (docs/decisions/2026-11-25-volume-chunk-size.md).
+pub const VOLUME_CHUNK: u32 = 16 << 10;
+
 /// `--create PATH:SIZE`: make a volume (its directories too) of SIZE
-/// bytes unless PATH exists.
-pub fn create_volume(fs: &Fs, spec: &str) -> Result<(), String> {
+/// bytes, of chunks of `chunk` (xattr syntax, e.g. "16K"; None:
+/// [`VOLUME_CHUNK`] or the image's chunk size, the smaller), unless PATH
+/// exists.
+pub fn create_volume(fs: &Fs, spec: &str, chunk: Option<&str>) -> Result<(), String> {
     let (path, size) = spec
         .rsplit_once(':')
         .ok_or_else(|| format!("--create {spec}: give PATH:SIZE, e.g. vm/disk.raw:10G"))?;
@@ -216,6 +225,16 @@ pub fn create_volume(fs: &Fs, spec: &str) -> Result<(), String> {
         return Ok(());
     }
     let f = fs.create(dir, name.as_bytes(), 0o600, 0, 0).map_err(|e| format!("--create {spec}: {e}"))?;
+    let value = match chunk {
+        Some(c) => c.to_string(),
+        None => format!("{}K", VOLUME_CHUNK.min(fs.config().chunk_size) >> 10),
+    };
+    if let Err(e) = fs.setxattr(f.ino, zlogfs::fs::XATTR_CHUNK, value.as_bytes(), 0) {
+        if let Err(u) = fs.unlink(dir, name.as_bytes()) {
+            tracing::warn!("--create {spec}: removing the volume again: {u}");
+        }
+        return Err(format!("--create {spec}: --chunk-size {value}: {e}"));
+    }
     fs.setattr(f.ino, &SetAttr { size: Some(size), ..SetAttr::default() })
         .map_err(|e| format!("--create {spec}: setting the size: {e}"))?;
     fs.sync().map_err(|e| format!("--create {spec}: {e}"))
@@ -223,16 +242,18 @@ pub fn create_volume(fs: &Fs, spec: &str) -> Result<(), String> {
 
 /// `zlogfs nbd IMAGE`: serve until SIGTERM, SIGINT or SIGHUP, then close
 /// the image cleanly.
-pub fn nbd(image: &Path, at: Listen, create: &[String], opts: &[String]) -> Res {
+pub fn nbd(image: &Path, at: Listen, create: &[String], chunk: Option<&str>, opts: &[String]) -> Res {
     let parsed = super::mount::parse_options(opts, image)?;
     let fs = Arc::new(super::mount::open_for_mount(image, &parsed)?);
     for c in create {
-        create_volume(&fs, c)?;
+        create_volume(&fs, c, chunk)?;
     }
     let ro = parsed.mount.read_only;
     let mut signals = signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP])
         .map_err(|e| format!("cannot install signal handlers: {e}"))?;
     let server = Server::start(at.clone(), Arc::clone(&fs), ro)?;
+    // The admin commands reach the image through it while it is served.
+    let control = super::mount::start_control(&fs, image, image)?;
     eprintln!(
         "zlogfs: serving the files of {} at {at}{}; stop with Ctrl-C or SIGTERM",
         image.display(),
@@ -240,6 +261,7 @@ pub fn nbd(image: &Path, at: Listen, create: &[String], opts: &[String]) -> Res 
     );
     signals.forever().next();
     drop(server);
+    drop(control);
     super::mount::close_when_free(fs, image)?;
     eprintln!("zlogfs: {} closed cleanly", image.display());
     Ok(ExitCode::SUCCESS)

@@ -38,7 +38,7 @@ impl State {
     /// when it ends).
     pub(crate) fn debug_check_file(&self, i: &Inode) {
         #[cfg(debug_assertions)]
-        if !self.cleaning && i.size <= CHECK_CHUNKS * self.cs() {
+        if !self.cleaning && i.size <= CHECK_CHUNKS * self.cs(i) {
             if let Err(e) = self.check_file(i) {
                 panic!("inode {}: {e}", i.ino);
             }
@@ -59,7 +59,7 @@ impl State {
         if orphan.is_some() {
             return Ok(());
         }
-        let cs = self.cs();
+        let cs = self.cs(i);
         let chunks = i.size.div_ceil(cs);
         let mut alloc = 0u64;
         for (k, v) in stored {

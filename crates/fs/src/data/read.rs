@@ -27,9 +27,10 @@ pub(crate) fn in_file(e: Error, ino: Ino, lo: u64, hi: u64) -> Error {
 }
 
 impl State {
-    /// Bytes of file data per chunk.
-    pub(crate) fn cs(&self) -> u64 {
-        self.group.chunk_size()
+    /// Bytes of data per chunk of file `i`: its own chunk size, or the
+    /// image's.
+    pub(crate) fn cs(&self, i: &Inode) -> u64 {
+        i.chunk.map_or(self.group.chunk_size(), u64::from)
     }
 
     pub(crate) fn stored_extent(&self, ino: Ino, idx: u64) -> Result<Option<Extent>> {
@@ -130,7 +131,7 @@ impl State {
     pub(crate) fn read_data(&mut self, i: &Inode, off: u64, len: usize) -> Result<Vec<u8>> {
         let end = off.saturating_add(len as u64).min(i.size);
         let mut out = Vec::with_capacity(end.saturating_sub(off) as usize);
-        let cs = self.cs();
+        let cs = self.cs(i);
         let mut pos = off;
         while pos < end {
             let idx = pos / cs;
@@ -161,7 +162,7 @@ impl State {
     /// cached (chunks buffered are read from their buffers).
     pub(crate) fn uncached_blocks(&mut self, i: &Inode, off: u64, len: usize) -> Result<Vec<BlockAddr>> {
         let end = off.saturating_add(len as u64).min(i.size);
-        let cs = self.cs();
+        let cs = self.cs(i);
         let mut out = Vec::new();
         let mut idx = off / cs;
         while idx * cs < end {
@@ -186,7 +187,7 @@ impl State {
         if off >= i.size {
             return Ok(None);
         }
-        let cs = self.cs();
+        let cs = self.cs(i);
         let last = (i.size - 1) / cs;
         let mut c = off / cs;
         // Stored chunks are found by index scans from `c`, buffered ones in

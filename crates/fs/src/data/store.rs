@@ -44,6 +44,8 @@ struct Piece {
     /// For a whole chunk: its buffer's stamp (see
     /// [`crate::buffers::Buffers::take_ahead`]).
     stamp: Option<u64>,
+    /// The file's chunk size.
+    chunk: u32,
 }
 
 /// A buffer ready to be planned: what step 1 learnt of it.
@@ -93,7 +95,7 @@ impl StorePlan {
                 Some(b) => b,
                 // Another patch of a chunk already put back.
                 None if p.patch.is_some() => continue,
-                None => Buf::new(p.data, None, false),
+                None => Buf::new(p.data, None, false, p.chunk),
             };
             back.entry(p.ino).or_default().insert(p.idx, b);
         }
@@ -110,7 +112,6 @@ struct StoreFailed {
 
 /// Sizes the plan needs from the config record.
 struct Layout {
-    chunk_size: u64,
     inline_max: u64,
     pack_bytes: usize,
 }
@@ -120,25 +121,27 @@ struct Layout {
 fn plan_store(loaded: Vec<Loaded>, l: &Layout) -> StorePlan {
     let mut plan = StorePlan::default();
     for c in loaded {
+        let chunk = c.buf.chunk();
+        let cs = u64::from(chunk);
         let (mut data, touched, partial, stamp) = c.buf.into_parts();
-        let lim = c.size.saturating_sub(c.idx * l.chunk_size).min(l.chunk_size) as usize;
+        let lim = c.size.saturating_sub(c.idx * cs).min(cs) as usize;
         let counted = data.len();
         data.truncate(lim);
         if let Some(runs) = c.plan {
-            plan_patches(&mut plan, (c.ino, c.idx, c.spec), &data, counted, &runs);
-            plan.patched.insert((c.ino, c.idx), Buf::new(data, touched, partial));
+            plan_patches(&mut plan, (c.ino, c.idx, c.spec, chunk), &data, counted, &runs);
+            plan.patched.insert((c.ino, c.idx), Buf::new(data, touched, partial, chunk));
             continue;
         }
         debug_assert!(!partial, "chunk {} of inode {}: a partial buffer stored whole", c.idx, c.ino);
         let len = data.len();
         let stamp = (!c.was_partial).then_some(stamp);
         let zero = data.is_empty() || is_zero(&data);
-        let p = Piece { ino: c.ino, idx: c.idx, data, spec: c.spec, counted, len, patch: None, stamp };
+        let p = Piece { ino: c.ino, idx: c.idx, data, spec: c.spec, counted, len, patch: None, stamp, chunk };
         if zero {
             plan.holes.push(p);
         } else if c.idx == 0 && c.size <= l.inline_max {
             plan.inline.push(p);
-        } else if (p.data.len() as u64) < l.chunk_size / 2 {
+        } else if (p.data.len() as u64) < cs / 2 {
             plan.pack.push(p);
         } else {
             plan.own.push(p);
@@ -153,12 +156,12 @@ fn plan_store(loaded: Vec<Loaded>, l: &Layout) -> StorePlan {
 /// that no longer show (they would count as live).
 fn plan_patches(
     plan: &mut StorePlan,
-    chunk: (Ino, u64, CodecSpec),
+    chunk: (Ino, u64, CodecSpec, u32),
     data: &[u8],
     counted: usize,
     runs: &[(u32, u32)],
 ) {
-    let (ino, idx, spec) = chunk;
+    let (ino, idx, spec, cs) = chunk;
     let len = data.len();
     let mut counted = counted;
     for &(s, n) in runs {
@@ -175,6 +178,7 @@ fn plan_patches(
                 len,
                 patch: Some(one),
                 stamp: None,
+                chunk: cs,
             });
             // The chunk's count is settled once.
             counted = len;
@@ -224,11 +228,7 @@ impl State {
     fn store_chunks(&mut self, chunks: Chunks, room: Room) -> std::result::Result<(), StoreFailed> {
         let loaded = self.load_for_store(chunks)?;
         let cfg = self.group.cfg();
-        let layout = Layout {
-            chunk_size: u64::from(cfg.chunk_size),
-            inline_max: u64::from(cfg.inline_max),
-            pack_bytes: cfg.pack_bytes as usize,
-        };
+        let layout = Layout { inline_max: u64::from(cfg.inline_max), pack_bytes: cfg.pack_bytes as usize };
         let plan = plan_store(loaded, &layout);
         let addrs = match self.write_store(&plan, room) {
             Ok(a) => a,
@@ -283,7 +283,7 @@ impl State {
     /// Plan one buffer's patches; complete a partial one that will not be
     /// patches.
     fn load_one(&mut self, c: &mut Loaded) -> Result<()> {
-        let cs = self.cs();
+        let cs = u64::from(c.buf.chunk());
         let lim = c.size.saturating_sub(c.idx * cs).min(cs) as usize;
         let data = &c.buf.data()[..c.buf.data().len().min(lim)];
         // A partial buffer's zeros outside its blocks are not the chunk's:

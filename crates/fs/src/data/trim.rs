@@ -101,7 +101,7 @@ impl State {
     /// Zero `[off, off + len)` within the size: whole chunks become holes.
     pub(crate) fn zero_range(&mut self, i: &mut Inode, off: u64, len: u64) -> Result<()> {
         let end = off.saturating_add(len).min(i.size);
-        let cs = self.cs();
+        let cs = self.cs(i);
         let mut pos = off;
         while pos < end {
             let idx = pos / cs;
@@ -113,7 +113,7 @@ impl State {
             } else {
                 let stored = self.bufs.contains(i.ino, idx) || self.stored_extent(i.ino, idx)?.is_some();
                 if stored {
-                    let buf = self.dirty_mut(i.ino, idx)?;
+                    let buf = self.dirty_mut(i.ino, idx, cs as u32)?;
                     let hi = (to as usize).min(buf.len());
                     if (from as usize) < hi {
                         buf[from as usize..hi].fill(0);
@@ -137,7 +137,7 @@ impl State {
     /// nothing reserved. A chunk stored already is not reserved again: in
     /// a log, its overwrites need room as any write does.
     pub(crate) fn reserve(&mut self, i: &mut Inode, off: u64, end: u64) -> Result<()> {
-        let cs = self.cs();
+        let cs = self.cs(i);
         let mut plan: Vec<(u64, u32, u32)> = Vec::new();
         let mut need = 0u64;
         for idx in off / cs..end.div_ceil(cs) {
@@ -177,7 +177,7 @@ impl State {
     /// Release the reservations of chunks in `[off, end)` past the size
     /// (left by fallocate with KEEP_SIZE), which a punched hole takes.
     pub(crate) fn unreserve_past_size(&mut self, i: &mut Inode, off: u64, end: u64) -> Result<()> {
-        let cs = self.cs();
+        let cs = self.cs(i);
         let start = off.max(i.size);
         for idx in start.div_ceil(cs)..end.div_ceil(cs) {
             if let Some(e @ Extent::Reserved(len)) = self.stored_extent(i.ino, idx)? {
@@ -195,13 +195,13 @@ impl State {
     /// steps, under an orphan record, when there are many).
     pub(crate) fn set_len(&mut self, i: &mut Inode, size: u64) -> Result<()> {
         if size < i.size {
-            let cs = self.cs();
+            let cs = self.cs(i);
             let keep = size.div_ceil(cs);
             if size % cs != 0 {
                 let idx = size / cs;
                 let has = self.bufs.contains(i.ino, idx) || self.stored_extent(i.ino, idx)?.is_some();
                 if has {
-                    let buf = self.dirty_mut(i.ino, idx)?;
+                    let buf = self.dirty_mut(i.ino, idx, cs as u32)?;
                     let n = (size - idx * cs) as usize;
                     let cut = buf.len().saturating_sub(n);
                     buf.truncate(n);

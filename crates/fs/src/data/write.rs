@@ -22,10 +22,10 @@ enum Load {
 }
 
 impl State {
-    /// The buffer of a chunk, loading its stored content first; it will be
-    /// stored whole.
-    pub(crate) fn dirty_mut(&mut self, ino: Ino, idx: u64) -> Result<&mut Vec<u8>> {
-        let b = self.dirty_buf(ino, idx, false)?;
+    /// The buffer of a chunk of `cs` bytes, loading its stored content
+    /// first; it will be stored whole.
+    pub(crate) fn dirty_mut(&mut self, ino: Ino, idx: u64, cs: u32) -> Result<&mut Vec<u8>> {
+        let b = self.dirty_buf(ino, idx, cs, false)?;
         b.touched = None;
         Ok(b.data_mut())
     }
@@ -33,24 +33,34 @@ impl State {
     /// The buffer of a chunk, loading its stored content first (then, with
     /// `track`, tracking the blocks written, so that the commit may store
     /// only those).
-    fn dirty_buf(&mut self, ino: Ino, idx: u64, track: bool) -> Result<&mut Buf> {
+    fn dirty_buf(&mut self, ino: Ino, idx: u64, cs: u32, track: bool) -> Result<&mut Buf> {
         self.complete(ino, idx)?;
         if self.bufs.get(ino, idx).is_none() {
             let e = self.stored_extent(ino, idx)?;
-            self.insert_buf(ino, idx, e, if track { Load::Track } else { Load::Whole })?;
+            self.insert_buf(ino, idx, cs, e, if track { Load::Track } else { Load::Whole })?;
         }
         Ok(self.bufs.get_mut(ino, idx).expect("just inserted"))
     }
 
-    /// Buffer chunk `idx`, stored as `e`, loaded as `load` says (a chunk
-    /// not stored in a block is always loaded whole and not tracked).
-    fn insert_buf(&mut self, ino: Ino, idx: u64, e: Option<Extent>, load: Load) -> Result<()> {
-        let words = (self.group.cfg().chunk_size / PATCH_BLOCK).div_ceil(64) as usize;
+    /// Buffer chunk `idx` (of `cs` bytes), stored as `e`, loaded as `load`
+    /// says (a chunk not stored in a block is always loaded whole and not
+    /// tracked).
+    fn insert_buf(&mut self, ino: Ino, idx: u64, cs: u32, e: Option<Extent>, load: Load) -> Result<()> {
+        if e.as_ref().is_some_and(|e| e.len() > u64::from(cs)) {
+            return Err(Error::corrupt(
+                format!("chunk {idx} of inode {ino}"),
+                format!(
+                    "holds {} bytes, more than the file's chunk size {cs}",
+                    e.as_ref().map_or(0, Extent::len)
+                ),
+            ));
+        }
+        let words = (cs / PATCH_BLOCK).div_ceil(64) as usize;
         let buf = match e {
             Some(e @ (Extent::Own(..) | Extent::Shared { .. } | Extent::Patched { .. })) => match load {
-                Load::Partial => Buf::new(vec![0; e.len() as usize], Some(vec![0; words]), true),
-                Load::Track => Buf::new(self.extent_bytes(ino, idx, &e)?, Some(vec![0; words]), false),
-                Load::Whole => Buf::new(self.extent_bytes(ino, idx, &e)?, None, false),
+                Load::Partial => Buf::new(vec![0; e.len() as usize], Some(vec![0; words]), true, cs),
+                Load::Track => Buf::new(self.extent_bytes(ino, idx, &e)?, Some(vec![0; words]), false, cs),
+                Load::Whole => Buf::new(self.extent_bytes(ino, idx, &e)?, None, false, cs),
             },
             Some(Extent::Reserved(len)) => {
                 // The chunk is written now: its reservation becomes this
@@ -58,10 +68,10 @@ impl State {
                 // record goes, as a hole's would have none.
                 self.release(ino, idx, &Extent::Reserved(len))?;
                 self.del(extent_key(ino, idx));
-                Buf::new(vec![0; len as usize], None, false)
+                Buf::new(vec![0; len as usize], None, false, cs)
             }
-            Some(e) => Buf::new(self.extent_bytes(ino, idx, &e)?, None, false),
-            None => Buf::new(Vec::new(), None, false),
+            Some(e) => Buf::new(self.extent_bytes(ino, idx, &e)?, None, false, cs),
+            None => Buf::new(Vec::new(), None, false, cs),
         };
         self.bufs.insert(ino, idx, buf);
         Ok(())
@@ -99,7 +109,7 @@ impl State {
         if !b.partial {
             return Ok(());
         }
-        let runs = runs_of(b.touched.as_deref().unwrap_or(&[]), self.group.cfg().chunk_size / PATCH_BLOCK);
+        let runs = runs_of(b.touched.as_deref().unwrap_or(&[]), b.chunk() / PATCH_BLOCK);
         let e = self.stored_extent(ino, idx)?.ok_or_else(|| {
             Error::corrupt(format!("chunk {idx} of inode {ino}"), "a partial buffer but no record")
         })?;
@@ -116,7 +126,7 @@ impl State {
     /// The buffer for a write of `[from, from + n)` of a chunk. With
     /// patches on, a stored chunk is not read whole: the buffer is partial,
     /// and only the blocks the write covers in part are read.
-    fn write_buf(&mut self, ino: Ino, idx: u64, from: usize, n: usize) -> Result<&mut Buf> {
+    fn write_buf(&mut self, ino: Ino, idx: u64, cs: u32, from: usize, n: usize) -> Result<&mut Buf> {
         if self.bufs.get(ino, idx).is_none() {
             let e = self.stored_extent(ino, idx)?;
             let load = match (self.patches, self.cleaning) {
@@ -124,11 +134,11 @@ impl State {
                 (true, true) => Load::Track,
                 (false, _) => Load::Whole,
             };
-            self.insert_buf(ino, idx, e, load)?;
+            self.insert_buf(ino, idx, cs, e, load)?;
         }
         let b = self.bufs.get(ino, idx).expect("buffered");
         if !b.partial {
-            return self.dirty_buf(ino, idx, self.patches);
+            return self.dirty_buf(ino, idx, cs, self.patches);
         }
         // Blocks the write covers only in part, not yet in the buffer:
         // their stored bytes first.
@@ -151,7 +161,7 @@ impl State {
     /// block of the patch that covered them can be freed without
     /// rewriting the whole chunk. A chunk already buffered whole is left
     /// as it is (it is stored whole).
-    pub(crate) fn move_patch(&mut self, ino: Ino, idx: u64, runs: &[(u32, u32)]) -> Result<()> {
+    pub(crate) fn move_patch(&mut self, ino: Ino, idx: u64, cs: u32, runs: &[(u32, u32)]) -> Result<()> {
         if self.bufs.get(ino, idx).is_none() {
             // Read only the blocks moved (a partial buffer).
             let e = self.stored_extent(ino, idx)?;
@@ -161,7 +171,7 @@ impl State {
                     "moved but it has no record",
                 ));
             }
-            self.insert_buf(ino, idx, e, if self.cleaning { Load::Partial } else { Load::Track })?;
+            self.insert_buf(ino, idx, cs, e, if self.cleaning { Load::Partial } else { Load::Track })?;
         }
         let b = self.bufs.get(ino, idx).expect("buffered");
         if b.partial {
@@ -186,8 +196,8 @@ impl State {
     /// Bytes of a write of `len` at `off` that need room of their own: not
     /// those that land in a buffered chunk (counted whole already) or in
     /// a chunk's reservation (its room was set aside by fallocate).
-    pub(crate) fn fresh_bytes(&self, ino: Ino, off: u64, len: usize) -> Result<usize> {
-        let cs = self.cs();
+    pub(crate) fn fresh_bytes(&self, i: &Inode, off: u64, len: usize) -> Result<usize> {
+        let (ino, cs) = (i.ino, self.cs(i));
         let end = off.saturating_add(len as u64);
         let mut fresh = 0u64;
         let mut pos = off;
@@ -211,7 +221,7 @@ impl State {
 
     /// Write `data` at `off`, growing the size; times are the caller's.
     pub(crate) fn write_data(&mut self, i: &mut Inode, off: u64, data: &[u8]) -> Result<()> {
-        let cs = self.cs();
+        let cs = self.cs(i);
         let mut pos = 0usize;
         while pos < data.len() {
             let at = off + pos as u64;
@@ -219,7 +229,7 @@ impl State {
             let from = (at - idx * cs) as usize;
             let n = (cs as usize - from).min(data.len() - pos);
             // Blocks are tracked only when they may become patches.
-            let b = self.write_buf(i.ino, idx, from, n)?;
+            let b = self.write_buf(i.ino, idx, cs as u32, from, n)?;
             if let Some(t) = &mut b.touched {
                 let pb = PATCH_BLOCK as usize;
                 mark(t, from / pb..(from + n).div_ceil(pb));
