@@ -5,12 +5,13 @@
 # device: this kernel has no nbd module), then PostMark (Debian's
 # postmark: small files created, read, appended and deleted, a mail
 # server's load) and pgbench (PostgreSQL 15's TPC-B-like load) on it, for
-# zlogfs and `nbdkit file` on btrfs zstd:1 and on ext4, in the same run;
-# then the bytes each host stores for the volume.
+# zlogfs and `nbdkit file` on btrfs zstd:1 and on ext4, and for ext4 on a
+# loop device over a raw file (`raw`: no NBD, no compression), in the
+# same run; then the bytes each host stores for the volume.
 #
 #   bash bench/nbd-apps.sh
 #
-# SYSTEMS as for bench/nbd.sh (default "zlogfs ext4 btrfs"); PM_FILES and
+# SYSTEMS as for bench/nbd.sh, and raw (default "zlogfs raw ext4 btrfs"); PM_FILES and
 # PM_TX PostMark's files and transactions (default 50000 and 200000);
 # PGSCALE pgbench's scale (default 50, about 750 MB), PGTIME its seconds
 # (default 60), with 4 clients. Writes a Markdown table to
@@ -39,6 +40,13 @@ sock=$work/sock
 
 # The volume as a kernel block device with ext4 on it, at $work/fs.
 attach() {
+    if [ "$1" = raw ]; then
+        truncate -s 16G "$work/raw.img"
+        dev=$(losetup -f --show --direct-io=on "$work/raw.img")
+        mkfs.ext4 -q -F -E nodiscard "$dev"
+        mount "$dev" "$work/fs"
+        return
+    fi
     nbdfuse -P "$work/nbdfuse.pid" "$work/fuse/vol" --unix "$sock" &
     for _ in $(seq 100); do [ -f "$work/nbdfuse.pid" ] && break; sleep 0.1; done
     dev=$(losetup -f --show --direct-io=on "$work/fuse/vol")
@@ -93,20 +101,27 @@ pgbench_tps() {
 }
 
 declare -A R
-read -r -a systems <<<"${SYSTEMS:-zlogfs ext4 btrfs}"
+read -r -a systems <<<"${SYSTEMS:-zlogfs raw ext4 btrfs}"
 for sys in "${systems[@]}"; do
     echo "== $sys" >&2
-    start "$sys" 16G
-    attach
+    [ "$sys" != raw ] && start "$sys" 16G
+    attach "$sys"
     R[$sys,pm]=$(postmark_rate)
     rm -rf "$work/fs/pm"
     R[$sys,pg]=$(pgbench_tps)
     detach
+    if [ "$sys" = raw ]; then
+        R[$sys,space]=$(du -B1 "$work/raw.img" | cut -f1)
+        rm -f "$work/raw.img"
+        continue
+    fi
     stop_server
     R[$sys,space]=$(used "$sys")
     stop
 done
 
+# Ratios to ext4 on a raw loop device, as the issue asks (ZBD's baseline).
+base=raw
 out=${OUT:-bench/results/nbd-apps-$(date -u +%F).md}
 {
     echo "Machine: $(nproc) cores, kernel $(uname -r); $(date -u +%Y-%m-%dT%H:%MZ); commit $(git rev-parse --short HEAD)"

@@ -96,23 +96,25 @@ name() {
     zlogfs:*) echo "zlogfs nbd, ${1#zlogfs:} chunks" ;;
     ext4) echo "nbdkit file on ext4" ;;
     btrfs) echo "nbdkit file on btrfs zstd:1" ;;
+    raw) echo "raw loop device" ;;
     *) echo "$1" ;;
     esac
 }
 
-# The systems compared with btrfs (when it was measured).
+# The systems compared with the base ($base, default btrfs), when it was
+# measured.
 ratio_systems() {
     local s
-    case " $* " in *" btrfs "*) ;; *) return ;; esac
-    for s in "$@"; do [ "$s" != btrfs ] && echo "$s"; done
+    case " $* " in *" ${base:-btrfs} "*) ;; *) return ;; esac
+    for s in "$@"; do [ "$s" != "${base:-btrfs}" ] && echo "$s"; done
 }
 
 # table_head SYS...: a Markdown header, each system and then each one's
-# ratio to btrfs.
+# ratio to the base.
 table_head() {
     local head="| measure |" rule="|---|" s
     for s in "$@"; do head+=" $(name "$s") |"; rule+="---:|"; done
-    for s in $(ratio_systems "$@"); do head+=" $(name "$s") / btrfs |"; rule+="---:|"; done
+    for s in $(ratio_systems "$@"); do head+=" $(name "$s") / ${base:-btrfs} |"; rule+="---:|"; done
     echo "$head"
     echo "$rule"
 }
@@ -123,7 +125,7 @@ table_row() {
     shift 2
     for s in "$@"; do line+=" ${R[$s,$key]} |"; done
     for s in $(ratio_systems "$@"); do
-        line+=" $(python3 -c "print('%.2f' % (${R[$s,$key]} / max(${R[btrfs,$key]}, 1e-9)))") |"
+        line+=" $(python3 -c "print('%.2f' % (${R[$s,$key]} / max(${R[${base:-btrfs},$key]}, 1e-9)))") |"
     done
     echo "$line"
 }
