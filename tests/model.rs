@@ -107,6 +107,91 @@ fn model_random_sequences() {
     }
 }
 
+/// Kept points of history (`Engine::set_retained`), as the file system
+/// keeps them: random writes, flushes, merges, checkpoints and reopens
+/// (after which the points are named again, as the layer above does from
+/// its records); every read at a kept point sees the state it was taken
+/// at, and a point let go is refused once a merge passed it.
+#[test]
+fn kept_points_read_as_they_were_through_merges_and_reopen() {
+    let base = seed("kept_points_read_as_they_were_through_merges_and_reopen");
+    let rounds = if std::env::var("ZLOGFS_SEED").is_ok() { 1 } else { 12 };
+    for i in 0..rounds {
+        kept_points(base.wrapping_add(i), 500);
+    }
+}
+
+fn kept_points(seed: u64, steps: usize) {
+    let mut r = rng(seed);
+    let store = fresh_store();
+    let opts = zlogfs::Options { keep_history: true, ..small_opts() };
+    let mut e = open(&store, &opts).unwrap();
+    let mut model = Model::new();
+    let mut points: Vec<(u64, Model)> = Vec::new();
+    let retain = |e: &zlogfs::Engine, p: &[(u64, Model)]| e.set_retained(p.iter().map(|(s, _)| *s).collect());
+    retain(&e, &points);
+    for step in 0..steps {
+        let ctx = format!("seed {seed} step {step}");
+        match r.gen_range(0..100) {
+            0..=49 => {
+                let mut b = WriteBatch::new();
+                for _ in 0..r.gen_range(1..4) {
+                    let k = key(&mut r);
+                    if r.gen_ratio(1, 4) {
+                        model.remove(&k);
+                        b.delete(k);
+                    } else {
+                        let v = value(&mut r);
+                        model.insert(k.clone(), v.clone());
+                        b.put(k, v);
+                    }
+                }
+                e.write(&b).unwrap();
+            }
+            50..=59 => {
+                if points.len() < 6 {
+                    points.push((e.seq(), model.clone()));
+                    retain(&e, &points);
+                }
+            }
+            60..=64 => {
+                if !points.is_empty() {
+                    let (gone, _) = points.remove(r.gen_range(0..points.len()));
+                    retain(&e, &points);
+                    e.flush().unwrap();
+                    e.merge().unwrap();
+                    if gone < e.seq() && !points.iter().any(|(s, _)| *s == gone) {
+                        assert!(e.get_at(b"k", gone).is_err(), "a point let go is refused, {ctx}");
+                    }
+                }
+            }
+            65..=79 => {
+                for (s, m) in &points {
+                    assert_eq!(&dump_at(&e, *s).unwrap(), m, "read at point {s}, {ctx}");
+                }
+            }
+            80..=84 => e.flush().unwrap(),
+            85..=89 => e.merge().unwrap(),
+            90..=92 => e.checkpoint().unwrap(),
+            93..=96 => {
+                e.close().unwrap();
+                e = open(&store, &opts).unwrap();
+                retain(&e, &points);
+            }
+            _ => {
+                e.sync().unwrap();
+                drop(e);
+                e = open(&store, &opts).unwrap();
+                retain(&e, &points);
+            }
+        }
+    }
+    for (s, m) in &points {
+        assert_eq!(&dump_at(&e, *s).unwrap(), m, "read at point {s} at the end, seed {seed}");
+    }
+    assert_eq!(dump(&e).unwrap(), model, "final, seed {seed}");
+}
+
 /// The journal codec is the writer's choice: a journal written with any
 /// codec (lz4 on images made before zstd:1 became the default, none, zstd)
 /// replays under a writer that uses another, and the journal blocks it

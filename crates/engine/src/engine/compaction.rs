@@ -280,9 +280,15 @@ impl Engine {
             let oldest = snaps.keys().next().copied().unwrap_or(u64::MAX);
             oldest.min(self.seq()).max(self.sh.horizon.load(AtOrd::Acquire))
         };
+        // Until the layer above that keeps history names its points, every
+        // version stays (as below a horizon of 0).
+        let (horizon, points) = match lock(&self.sh.retained).clone() {
+            Some(p) => (horizon, p),
+            None => (0, Vec::new()),
+        };
         let sources: Vec<_> =
             window.iter().map(|r| r.cursor(self.sh.store.clone(), self.sh.cache.clone(), &[])).collect();
-        let merged = retain_versions(MergeIter::new(sources)?, horizon, hi == n);
+        let merged = retain_versions(MergeIter::new(sources)?, horizon, &points, hi == n);
         let new_runs: Vec<Arc<Run>> = self.write_runs(merged)?.into_iter().map(Arc::new).collect();
         {
             let mut core = lock(&self.sh.core);

@@ -65,6 +65,9 @@ pub struct Options {
     /// The store is open read-only: write nothing, not even the
     /// superblock's copy an older image lacks.
     pub read_only: bool,
+    /// The layer above keeps points of history ([`Engine::set_retained`]):
+    /// until it says which, merges keep every version.
+    pub keep_history: bool,
 }
 
 impl Default for Options {
@@ -78,6 +81,7 @@ impl Default for Options {
             background: true,
             cache_bytes: 256 << 20,
             read_only: false,
+            keep_history: false,
         }
     }
 }
@@ -121,6 +125,10 @@ struct Shared {
     horizon: AtomicU64,
     failed: AtomicBool,
     snapshots: Mutex<BTreeMap<u64, usize>>,
+    /// Kept points of history: sequence numbers below the horizon that
+    /// reads may still ask for (ascending); None until the layer above
+    /// says, when it keeps history (every version is kept meanwhile).
+    retained: Mutex<Option<Vec<u64>>>,
     bg: (Mutex<BgState>, Condvar),
     /// Damage found at open and worked around (a superblock read from its
     /// copy, a run whose index was rebuilt or that has no filter), until
@@ -407,7 +415,8 @@ impl Engine {
 
     fn check_horizon(&self, seq: u64) -> Result<()> {
         let h = self.sh.horizon.load(AtOrd::Acquire);
-        if seq < h {
+        let kept = || lock(&self.sh.retained).as_ref().is_none_or(|p| p.binary_search(&seq).is_ok());
+        if seq < h && !kept() {
             return Err(Error::SnapshotTooOld { requested: seq, horizon: h });
         }
         Ok(())
@@ -453,6 +462,17 @@ impl Engine {
             }
         }
         Ok(out)
+    }
+
+    /// The kept points of history: merges keep, per key, the newest
+    /// version at or below each of `points` (sequence numbers the layer
+    /// above chose, e.g. the ends of commit groups), and reads at them
+    /// stay possible below the horizon. Replaces the previous list;
+    /// points left out may be merged away from the next merge on.
+    pub fn set_retained(&self, mut points: Vec<u64>) {
+        points.sort_unstable();
+        points.dedup();
+        *lock(&self.sh.retained) = Some(points);
     }
 
     /// Pin the current state for reads at its sequence number.

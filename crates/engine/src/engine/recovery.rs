@@ -132,6 +132,7 @@ impl Engine {
             deferred: body.deferred.clone(),
         };
         let version = Version { active: r.mem, frozen: Vec::new(), runs };
+        let retained = if opts.keep_history { None } else { Some(Vec::new()) };
         let sh = Arc::new(Shared {
             store,
             sb,
@@ -145,6 +146,7 @@ impl Engine {
             horizon: AtomicU64::new(body.horizon),
             failed: AtomicBool::new(false),
             snapshots: Mutex::new(BTreeMap::new()),
+            retained: Mutex::new(retained),
             bg: (Mutex::new(BgState::default()), Condvar::new()),
             damage: Mutex::new(damage),
         });

@@ -167,16 +167,25 @@ impl<I: Iterator<Item = Result<Entry>>> Iterator for MergeIter<I> {
     }
 }
 
-/// Keep what reads at or after `horizon` can see: every version newer than
-/// `horizon`, and per key the newest version at or below it (dropped when it
-/// is a tombstone and `drop_tombstones` says no older run exists).
-pub fn retain_versions(
-    input: impl Iterator<Item = Result<Entry>>,
+/// Keep what reads at or after `horizon`, and at each of the kept
+/// `points` (ascending), can see: every version newer than `horizon`, and
+/// per key the newest version at or below the horizon and at or below
+/// each point. A tombstone so kept is dropped when `drop_tombstones` says
+/// no older run exists and no point lies below it (then nothing older is
+/// kept either, so its absence reads the same).
+pub fn retain_versions<'a>(
+    input: impl Iterator<Item = Result<Entry>> + 'a,
     horizon: u64,
+    points: &'a [u64],
     drop_tombstones: bool,
-) -> impl Iterator<Item = Result<Entry>> {
+) -> impl Iterator<Item = Result<Entry>> + 'a {
+    // The seqs a read may ask for at or below the horizon: the points
+    // under it, then the horizon itself.
+    let below = points.partition_point(|&p| p < horizon);
+    let targets: Vec<u64> = points[..below].iter().copied().chain(std::iter::once(horizon)).collect();
     let mut last_key: Option<Vec<u8>> = None;
-    let mut below_seen = false;
+    // The seq of the previous (newer) version of the same key.
+    let mut newer = u64::MAX;
     input.filter_map(move |r| {
         let e = match r {
             Ok(e) => e,
@@ -184,16 +193,19 @@ pub fn retain_versions(
         };
         if last_key.as_deref() != Some(e.key.as_slice()) {
             last_key = Some(e.key.clone());
-            below_seen = false;
+            newer = u64::MAX;
         }
+        let next_newer = std::mem::replace(&mut newer, e.seq);
         if e.seq > horizon {
             return Some(Ok(e));
         }
-        if below_seen {
+        // Kept when some target sees it: a target at or above its seq and
+        // below the next newer version's.
+        let i = targets.partition_point(|&t| t < e.seq);
+        if targets.get(i).is_none_or(|&t| t >= next_newer) {
             return None;
         }
-        below_seen = true;
-        if e.value.is_none() && drop_tombstones {
+        if e.value.is_none() && drop_tombstones && i == 0 {
             return None;
         }
         Some(Ok(e))
@@ -235,10 +247,65 @@ mod tests {
             vec![("a".into(), 5), ("a".into(), 1), ("b".into(), 3), ("c".into(), 2), ("c".into(), 1)]
         );
         let kept: Vec<Entry> =
-            retain_versions(merged.clone().into_iter().map(Ok), 10, true).map(|r| r.unwrap()).collect();
+            retain_versions(merged.clone().into_iter().map(Ok), 10, &[], true).map(|r| r.unwrap()).collect();
         assert_eq!(kept, vec![e("a", 5, Some("x")), e("b", 3, Some("z"))]);
         let kept: Vec<Entry> =
-            retain_versions(merged.into_iter().map(Ok), 1, false).map(|r| r.unwrap()).collect();
+            retain_versions(merged.into_iter().map(Ok), 1, &[], false).map(|r| r.unwrap()).collect();
         assert_eq!(kept.len(), 5);
+    }
+
+    /// What a read at `seq` sees of `key` in `entries` (internal order).
+    fn read_at(entries: &[Entry], key: &[u8], seq: u64) -> Option<Vec<u8>> {
+        entries.iter().find(|e| e.key == key && e.seq <= seq).and_then(|e| e.value.clone())
+    }
+
+    /// Random version histories merged with random points and horizons:
+    /// every read at the horizon, above it, or at a point sees what it saw
+    /// before, and nothing else is kept.
+    #[test]
+    fn retained_versions_read_the_same_at_every_point() {
+        use rand::{Rng, SeedableRng};
+        let seed: u64 =
+            std::env::var("ZLOGFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
+        eprintln!("ZLOGFS_SEED={seed}");
+        let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+        for round in 0..500 {
+            let mut all = Vec::new();
+            let mut seq = 0;
+            for k in 0..r.gen_range(1..6u8) {
+                for _ in 0..r.gen_range(1..12) {
+                    seq += r.gen_range(1..4);
+                    let v = r.gen_bool(0.8).then(|| vec![k, seq as u8]);
+                    all.push(Entry { key: vec![k], seq, value: v });
+                }
+            }
+            all.sort_by(|a, b| a.key.cmp(&b.key).then(b.seq.cmp(&a.seq)));
+            let horizon = r.gen_range(0..=seq + 1);
+            let mut points: Vec<u64> = (0..r.gen_range(0..6)).map(|_| r.gen_range(0..=seq + 1)).collect();
+            points.sort_unstable();
+            points.dedup();
+            let bottom = r.gen_bool(0.5);
+            let kept: Vec<Entry> = retain_versions(all.clone().into_iter().map(Ok), horizon, &points, bottom)
+                .map(|x| x.unwrap())
+                .collect();
+            let reads: Vec<u64> = points.iter().copied().chain(horizon..=seq + 1).collect();
+            for k in 0..6u8 {
+                for &at in &reads {
+                    assert_eq!(
+                        read_at(&kept, &[k], at),
+                        read_at(&all, &[k], at),
+                        "round {round}: key {k} at {at}, horizon {horizon}, points {points:?}"
+                    );
+                }
+            }
+            // Nothing kept that no read needs: each kept version at or
+            // below the horizon is the one some read sees.
+            for e in kept.iter().filter(|e| e.seq <= horizon && e.value.is_some()) {
+                let seen = reads.iter().any(|&at| {
+                    all.iter().find(|x| x.key == e.key && x.seq <= at).is_some_and(|x| x.seq == e.seq)
+                });
+                assert!(seen, "round {round}: kept {e:?} that no read sees");
+            }
+        }
     }
 }
