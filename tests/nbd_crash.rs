@@ -88,17 +88,19 @@ fn fs_opts() -> FsOptions {
     FsOptions { commit_interval: None, ..FsOptions::default() }
 }
 
-/// A store holding a file system with an empty volume, synced.
+/// A store holding a file system (64 KiB chunks) with an empty volume of
+/// 16 KiB chunks of its own, as `zlogfs nbd --create` makes it, synced.
 fn fresh() -> Arc<FaultStore> {
     let st = Arc::new(FaultStore::new(Geometry { segment_size: 256 << 10, segment_count: 64 }));
     let s: Arc<dyn Store> = st.clone();
     fs::mkfs(
         s.clone(),
-        &MkfsOptions { chunk_size: 16 << 10, pack_bytes: 32 << 10, ..MkfsOptions::default() },
+        &MkfsOptions { chunk_size: 64 << 10, pack_bytes: 64 << 10, ..MkfsOptions::default() },
     )
     .expect("mkfs");
     let f = Fs::open(s, fs_opts()).expect("open");
     let v = f.create(ROOT, b"vol", 0o600, 0, 0).expect("create");
+    f.setxattr(v.ino, fs::XATTR_CHUNK, b"16K", 0).expect("chunk size");
     f.setattr(v.ino, &SetAttr { size: Some(VOLUME), ..SetAttr::default() }).expect("size");
     f.close().expect("close");
     st
