@@ -27,19 +27,7 @@ fn run(seed: u64, steps: usize) {
                 model.insert(k, content);
             }
             0..=39 => {
-                let mut b = WriteBatch::new();
-                for _ in 0..r.gen_range(1..4) {
-                    let k = key(&mut r);
-                    if r.gen_ratio(1, 4) {
-                        model.remove(&k);
-                        b.delete(k);
-                    } else {
-                        let v = value(&mut r);
-                        model.insert(k.clone(), v.clone());
-                        b.put(k, v);
-                    }
-                }
-                e.write(&b).unwrap();
+                e.write(&random_batch(&mut r, &mut model)).unwrap();
             }
             45..=59 => {
                 let k = key(&mut r);
@@ -98,6 +86,23 @@ fn run(seed: u64, steps: usize) {
     assert_eq!(dump(&e).unwrap(), model, "final, seed {seed}");
 }
 
+/// A batch of 1 to 3 random puts and deletes, applied to `model` too.
+fn random_batch(r: &mut rand::rngs::StdRng, model: &mut Model) -> WriteBatch {
+    let mut b = WriteBatch::new();
+    for _ in 0..r.gen_range(1..4) {
+        let k = key(r);
+        if r.gen_ratio(1, 4) {
+            model.remove(&k);
+            b.delete(k);
+        } else {
+            let v = value(r);
+            model.insert(k.clone(), v.clone());
+            b.put(k, v);
+        }
+    }
+    b
+}
+
 #[test]
 fn model_random_sequences() {
     let base = seed("model_random_sequences");
@@ -134,19 +139,7 @@ fn kept_points(seed: u64, steps: usize) {
         let ctx = format!("seed {seed} step {step}");
         match r.gen_range(0..100) {
             0..=49 => {
-                let mut b = WriteBatch::new();
-                for _ in 0..r.gen_range(1..4) {
-                    let k = key(&mut r);
-                    if r.gen_ratio(1, 4) {
-                        model.remove(&k);
-                        b.delete(k);
-                    } else {
-                        let v = value(&mut r);
-                        model.insert(k.clone(), v.clone());
-                        b.put(k, v);
-                    }
-                }
-                e.write(&b).unwrap();
+                e.write(&random_batch(&mut r, &mut model)).unwrap();
             }
             50..=59 => {
                 if points.len() < 6 {
