@@ -11,7 +11,10 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+mod common;
+use common::proc::{fresh_dir, run_ok, wait_for};
 
 const ZLOGFS: &str = env!("CARGO_BIN_EXE_zlogfs");
 
@@ -49,8 +52,7 @@ struct Dir(PathBuf);
 
 impl Dir {
     fn new(name: &str) -> Dir {
-        let p = std::env::temp_dir().join(format!("zlogfs-mount-{name}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&p);
+        let p = fresh_dir("mount", name);
         fs::create_dir_all(p.join("mnt")).expect("mkdir");
         Dir(p)
     }
@@ -85,14 +87,6 @@ fn is_mounted(dir: &Path) -> bool {
     let dir = fs::canonicalize(dir).unwrap_or(dir.to_path_buf());
     let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
     mounts.lines().any(|l| l.split(' ').nth(1) == Some(dir.to_str().unwrap_or("")))
-}
-
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < Duration::from_secs(30), "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Mount in the foreground as a child process; returns when mounted.
@@ -443,12 +437,6 @@ fn missing_mount_point_and_image_get_clear_errors() {
     let o =
         zlogfs(&["mount", "-o", "bogus", d.img().to_str().expect("utf8"), d.mnt().to_str().expect("utf8")]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("unknown mount option"));
-}
-
-fn run_ok(cmd: &mut Command) -> String {
-    let o = cmd.output().expect("run");
-    assert!(o.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 /// Run a shell script as nobody (65534, no groups), through the kernel's

@@ -10,6 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::proc::{fresh_dir, run_ok as ok, wait_for};
+
 const ZLOGFS: &str = env!("CARGO_BIN_EXE_zlogfs");
 
 fn have(tool: &str, arg: &str) -> bool {
@@ -38,10 +41,7 @@ struct Dir(PathBuf);
 
 impl Dir {
     fn new(name: &str) -> Dir {
-        let d = std::env::temp_dir().join(format!("zlogfs-nbd-{name}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
-        fs::create_dir_all(&d).expect("mkdir");
-        Dir(d)
+        Dir(fresh_dir("nbd", name))
     }
     fn p(&self, name: &str) -> PathBuf {
         self.0.join(name)
@@ -54,25 +54,6 @@ impl Dir {
 impl Drop for Dir {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
-fn ok(c: &mut Command) -> String {
-    let o = c.output().expect("run");
-    assert!(
-        o.status.success(),
-        "{c:?}: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn wait_for(what: &str, f: impl Fn() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < Duration::from_secs(20), "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

@@ -1,6 +1,7 @@
 //! Helpers shared by the engine's randomised test suites.
 #![allow(dead_code, reason = "each test program uses a part of the helpers")]
 
+pub mod proc;
 pub mod workload;
 
 use std::collections::BTreeMap;
