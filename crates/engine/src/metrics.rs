@@ -256,6 +256,17 @@ impl Metrics {
         Arc::clone(ops.entry(name.to_string()).or_default())
     }
 
+    /// The histograms `PREFIX.NAME` of a front end's request kinds, one
+    /// per index (None where a kind has no name), made at once: a request
+    /// then finds its own by indexing.
+    pub fn op_table<'a>(
+        &self,
+        prefix: &str,
+        names: impl IntoIterator<Item = Option<&'a str>>,
+    ) -> Vec<Option<Arc<Histogram>>> {
+        names.into_iter().map(|n| n.map(|n| self.op(&format!("{prefix}.{n}")))).collect()
+    }
+
     /// Add `n` to a counter.
     pub fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);

@@ -154,9 +154,7 @@ fn dispatch(handler: &dyn Handler, h: &InHeader, op: Op<'_>, mut reply: Reply) {
 /// ("fuse.read", ...), made once per opcode.
 fn op_histogram(opcode: u32) -> Option<Arc<Histogram>> {
     static T: OnceLock<Vec<Option<Arc<Histogram>>>> = OnceLock::new();
-    let t = T.get_or_init(|| {
-        (0..64).map(|o| abi::op_name(o).map(|n| metrics::global().op(&format!("fuse.{n}")))).collect()
-    });
+    let t = T.get_or_init(|| metrics::global().op_table("fuse", (0..64).map(abi::op_name)));
     t.get(opcode as usize).cloned().flatten()
 }
 

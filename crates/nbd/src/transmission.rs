@@ -125,10 +125,10 @@ fn read_requests<R: Read, W: Write>(
 
 /// The histogram of NBD command `kind` in the process's metrics.
 fn histogram(kind: u16) -> Option<&'static Arc<Histogram>> {
-    static T: OnceLock<Vec<Arc<Histogram>>> = OnceLock::new();
+    static T: OnceLock<Vec<Option<Arc<Histogram>>>> = OnceLock::new();
     let names = ["read", "write", "disc", "flush", "trim", "cache", "write_zeroes", "block_status"];
-    let t = T.get_or_init(|| names.iter().map(|n| metrics::global().op(&format!("nbd.{n}"))).collect());
-    t.get(usize::from(kind))
+    let t = T.get_or_init(|| metrics::global().op_table("nbd", names.map(Some)));
+    t.get(usize::from(kind)).and_then(Option::as_ref)
 }
 
 /// Check a request against the export: flags known, range inside, not a
