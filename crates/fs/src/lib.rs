@@ -24,6 +24,7 @@
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod history;
 pub mod keys;
 
 mod acl;
