@@ -167,7 +167,8 @@ impl Fs {
         c.links();
         c.chunks()?;
         c.shared_lists()?;
-        let per_seg = c.blocks(progress);
+        let mut per_seg = c.blocks(progress);
+        c.held(&mut per_seg)?;
         c.segment_usage(&per_seg)?;
         c.xattrs()?;
         Ok(c.rep)
@@ -586,6 +587,23 @@ impl<'a> Checker<'a> {
             }
         }
         per_seg
+    }
+
+    /// Frees held for snapshots: their bytes stay counted in their
+    /// segments (`per_seg`); they exist only while a snapshot does.
+    fn held(&mut self, per_seg: &mut HashMap<u32, u64>) -> Result<()> {
+        let (lo, hi) = all_held_range();
+        let held = self.st.scan(&lo, &hi, usize::MAX)?;
+        if !held.is_empty() && self.st.group.snapshots().is_empty() {
+            self.bad(format!("{} frees are held for snapshots, but there is none", held.len()));
+        }
+        for (k, _) in held {
+            match parse_held_key(&k) {
+                Some((a, _, _)) => *per_seg.entry(a.seg).or_default() += u64::from(a.len),
+                None => self.bad(format!("malformed held free {k:02x?}")),
+            }
+        }
+        Ok(())
     }
 
     /// Segment usage must be exactly the live data blocks (`per_seg`) and

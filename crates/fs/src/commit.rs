@@ -64,7 +64,7 @@ impl State {
         if !self.bufs.is_empty() {
             self.store_buffers_or_clean(room)?;
         }
-        let Some(mut b) = self.group.seal(self.eng.device_bytes_written(), room) else {
+        let Some(mut b) = self.group.seal(self.eng.device_bytes_written(), room, self.eng.seq() + 1) else {
             return Ok(());
         };
         match self.eng.write(&b).map_err(Error::from) {

@@ -122,9 +122,22 @@ impl Fs {
     /// Open the file system on `store`, recovering it to its last durable
     /// state and finishing deletes and truncations a crash interrupted.
     pub fn open(store: Arc<dyn Store>, opts: FsOptions) -> Result<Fs> {
-        let eng_opts = Options { read_only: opts.read_only || opts.engine.read_only, ..opts.engine.clone() };
+        if opts.snapshot.is_some() && !opts.read_only {
+            return Err(Error::invalid("a snapshot opens read-only (-o ro,snapshot=NAME)"));
+        }
+        // Merges keep every version until the snapshots are known.
+        let eng_opts = Options {
+            read_only: opts.read_only || opts.engine.read_only,
+            keep_history: true,
+            ..opts.engine.clone()
+        };
         let eng = Arc::new(Engine::open(store, eng_opts)?);
         let group = Group::open(&eng)?;
+        eng.set_retained(group.snapshots().to_vec());
+        let at = match &opts.snapshot {
+            Some(name) => Some(crate::snapshot::find(&eng, name)?.seq),
+            None => None,
+        };
         let space_hint = eng.free_bytes().saturating_sub(group.counters().reserved);
         let st = State {
             eng: eng.clone(),
@@ -140,6 +153,7 @@ impl Fs {
             space_hint,
             cleaning: false,
             futile_at: None,
+            at,
         };
         let inner = Arc::new(Inner { st: Mutex::new(st), stop: Mutex::new(false), wake: Condvar::new() });
         if !opts.read_only {

@@ -38,6 +38,11 @@ pub(crate) struct Group {
     grew: bool,
     /// Commit when the group's estimated journal bytes pass this.
     max_bytes: usize,
+    /// The sequence numbers of the named snapshots, ascending: while there
+    /// are any, the group's frees are held ([`held_key`]) instead of made.
+    snapshots: Vec<u64>,
+    /// Held frees let go in this group: made whatever `snapshots` says.
+    released: Vec<BlockAddr>,
 }
 
 impl Group {
@@ -64,6 +69,12 @@ impl Group {
             Some(v) => Counters::decode(&v)?,
             None => Counters::default(),
         };
+        let (lo, hi) = snapshots_range();
+        let mut snapshots = Vec::new();
+        for (k, v) in eng.scan(&lo, Some(&hi), usize::MAX)? {
+            snapshots.push(Snapshot::decode(&v, &describe_key(&k))?.seq);
+        }
+        snapshots.sort_unstable();
         Ok(Group {
             pend: Pending::default(),
             cfg,
@@ -75,7 +86,25 @@ impl Group {
             dev_seen: eng.device_bytes_written(),
             grew: false,
             max_bytes: max_block_raw(eng.superblock().geometry) / 2,
+            snapshots,
+            released: Vec::new(),
         })
+    }
+
+    /// The sequence numbers of the named snapshots, ascending.
+    pub(crate) fn snapshots(&self) -> &[u64] {
+        &self.snapshots
+    }
+
+    /// The named snapshots changed (their records are in this group).
+    pub(crate) fn set_snapshots(&mut self, mut seqs: Vec<u64>) {
+        seqs.sort_unstable();
+        self.snapshots = seqs;
+    }
+
+    /// Make a held free (its record deleted in this group too).
+    pub(crate) fn release(&mut self, a: BlockAddr) {
+        self.released.push(a);
     }
 
     /// The pending value of `key`: None when untouched, Some(None) when
@@ -230,13 +259,21 @@ impl Group {
     /// The group as one engine batch allowed `room` of the reserve, with
     /// the config record and counters if they changed (`dev_written`: the
     /// engine's device bytes now); None when nothing is pending.
-    pub(crate) fn seal(&mut self, dev_written: u64, room: Room) -> Option<WriteBatch> {
+    pub(crate) fn seal(&mut self, dev_written: u64, room: Room, next_seq: u64) -> Option<WriteBatch> {
+        if !self.snapshots.is_empty() && !self.pend.frees.is_empty() {
+            // A snapshot may read these blocks: their bytes stay counted
+            // until it is deleted.
+            for (n, a) in std::mem::take(&mut self.pend.frees).into_iter().enumerate() {
+                self.pend.put(held_key(a, next_seq, n as u32), Vec::new());
+            }
+            self.mark_version(FS_VERSION);
+        }
         if self.cfg_dirty {
             let v = self.cfg.encode();
             self.put(config_key(), v);
             self.cfg_dirty = false;
         }
-        if self.pend.is_empty() {
+        if self.pend.is_empty() && self.released.is_empty() {
             return None;
         }
         self.take_device_bytes(dev_written);
@@ -251,7 +288,7 @@ impl Group {
                 None => b.delete(k.clone()),
             };
         }
-        for a in &self.pend.frees {
+        for a in self.pend.frees.iter().chain(&self.released) {
             b.free(*a);
         }
         Some(b)
@@ -260,6 +297,7 @@ impl Group {
     /// The sealed batch was written: a new, empty group.
     pub(crate) fn committed(&mut self) {
         self.pend = Pending::default();
+        self.released.clear();
         self.grew = false;
         self.saved = self.counters;
     }

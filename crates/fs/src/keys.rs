@@ -23,10 +23,11 @@ pub const ROOT: Ino = 1;
 /// (chunk type 4), version 4 bases that are gone (type 5), version 5
 /// chunks reserved by fallocate (`Extent::Reserved`, type 6, and the
 /// reserved bytes of the counters record), version 6 inodes with a chunk
-/// size of their own ([`Inode::chunk`]). An image is marked by the first
+/// size of their own ([`Inode::chunk`]), version 7 named snapshots and
+/// held frees. An image is marked by the first
 /// commit that writes such a record, so images that never had one stay
 /// readable by older builds.
-pub const FS_VERSION: u8 = 6;
+pub const FS_VERSION: u8 = 7;
 
 const T_CONFIG: u8 = 0x01;
 const T_TRIPLE: u8 = 0x02;
@@ -37,6 +38,8 @@ const T_DIRENT: u8 = 0x20;
 const T_EXTENT: u8 = 0x30;
 const T_XATTR: u8 = 0x40;
 const T_SHARED: u8 = 0x50;
+const T_HELD: u8 = 0x60;
+const T_SNAPSHOT: u8 = 0x71;
 
 fn key(tag: u8, a: u64) -> Vec<u8> {
     let mut k = Vec::with_capacity(17);
@@ -138,6 +141,73 @@ pub fn all_shared_range() -> (Vec<u8>, Vec<u8>) {
     (vec![T_SHARED], vec![T_SHARED + 1])
 }
 
+/// A free held back for snapshots (record version 7): (part of) block `a`
+/// that the group of sequence numbers from `died` on stopped using, the
+/// `n`th free of that group; the value is nothing. Its bytes stay counted
+/// live in their segment until the snapshots that may read it are gone.
+pub fn held_key(a: BlockAddr, died: u64, n: u32) -> Vec<u8> {
+    let mut k = vec![T_HELD];
+    k.extend_from_slice(&a.seg.to_be_bytes());
+    k.extend_from_slice(&a.offset.to_be_bytes());
+    k.extend_from_slice(&a.len.to_be_bytes());
+    k.extend_from_slice(&died.to_be_bytes());
+    k.extend_from_slice(&n.to_be_bytes());
+    k
+}
+/// (block, died, n) of a held free's key.
+pub fn parse_held_key(k: &[u8]) -> Option<(BlockAddr, u64, u32)> {
+    if k.len() != 25 || k[0] != T_HELD {
+        return None;
+    }
+    let w = |i: usize| u32::from_be_bytes([k[i], k[i + 1], k[i + 2], k[i + 3]]);
+    let died = u64::from_be_bytes(k[13..21].try_into().ok()?);
+    Some((BlockAddr { seg: w(1), offset: w(5), len: w(9) }, died, w(21)))
+}
+/// Range of all held frees.
+pub fn all_held_range() -> (Vec<u8>, Vec<u8>) {
+    (vec![T_HELD], vec![T_HELD + 1])
+}
+/// A named snapshot (record version 7); its value is [`Snapshot::encode`].
+pub fn snapshot_key(name: &[u8]) -> Vec<u8> {
+    let mut k = vec![T_SNAPSHOT];
+    k.extend_from_slice(name);
+    k
+}
+/// Range of all snapshots.
+pub fn snapshots_range() -> (Vec<u8>, Vec<u8>) {
+    (vec![T_SNAPSHOT], vec![T_SNAPSHOT + 1])
+}
+
+/// A named snapshot: the sequence number it reads at (the last of the
+/// group committed before it), and when it was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Reads of the snapshot are reads at this sequence number.
+    pub seq: u64,
+    /// When it was taken.
+    pub time: Time,
+}
+
+impl Snapshot {
+    /// Encode: var seq, zvar sec, var nsec.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.put_var(self.seq);
+        v.put_var(zigzag(self.time.sec));
+        v.put_var(u64::from(self.time.nsec));
+        v
+    }
+    /// Decode.
+    pub fn decode(b: &[u8], what: &str) -> Result<Snapshot> {
+        let mut r = Reader::new(b, what);
+        let seq = r.var()?;
+        let sec = unzigzag(r.var()?);
+        let nsec = r.var_max(999_999_999, "nanoseconds")? as u32;
+        r.finish()?;
+        Ok(Snapshot { seq, time: Time { sec, nsec } })
+    }
+}
+
 /// Split a key of `tag` + u64 + rest.
 fn split(k: &[u8], tag: u8) -> Option<(u64, &[u8])> {
     if k.len() < 9 || k[0] != tag {
@@ -167,6 +237,12 @@ pub fn describe_key(k: &[u8]) -> String {
     }
     if let Some(a) = parse_shared_key(k) {
         return format!("reference list of block {a}");
+    }
+    if let Some((a, died, _)) = parse_held_key(k) {
+        return format!("held free of block {a} (from sequence number {died})");
+    }
+    if k.first() == Some(&T_SNAPSHOT) {
+        return format!("snapshot {:?}", lossy(&k[1..]));
     }
     match k.first() {
         Some(&T_CONFIG) => "the config record".into(),
@@ -1036,6 +1112,23 @@ mod tests {
         for t in [Time { sec: -1, nsec: 5 }, Time { sec: 0, nsec: 0 }, Time { sec: 12345, nsec: 999 }] {
             assert_eq!(Time::from_system(t.to_system()), t);
         }
+    }
+
+    #[test]
+    fn held_and_snapshot_records_round_trip() {
+        let a = BlockAddr { seg: 7, offset: 4096, len: 300 };
+        let k = held_key(a, 12345, 2);
+        assert_eq!(parse_held_key(&k), Some((a, 12345, 2)));
+        assert!(parse_held_key(&k[..24]).is_none() && parse_shared_key(&k).is_none());
+        let (lo, hi) = all_held_range();
+        assert!(lo <= k && k < hi);
+        assert!(describe_key(&k).contains("held free"), "{}", describe_key(&k));
+        let s = Snapshot { seq: 99, time: Time { sec: -3, nsec: 5 } };
+        assert_eq!(Snapshot::decode(&s.encode(), "snapshot").unwrap(), s);
+        assert!(Snapshot::decode(&[], "snapshot").is_err());
+        let k = snapshot_key(b"before-upgrade");
+        let (lo, hi) = snapshots_range();
+        assert!(lo <= k && k < hi && describe_key(&k).contains("before-upgrade"));
     }
 
     #[test]

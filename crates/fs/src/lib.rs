@@ -44,6 +44,7 @@ mod options;
 mod patch;
 mod pending;
 mod scrub;
+mod snapshot;
 mod state;
 mod stats;
 mod worker;

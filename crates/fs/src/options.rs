@@ -92,6 +92,8 @@ pub struct FsOptions {
     /// written, not even what recovery or an open's orphans would; every
     /// change fails with EROFS, and reads update no atime.
     pub read_only: bool,
+    /// Open the named snapshot instead of the present (read-only).
+    pub snapshot: Option<String>,
 }
 
 impl Default for FsOptions {
@@ -106,6 +108,7 @@ impl Default for FsOptions {
             sync: SyncMode::Lazy,
             patches: true,
             read_only: false,
+            snapshot: None,
         }
     }
 }

@@ -45,13 +45,19 @@ pub(crate) struct State {
     /// Commits so far when cleaning last failed to make the room a writer
     /// needed (see `clean_for`).
     pub(crate) futile_at: Option<u64>,
+    /// Reads see the index at this sequence number (a snapshot opened
+    /// read-only); None: the present.
+    pub(crate) at: Option<u64>,
 }
 
 impl State {
     pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         match self.group.get(key) {
             Some(v) => Ok(v.map(|v| v.to_vec())),
-            None => Ok(self.eng.get(key)?),
+            None => Ok(match self.at {
+                Some(seq) => self.eng.get_at(key, seq)?,
+                None => self.eng.get(key)?,
+            }),
         }
     }
 
@@ -69,7 +75,10 @@ impl State {
         let mut cur = lo.to_vec();
         let step = limit.clamp(64, 4096);
         loop {
-            let stored = self.eng.scan(&cur, Some(hi), step)?;
+            let stored = match self.at {
+                Some(seq) => self.eng.scan_at(&cur, Some(hi), step, seq)?,
+                None => self.eng.scan(&cur, Some(hi), step)?,
+            };
             let done = stored.len() < step;
             let next = if done {
                 hi.to_vec()

@@ -1,0 +1,127 @@
+//! Named snapshots (issue 28, first step of docs/decisions/2026-11-25-history-design.md):
+//! a snapshot is a sequence number the index keeps every record version
+//! at (`Engine::set_retained`), and, while any snapshot exists, the blocks
+//! a commit stops using are held ([`crate::keys::held_key`]) instead of
+//! freed, and the cleaner moves nothing. Deleting a snapshot frees the
+//! held blocks no remaining snapshot can read: those freed at or before
+//! the oldest one left (a block freed at sequence number `died` was
+//! readable only below it).
+
+use zlogfs_engine::engine::Engine;
+
+use crate::error::{Error, Result};
+use crate::filesystem::now;
+use crate::keys::*;
+use crate::Fs;
+
+/// Held frees made per commit group when a snapshot is deleted.
+const RELEASE_STEP: usize = 4096;
+
+/// The snapshot called `name` of the image open on `eng`.
+pub(crate) fn find(eng: &Engine, name: &str) -> Result<Snapshot> {
+    match eng.get(&snapshot_key(name.as_bytes()))? {
+        Some(v) => Ok(Snapshot::decode(&v, &format!("snapshot {name:?}"))?),
+        None => Err(Error::not_found(format!("no snapshot called {name:?} (zlogfs snapshot list)"))),
+    }
+}
+
+fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 255
+        && name != "."
+        && name != ".."
+        && !name.contains('/')
+        && !name.chars().any(char::is_control);
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "snapshot name {name:?}: 1 to 255 bytes, no '/', no control characters, not . or .."
+        )))
+    }
+}
+
+impl Fs {
+    /// Take a snapshot called `name` of everything accepted so far; durable
+    /// when this returns.
+    pub fn snapshot_create(&self, name: &str) -> Result<Snapshot> {
+        check_name(name)?;
+        let mut st = self.st();
+        if st.read_only {
+            return Err(Error::read_only("the file system is open read-only: no snapshot can be taken"));
+        }
+        st.pre_op()?;
+        if st.get(&snapshot_key(name.as_bytes()))?.is_some() {
+            return Err(Error::exists(format!("a snapshot called {name:?} exists")));
+        }
+        st.commit()?;
+        let snap = Snapshot { seq: st.eng.seq(), time: now() };
+        st.put(snapshot_key(name.as_bytes()), snap.encode());
+        let mut seqs = st.group.snapshots().to_vec();
+        seqs.push(snap.seq);
+        st.eng.set_retained(seqs.clone());
+        st.group.set_snapshots(seqs);
+        st.group.mark_version(FS_VERSION);
+        st.commit()?;
+        drop(st);
+        self.sync()?;
+        Ok(snap)
+    }
+
+    /// The snapshots, by name.
+    pub fn snapshots(&self) -> Result<Vec<(String, Snapshot)>> {
+        let st = self.st();
+        let (lo, hi) = snapshots_range();
+        let mut out = Vec::new();
+        for (k, v) in st.scan(&lo, &hi, usize::MAX)? {
+            let name = String::from_utf8_lossy(&k[1..]).into_owned();
+            out.push((name.clone(), Snapshot::decode(&v, &format!("snapshot {name:?}"))?));
+        }
+        Ok(out)
+    }
+
+    /// Delete the snapshot called `name`, and free the blocks only it
+    /// held; durable when this returns. Returns the bytes freed.
+    pub fn snapshot_delete(&self, name: &str) -> Result<u64> {
+        let mut st = self.st();
+        if st.read_only {
+            return Err(Error::read_only("the file system is open read-only: no snapshot can be deleted"));
+        }
+        st.pre_relieve()?;
+        let key = snapshot_key(name.as_bytes());
+        let Some(v) = st.get(&key)? else {
+            return Err(Error::not_found(format!("no snapshot called {name:?} (zlogfs snapshot list)")));
+        };
+        let gone = Snapshot::decode(&v, &format!("snapshot {name:?}"))?;
+        st.del(key);
+        let mut seqs = st.group.snapshots().to_vec();
+        if let Some(i) = seqs.iter().position(|&s| s == gone.seq) {
+            seqs.remove(i);
+        }
+        st.group.set_snapshots(seqs.clone());
+        let oldest = seqs.first().copied().unwrap_or(u64::MAX);
+        let (lo, hi) = all_held_range();
+        let held = st.scan(&lo, &hi, usize::MAX)?;
+        let mut freed = 0u64;
+        for (n, (k, _)) in held.into_iter().enumerate() {
+            let Some((a, died, _)) = parse_held_key(&k) else {
+                return Err(Error::corrupt(describe_key(&k), "a malformed held free"));
+            };
+            if died <= oldest {
+                st.group.release(a);
+                st.del(k);
+                freed += u64::from(a.len);
+            }
+            if n % RELEASE_STEP == RELEASE_STEP - 1 {
+                st.commit()?;
+            }
+        }
+        st.commit()?;
+        // Versions only the deleted snapshot kept may be merged away now
+        // that its record is gone for good.
+        st.eng.set_retained(seqs);
+        drop(st);
+        self.sync()?;
+        Ok(freed)
+    }
+}

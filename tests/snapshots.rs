@@ -1,0 +1,191 @@
+//! Named snapshots (issue 28, first step): a snapshot reads as the tree
+//! was when it was taken, through later overwrites, deletes, reopens and
+//! power cuts; the blocks it reads stay held (and cleaning pauses) until
+//! it is deleted, which frees them; fsck is clean throughout.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use zlogfs::fs::{self, CleanOptions, Fs, FsOptions, Kind, MkfsOptions, SetAttr, ROOT};
+use zlogfs::store::{CrashMode, FaultConfig, FaultStore, Geometry, Store};
+
+type Tree = BTreeMap<String, Vec<u8>>;
+
+fn fresh() -> Arc<FaultStore> {
+    let st = Arc::new(FaultStore::new(Geometry { segment_size: 256 << 10, segment_count: 64 }));
+    let s: Arc<dyn Store> = st.clone();
+    fs::mkfs(s, &MkfsOptions { chunk_size: 16 << 10, pack_bytes: 32 << 10, ..MkfsOptions::default() })
+        .expect("mkfs");
+    st
+}
+
+fn open(st: &Arc<FaultStore>, snapshot: Option<&str>) -> fs::Result<Fs> {
+    let s: Arc<dyn Store> = st.clone();
+    let opts = FsOptions {
+        commit_interval: None,
+        read_only: snapshot.is_some(),
+        snapshot: snapshot.map(str::to_string),
+        ..FsOptions::default()
+    };
+    Fs::open(s, opts)
+}
+
+/// Every path with its contents (directories: "/").
+fn dump(f: &Fs) -> Tree {
+    let mut out = Tree::new();
+    let mut stack = vec![(ROOT, String::new())];
+    while let Some((dir, prefix)) = stack.pop() {
+        for e in f.readdir(dir, None, usize::MAX).expect("readdir") {
+            let path = format!("{prefix}/{}", String::from_utf8_lossy(&e.name));
+            if e.kind == Kind::Dir {
+                out.insert(path.clone(), b"/".to_vec());
+                stack.push((e.ino, path));
+            } else {
+                out.insert(path, f.read(e.ino, 0, 1 << 24).expect("read"));
+            }
+        }
+    }
+    out
+}
+
+fn data(n: usize, seed: u8) -> Vec<u8> {
+    (0..n).map(|i| ((i as u32).wrapping_mul(2_654_435_761) >> 24) as u8 ^ seed).collect()
+}
+
+fn fsck_clean(f: &Fs, ctx: &str) {
+    let rep = f.check(&|_, _| {}).expect("fsck");
+    assert!(rep.problems.is_empty(), "{ctx}: fsck: {:?}", rep.problems);
+}
+
+/// The tree the snapshot is taken of.
+fn setup(f: &Fs) {
+    let d = f.mkdir(ROOT, b"d", 0o755, 0, 0).expect("mkdir");
+    for (parent, name, n, seed) in
+        [(ROOT, &b"a"[..], 100_000, 1u8), (ROOT, b"b", 3000, 2), (d.ino, b"c", 40_000, 3)]
+    {
+        let x = f.create(parent, name, 0o644, 0, 0).expect("create");
+        f.write(x.ino, 0, &data(n, seed)).expect("write");
+    }
+    f.sync().expect("sync");
+}
+
+/// Changes after the snapshot: an overwrite, a delete, a new file, a
+/// truncation.
+fn change(f: &Fs) -> fs::Result<()> {
+    let a = f.lookup(ROOT, b"a")?;
+    f.write(a.ino, 0, &data(100_000, 9))?;
+    f.unlink(ROOT, b"b")?;
+    let e = f.create(ROOT, b"e", 0o644, 0, 0)?;
+    f.write(e.ino, 0, &data(50_000, 7))?;
+    let d = f.lookup(ROOT, b"d")?;
+    let c = f.lookup(d.ino, b"c")?;
+    f.setattr(c.ino, &SetAttr { size: Some(10), ..SetAttr::default() })?;
+    f.sync()
+}
+
+#[test]
+fn a_snapshot_reads_as_it_was_and_holds_its_blocks_until_deleted() {
+    let st = fresh();
+    let f = open(&st, None).expect("open");
+    setup(&f);
+    let before = dump(&f);
+    let snap = f.snapshot_create("s1").expect("snapshot");
+    assert_eq!(f.snapshots().expect("list"), vec![("s1".to_string(), snap)]);
+    let live_at_snapshot = f.engine().stats().live_bytes;
+    change(&f).expect("change");
+    let after = dump(&f);
+    assert_ne!(before, after);
+    assert!(f.engine().stats().live_bytes > live_at_snapshot, "the old blocks stay live");
+    let paused = f.clean(&CleanOptions::default(), &|_| {}).expect_err("cleaning pauses");
+    assert!(paused.to_string().contains("snapshot"), "{paused}");
+    fsck_clean(&f, "with a snapshot");
+    f.close().expect("close");
+
+    let view = open(&st, Some("s1")).expect("open the snapshot");
+    assert_eq!(dump(&view), before, "the snapshot reads as the tree was");
+    assert!(view.create(ROOT, b"x", 0o644, 0, 0).is_err(), "a snapshot is read-only");
+    drop(view);
+
+    let f = open(&st, None).expect("reopen");
+    assert_eq!(dump(&f), after, "the present after reopen");
+    fsck_clean(&f, "after reopen");
+    let freed = f.snapshot_delete("s1").expect("delete");
+    assert!(freed > 0, "deleting the snapshot frees the blocks only it read");
+    assert!(f.snapshots().expect("list").is_empty());
+    fsck_clean(&f, "after the delete");
+    f.clean(&CleanOptions::default(), &|_| {}).expect("cleaning runs again");
+    assert_eq!(dump(&f), after);
+    fsck_clean(&f, "after cleaning");
+    f.close().expect("close");
+    assert!(matches!(open(&st, Some("s1")), Err(fs::Error::NotFound(_))), "a deleted snapshot is gone");
+    let f = open(&st, None).expect("reopen");
+    assert_eq!(dump(&f), after);
+    fsck_clean(&f, "at the end");
+}
+
+#[test]
+fn snapshots_are_named_once_and_opened_read_only() {
+    let st = fresh();
+    let f = open(&st, None).expect("open");
+    for bad in ["", ".", "..", "a/b", "tab\there", &"x".repeat(256)] {
+        assert!(matches!(f.snapshot_create(bad), Err(fs::Error::Invalid(_))), "{bad:?}");
+    }
+    f.snapshot_create("one").expect("create");
+    assert!(matches!(f.snapshot_create("one"), Err(fs::Error::Exists(_))));
+    assert!(matches!(f.snapshot_delete("two"), Err(fs::Error::NotFound(_))));
+    f.close().expect("close");
+    let s: Arc<dyn Store> = st.clone();
+    let rw = Fs::open(s, FsOptions { snapshot: Some("one".into()), ..FsOptions::default() });
+    assert!(matches!(rw, Err(fs::Error::Invalid(_))), "a snapshot opens read-only");
+}
+
+/// A power cut after every device operation of: take a snapshot, change
+/// the tree, delete the snapshot. After each, fsck is clean, the present
+/// is the tree before or after the changes, and a snapshot that survived
+/// reads as the tree before them.
+#[test]
+fn power_cuts_during_snapshot_create_change_and_delete() {
+    let run = |st: &Arc<FaultStore>| {
+        let f = open(st, None)?;
+        f.snapshot_create("s")?;
+        change(&f)?;
+        f.snapshot_delete("s")?;
+        f.close()
+    };
+    let prepare = || {
+        let st = fresh();
+        let f = open(&st, None).expect("open");
+        setup(&f);
+        let before = dump(&f);
+        f.close().expect("close");
+        (st, before)
+    };
+    let (dry, before) = prepare();
+    let base = dry.op_count();
+    run(&dry).expect("a run without faults");
+    let total = dry.op_count() - base;
+    let after = dump(&open(&dry, None).expect("open"));
+    let modes = [CrashMode::DropUnsynced, CrashMode::TearLast, CrashMode::Reorder];
+    let seed = common::seed("power_cuts_during_snapshot_create_change_and_delete");
+    for cut in 0..total {
+        let (st, _) = prepare();
+        st.set_faults(FaultConfig { dead_after: Some(cut), ..FaultConfig::default() });
+        let _ = run(&st);
+        let mode = modes[(cut % 3) as usize];
+        st.power_cut(mode, seed ^ cut);
+        let ctx = format!("cut after device operation {cut} of {total} ({mode:?}), seed {seed}");
+        let f = open(&st, None).unwrap_or_else(|e| panic!("{ctx}: open: {e}"));
+        let now = dump(&f);
+        assert!(now == before || now == after, "{ctx}: the present is neither before nor after the changes");
+        fsck_clean(&f, &ctx);
+        let kept = f.snapshots().expect("list");
+        drop(f);
+        if !kept.is_empty() {
+            let view = open(&st, Some("s")).unwrap_or_else(|e| panic!("{ctx}: open the snapshot: {e}"));
+            assert_eq!(dump(&view), before, "{ctx}: the snapshot reads as the tree before");
+        }
+    }
+    eprintln!("{total} cut points");
+}
