@@ -691,6 +691,55 @@ fn set_id_bits_go_on_write_truncate_and_chown() {
     child.wait().expect("wait");
 }
 
+/// `zlogfs snapshot` on a mount (through the control channel) and on an
+/// image, and a snapshot mounted read-only: it shows the files as they
+/// were when it was taken, after they were overwritten and deleted.
+#[test]
+fn a_snapshot_taken_on_a_mount_mounts_as_it_was() {
+    if !usable() {
+        return;
+    }
+    let d = Dir::new("snapshot");
+    mkfs(&d, "128M");
+    let (img, mnt) =
+        (d.img().to_str().expect("utf8").to_string(), d.mnt().to_str().expect("utf8").to_string());
+    let mut child = mount_fg(&d, "");
+    let m = d.mnt();
+    fs::write(m.join("kept"), pattern(200_000, 1)).expect("write");
+    fs::create_dir(m.join("dir")).expect("mkdir");
+    fs::write(m.join("dir/gone"), pattern(5000, 2)).expect("write");
+    let out = ok(&["snapshot", "create", &mnt, "before", "--json"]);
+    assert!(out.contains("\"created\""), "{out}");
+    fs::write(m.join("kept"), pattern(200_000, 3)).expect("overwrite");
+    fs::remove_file(m.join("dir/gone")).expect("rm");
+    fs::write(m.join("new"), b"new").expect("write");
+    let list: serde_json::Value =
+        serde_json::from_str(&ok(&["snapshot", "list", &mnt, "--json"])).expect("json");
+    assert_eq!(list["snapshots"][0]["name"], "before", "{list}");
+    let paused = zlogfs(&["clean", &mnt]);
+    assert!(!paused.status.success() && String::from_utf8_lossy(&paused.stderr).contains("snapshot"));
+    unmount(&d);
+    assert!(child.wait().expect("wait").success());
+    let refused = zlogfs(&["mount", &img, &mnt, "-o", "snapshot=before"]);
+    assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("read-only"));
+    let mut child = mount_fg(&d, "ro,snapshot=before");
+    assert_eq!(fs::read(m.join("kept")).expect("read"), pattern(200_000, 1), "the old contents");
+    assert_eq!(fs::read(m.join("dir/gone")).expect("read"), pattern(5000, 2), "the deleted file");
+    assert!(!m.join("new").exists(), "nothing made after it");
+    assert!(fs::write(m.join("x"), b"x").is_err(), "read-only");
+    unmount(&d);
+    assert!(child.wait().expect("wait").success());
+    fsck_clean(&d);
+    let out = ok(&["snapshot", "delete", &img, "before"]);
+    assert!(out.contains("deleted"), "{out}");
+    assert!(ok(&["snapshot", "list", &img, "--json"]).contains("[]"));
+    fsck_clean(&d);
+    let mut child = mount_fg(&d, "");
+    assert_eq!(fs::read(m.join("kept")).expect("read"), pattern(200_000, 3), "the present");
+    unmount(&d);
+    assert!(child.wait().expect("wait").success());
+}
+
 /// A full file system: the writer gets ENOSPC (never EIO), deleting works
 /// and gives the space back, compressible data still fits, fsck is clean.
 #[test]

@@ -263,6 +263,22 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Named snapshots: `create` one of everything written so far, `list`
+    /// them, `delete` one. A snapshot mounts read-only with
+    /// `zlogfs mount IMAGE DIR -o ro,snapshot=NAME`. While any exists,
+    /// the blocks it reads stay allocated and cleaning pauses.
+    Snapshot {
+        /// create, list or delete.
+        #[arg(value_parser = ["create", "list", "delete"])]
+        action: String,
+        /// The image, or a zlogfs mount point.
+        target: PathBuf,
+        /// The snapshot's name (create and delete).
+        name: Option<String>,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(clap::Args)]
@@ -347,6 +363,9 @@ fn main() -> ExitCode {
         Cmd::Fsck { target, repair, json } => admin::fsck(&target, repair, json),
         Cmd::Clean { target, segments, max_live, json } => admin::clean(&target, segments, max_live, json),
         Cmd::Sync { target, json } => admin::sync(&target, json),
+        Cmd::Snapshot { action, target, name, json } => {
+            admin::snapshot(&target, &action, name.as_deref(), json)
+        }
         Cmd::Nbd { image, socket, listen, create, chunk_size, options } => {
             let at = match (socket, listen) {
                 (Some(p), _) => nbd::Listen::Unix(p),

@@ -44,8 +44,13 @@ pub fn handler(fs: Arc<Fs>, info: Info) -> Handler {
             Some("scrub") => scrub(&fs, &info, req, progress),
             Some("metrics") => Ok(crate::tools::metrics::metrics()),
             Some("sync") => fs.sync().map(|()| json!({"synced": true})).map_err(|e| e.to_string()),
+            Some("snapshot") => {
+                let action = req.get("action").and_then(Value::as_str).unwrap_or("list");
+                let name = req.get("name").and_then(Value::as_str);
+                report::snapshot(&fs, action, name).map_err(|e| e.to_string())
+            }
             Some(op) => Err(format!(
-                "unknown operation {op:?} (known: hello, stats, metrics, du, fsck, scrub, clean, sync)"
+                "unknown operation {op:?} (known: hello, stats, metrics, du, fsck, scrub, clean, sync, snapshot)"
             )),
             None => Err("the request names no operation (\"op\")".into()),
         }

@@ -116,6 +116,38 @@ pub fn du(fs: &Fs, path: &str) -> Result<Value> {
     Ok(json!({"total": usage_row(path, &fs.du(ino)?), "entries": entries}))
 }
 
+/// What `zlogfs snapshot ACTION` answers: `create` and `delete` the
+/// snapshot `name`, or `list` them (oldest first, with when they were
+/// taken and what deleting each alone frees now).
+pub fn snapshot(fs: &Fs, action: &str, name: Option<&str>) -> Result<Value> {
+    let named = || name.ok_or_else(|| crate::fs::Error::Invalid(format!("snapshot {action} needs a name")));
+    let time = |t: crate::fs::keys::Time| humantime::format_rfc3339_seconds(t.to_system()).to_string();
+    Ok(match action {
+        "create" => {
+            let s = fs.snapshot_create(named()?)?;
+            json!({"created": named()?, "seq": s.seq, "time": time(s.time)})
+        }
+        "delete" => {
+            let freed = fs.snapshot_delete(named()?)?;
+            json!({"deleted": named()?, "freed_bytes": freed})
+        }
+        "list" => {
+            let rows: Vec<Value> = fs
+                .snapshot_usage()?
+                .into_iter()
+                .map(|(n, s, frees)| json!({"name": n, "seq": s.seq, "time": time(s.time), "frees_bytes": frees}))
+                .collect();
+            json!({"snapshots": rows})
+        }
+        a => {
+            return Err(crate::fs::Error::Invalid(format!(
+                "unknown snapshot action {a:?} (create, list, delete)"
+            ))
+            .into())
+        }
+    })
+}
+
 /// What `zlogfs fsck` reports: every problem found, the counts checked,
 /// what was repaired first.
 pub fn fsck(image: &str, fs: &Fs, repaired: &[String], progress: &dyn Fn(u64, u64)) -> Result<Value> {

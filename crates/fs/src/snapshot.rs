@@ -80,6 +80,31 @@ impl Fs {
         Ok(out)
     }
 
+    /// The snapshots, oldest first, each with the bytes deleting it
+    /// alone would free now: held blocks are freed by the delete that
+    /// leaves no snapshot at or before their free, so only the oldest
+    /// snapshot frees any (those freed up to the next one).
+    pub fn snapshot_usage(&self) -> Result<Vec<(String, Snapshot, u64)>> {
+        let mut snaps = self.snapshots()?;
+        snaps.sort_by_key(|(_, s)| s.seq);
+        let next = snaps.get(1).map_or(u64::MAX, |(_, s)| s.seq);
+        let st = self.st();
+        let (lo, hi) = all_held_range();
+        let mut oldest_frees = 0u64;
+        for (k, _) in st.scan(&lo, &hi, usize::MAX)? {
+            match parse_held_key(&k) {
+                Some((a, died, _)) if died <= next => oldest_frees += u64::from(a.len),
+                Some(_) => {}
+                None => return Err(Error::corrupt(describe_key(&k), "a malformed held free")),
+            }
+        }
+        Ok(snaps
+            .into_iter()
+            .enumerate()
+            .map(|(i, (n, s))| (n, s, if i == 0 { oldest_frees } else { 0 }))
+            .collect())
+    }
+
     /// Delete the snapshot called `name`, and free the blocks only it
     /// held; durable when this returns. Returns the bytes freed.
     pub fn snapshot_delete(&self, name: &str) -> Result<u64> {

@@ -301,6 +301,49 @@ pub fn sync(target: &Path, json: bool) -> Res {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `zlogfs snapshot ACTION TARGET [NAME]`.
+pub fn snapshot(target: &Path, action: &str, name: Option<&str>, json: bool) -> Res {
+    if action != "list" && name.is_none() {
+        return Err(format!("zlogfs snapshot {action} needs a NAME"));
+    }
+    let t = Target::of(target)?;
+    let v = match &t {
+        Target::Image(image) if action == "list" => {
+            report::snapshot(&open_fs_ro(image)?, action, name).map_err(|e| e.to_string())?
+        }
+        Target::Image(image) => {
+            let fs = open_fs(image, zfs::Atime::Noatime)?;
+            let v = report::snapshot(&fs, action, name).map_err(|e| e.to_string())?;
+            close(fs, image)?;
+            v
+        }
+        Target::Mount { socket, .. } => {
+            ask(socket, "snapshot", json!({"action": action, "name": name}), &mut |_| {})?
+        }
+    };
+    show(&v, json, |v| match action {
+        "create" => println!("{}: snapshot {} taken", t.name(), v["created"].as_str().unwrap_or("")),
+        "delete" => println!(
+            "{}: snapshot {} deleted, {} bytes freed",
+            t.name(),
+            v["deleted"].as_str().unwrap_or(""),
+            v["freed_bytes"].as_u64().unwrap_or(0)
+        ),
+        _ => {
+            println!("{:<24} {:<22} {:>14}", "name", "taken", "delete frees");
+            for s in v["snapshots"].as_array().into_iter().flatten() {
+                println!(
+                    "{:<24} {:<22} {:>14}",
+                    s["name"].as_str().unwrap_or(""),
+                    s["time"].as_str().unwrap_or(""),
+                    s["frees_bytes"].as_u64().unwrap_or(0)
+                );
+            }
+        }
+    });
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `zlogfs clean`.
 pub fn clean(target: &Path, segments: Option<usize>, max_live: f64, json: bool) -> Res {
     if !(0.0..=1.0).contains(&max_live) {

@@ -45,6 +45,8 @@ pub struct Parsed {
     /// `-o nbd=PATH`: serve the image's files as NBD exports on a Unix
     /// socket there.
     pub nbd: Option<PathBuf>,
+    /// `-o ro,snapshot=NAME`: mount the named snapshot.
+    pub snapshot: Option<String>,
 }
 
 /// Parse a `-o` list (several `-o` are joined). Every generic option of
@@ -66,6 +68,7 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
         commit: COMMIT,
         metrics: None,
         nbd: None,
+        snapshot: None,
     };
     for opt in lists.iter().flat_map(|l| l.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
         let (k, v) = match opt.split_once('=') {
@@ -78,9 +81,12 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
             return Err(format!(
                 "unknown mount option {opt:?} (known: the generic options of mount(8), and allow_other, \
                  default_permissions, patches, nopatches, uring[=on|off|auto], spin=US, attr_timeout=S, \
-                 entry_timeout=S, negative_timeout=S, threads=N, commit=SECONDS, metrics=HOST:PORT, nbd=PATH, log=LEVEL, logfile=PATH)"
+                 entry_timeout=S, negative_timeout=S, threads=N, commit=SECONDS, metrics=HOST:PORT, nbd=PATH, snapshot=NAME, log=LEVEL, logfile=PATH)"
             ));
         }
+    }
+    if p.snapshot.is_some() && !p.mount.read_only {
+        return Err("a snapshot mounts read-only: give -o ro,snapshot=NAME".into());
     }
     Ok(p)
 }
@@ -140,6 +146,9 @@ impl Parsed {
                 self.commit = if s == 0 { COMMIT } else { Duration::from_secs(s) };
             }
             "nbd" => self.nbd = Some(PathBuf::from(v.ok_or("option nbd needs the path of a Unix socket")?)),
+            "snapshot" => {
+                self.snapshot = Some(v.ok_or("option snapshot needs a name (zlogfs snapshot list)")?.into())
+            }
             "metrics" => {
                 let a = v.ok_or("option metrics needs HOST:PORT, e.g. metrics=127.0.0.1:9184")?;
                 a.to_socket_addrs().map_err(|e| format!("option metrics={a}: {e} (give HOST:PORT)"))?;
@@ -240,6 +249,7 @@ pub fn open_for_mount(image: &Path, p: &Parsed) -> Result<Fs, String> {
         sync: p.sync,
         patches: p.patches,
         commit_interval: Some(p.commit),
+        snapshot: p.snapshot.clone(),
         ..FsOptions::default()
     };
     Fs::open(Arc::new(f), opts).map_err(|e: zlogfs::fs::Error| format!("{}: {e}", image.display()))
