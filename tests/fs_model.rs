@@ -47,6 +47,12 @@ fn fresh(chunk: u32) -> Arc<FaultStore> {
     st
 }
 
+fn open_snapshot(st: &Arc<FaultStore>, name: &str) -> Fs {
+    let s: Arc<dyn Store> = st.clone();
+    Fs::open(s, FsOptions { read_only: true, snapshot: Some(name.to_string()), ..fs_opts() })
+        .expect("open a snapshot")
+}
+
 fn open(st: &Arc<FaultStore>) -> Fs {
     let s: Arc<dyn Store> = st.clone();
     Fs::open(s, fs_opts()).expect("open")
@@ -455,6 +461,9 @@ fn run(seed: u64, steps: usize, setup: Setup) {
     // Patches written by commits of single small writes.
     let mut patches = 0;
     let mut armed = false;
+    // Named snapshots taken, with the model they must read as.
+    let mut snaps: Vec<(String, Model)> = Vec::new();
+    let mut snapshot_steps = 0;
     for step in 0..steps {
         let ctx = format!("seed {seed} step {step}");
         let op = r.gen_range(0..100);
@@ -669,6 +678,35 @@ fn run(seed: u64, steps: usize, setup: Setup) {
                 armed = true;
                 continue;
             }
+            98 if !clean && !io_errors && !armed => {
+                // Snapshots: take one, read one back (the file system
+                // closed, the snapshot opened read-only), or delete one.
+                // Each is durable when it returns.
+                snapshot_steps += 1;
+                match r.gen_range(0..3) {
+                    0 if snaps.len() < 3 => {
+                        let name = format!("s{step}");
+                        f.snapshot_create(&name).unwrap_or_else(|e| panic!("{ctx}: snapshot: {e}"));
+                        snaps.push((name, m.clone()));
+                    }
+                    1 if !snaps.is_empty() => {
+                        let (name, want) = &snaps[r.gen_range(0..snaps.len())];
+                        f.close().unwrap_or_else(|e| panic!("{ctx}: close: {e}"));
+                        let view = open_snapshot(&st, name);
+                        assert_eq!(fs_dump(&view), want.dump(), "{ctx}: snapshot {name} reads otherwise");
+                        drop(view);
+                        f = open(&st);
+                    }
+                    _ if !snaps.is_empty() => {
+                        let (name, _) = snaps.remove(r.gen_range(0..snaps.len()));
+                        f.snapshot_delete(&name).unwrap_or_else(|e| panic!("{ctx}: delete {name}: {e}"));
+                    }
+                    // Nothing to read or delete: nothing was synced.
+                    _ => continue,
+                }
+                history = vec![m.clone()];
+                continue;
+            }
             98 if clean => {
                 let rep = f.clean(&fs::CleanOptions::default(), &|_| {}).expect("clean");
                 // Only segments still in use by the engine, or holding
@@ -740,18 +778,27 @@ fn run(seed: u64, steps: usize, setup: Setup) {
     }
     assert_eq!(fs_dump(&f), m.dump(), "seed {seed}: trees differ at the end");
     f.close().expect("close");
-    let f = open(&st);
+    let mut f = open(&st);
     assert_eq!(fs_dump(&f), m.dump(), "seed {seed}: trees differ after a clean reopen");
     let rep = f.check(&|_, _| {}).expect("fsck");
     assert!(rep.problems.is_empty(), "seed {seed}: fsck: {:?}", rep.problems);
     assert!(rep.inodes > 1, "seed {seed}: the final tree is empty");
+    if !snaps.is_empty() {
+        f.close().expect("close");
+        for (name, want) in &snaps {
+            let view = open_snapshot(&st, name);
+            assert_eq!(fs_dump(&view), want.dump(), "seed {seed}: snapshot {name} at the end");
+        }
+        f = open(&st);
+    }
     if chunk > 4096 {
         assert!(patches > 0, "seed {seed}: no patch was written");
     }
     let gone = f.usage().expect("usage").bases_gone;
     eprintln!(
         "seed {seed}: {steps} steps, {crashes} power cuts, {io_faults} I/O errors met, {patches} patches, \
-         {gone} chunks left without a base"
+         {gone} chunks left without a base, {snapshot_steps} snapshot steps ({} snapshots left)",
+        snaps.len()
     );
 }
 
