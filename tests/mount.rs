@@ -716,6 +716,9 @@ fn a_snapshot_taken_on_a_mount_mounts_as_it_was() {
     let list: serde_json::Value =
         serde_json::from_str(&ok(&["snapshot", "list", &mnt, "--json"])).expect("json");
     assert_eq!(list["snapshots"][0]["name"], "before", "{list}");
+    let stats: serde_json::Value = serde_json::from_str(&ok(&["stats", &mnt, "--json"])).expect("json");
+    assert_eq!(stats["snapshots"], 1, "{stats}");
+    assert!(stats["snapshot_held_bytes"].as_u64().unwrap_or(0) > 0, "the old contents are held: {stats}");
     let paused = zlogfs(&["clean", &mnt]);
     assert!(!paused.status.success() && String::from_utf8_lossy(&paused.stderr).contains("snapshot"));
     unmount(&d);

@@ -30,6 +30,7 @@ pub fn stats(image: &str, fs: &Fs) -> Result<Value> {
         .collect();
     let fst = fs.stats();
     let volumes = volumes(fs)?;
+    let (snapshots, held) = (fs.snapshots()?.len(), fs.held_bytes()?);
     Ok(json!({
         "image": image,
         "format_version": e.superblock().version, "records_version": fs.config().version,
@@ -54,6 +55,7 @@ pub fn stats(image: &str, fs: &Fs) -> Result<Value> {
         "last_background_error": fst.last_background_error,
         "engine_background_error": fst.engine_background_error,
         "volumes": volumes,
+        "snapshots": snapshots, "snapshot_held_bytes": held,
     }))
 }
 

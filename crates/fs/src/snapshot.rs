@@ -80,6 +80,18 @@ impl Fs {
         Ok(out)
     }
 
+    /// Stored bytes held for snapshots: blocks the present no longer uses.
+    pub fn held_bytes(&self) -> Result<u64> {
+        let st = self.st();
+        let (lo, hi) = all_held_range();
+        Ok(st
+            .scan(&lo, &hi, usize::MAX)?
+            .iter()
+            .filter_map(|(k, _)| parse_held_key(k))
+            .map(|(a, _, _)| u64::from(a.len))
+            .sum())
+    }
+
     /// The snapshots, oldest first, each with the bytes deleting it
     /// alone would free now: held blocks are freed by the delete that
     /// leaves no snapshot at or before their free, so only the oldest

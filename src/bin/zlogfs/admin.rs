@@ -240,6 +240,13 @@ fn print_stats(v: &Value) {
     if let Some(e) = v["engine_background_error"].as_str() {
         println!("engine stopped:   {e} (unmount and mount again)");
     }
+    if n("snapshots") > 0 {
+        println!(
+            "snapshots:        {}, holding {} stored bytes the present no longer uses (cleaning pauses meanwhile)",
+            n("snapshots"),
+            n("snapshot_held_bytes")
+        );
+    }
     print_volumes(&v["volumes"]);
 }
 
