@@ -754,16 +754,10 @@ fn full_device_gives_enospc_and_recovers_after_delete() {
     mkfs(&d, "64M");
     let mut child = mount_fg(&d, "");
     let m = d.mnt();
-    let mut rng = 0x9e3779b97f4a7c15u64;
-    let mut noise = |n: usize| -> Vec<u8> {
-        (0..n)
-            .map(|_| {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                rng as u8
-            })
-            .collect()
+    let mut seed = 0x9e3779b97f4a7c15u64;
+    let mut noise = |n: usize| {
+        seed = seed.wrapping_add(0x9e37_79b9);
+        common::noise(seed, n)
     };
     let mut f = fs::File::create(m.join("big")).expect("create");
     let mut written = 0usize;

@@ -132,17 +132,7 @@ fn a_snapshot_survives_the_reuse_of_freed_space() {
     let st = fresh();
     let f = open(&st, None).expect("open");
     let a = f.create(ROOT, b"a", 0o644, 0, 0).expect("create");
-    let noise = |seed: u64| -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..1 << 20)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    };
+    let noise = |seed: u64| common::noise(seed, 1 << 20);
     f.write(a.ino, 0, &noise(1)).expect("write");
     f.sync().expect("sync");
     f.snapshot_create("s").expect("snapshot");

@@ -91,3 +91,16 @@ pub fn value(r: &mut StdRng) -> Vec<u8> {
     let fill = r.gen_range(b'a'..=b'z');
     (0..len).map(|i| if i % 7 == 0 { r.gen() } else { fill }).collect()
 }
+
+/// Incompressible bytes: `n` of a xorshift stream from `seed` (not 0).
+pub fn noise(seed: u64, n: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
