@@ -159,6 +159,7 @@ impl Fs {
         if !opts.read_only {
             let mut st = lock(&inner.st);
             st.finish_orphans()?;
+            st.release_held()?;
             st.commit()?;
             eng.sync()?;
         }

@@ -12,6 +12,7 @@ use zlogfs_engine::engine::Engine;
 use crate::error::{Error, Result};
 use crate::filesystem::now;
 use crate::keys::*;
+use crate::state::State;
 use crate::Fs;
 
 /// Held frees made per commit group when a snapshot is deleted.
@@ -38,6 +39,36 @@ fn check_name(name: &str) -> Result<()> {
         Err(Error::invalid(format!(
             "snapshot name {name:?}: 1 to 255 bytes, no '/', no control characters, not . or .."
         )))
+    }
+}
+
+impl State {
+    /// Make the held frees that no snapshot can read any more (freed at or
+    /// before the oldest one left), deleting their records with them, in
+    /// groups of [`RELEASE_STEP`]; committed. Run by a snapshot's delete,
+    /// and at open, where it finishes a delete a crash cut short (its
+    /// record gone in its first group, some held frees left). Returns the
+    /// bytes freed.
+    pub(crate) fn release_held(&mut self) -> Result<u64> {
+        let oldest = self.group.snapshots().first().copied().unwrap_or(u64::MAX);
+        let (lo, hi) = all_held_range();
+        let held = self.scan(&lo, &hi, usize::MAX)?;
+        let mut freed = 0u64;
+        for (n, (k, _)) in held.into_iter().enumerate() {
+            let Some((a, died, _)) = parse_held_key(&k) else {
+                return Err(Error::corrupt(describe_key(&k), "a malformed held free"));
+            };
+            if died <= oldest {
+                self.group.release(a);
+                self.del(k);
+                freed += u64::from(a.len);
+            }
+            if n % RELEASE_STEP == RELEASE_STEP - 1 {
+                self.commit()?;
+            }
+        }
+        self.commit()?;
+        Ok(freed)
     }
 }
 
@@ -136,29 +167,58 @@ impl Fs {
             seqs.remove(i);
         }
         st.group.set_snapshots(seqs.clone());
-        let oldest = seqs.first().copied().unwrap_or(u64::MAX);
-        let (lo, hi) = all_held_range();
-        let held = st.scan(&lo, &hi, usize::MAX)?;
-        let mut freed = 0u64;
-        for (n, (k, _)) in held.into_iter().enumerate() {
-            let Some((a, died, _)) = parse_held_key(&k) else {
-                return Err(Error::corrupt(describe_key(&k), "a malformed held free"));
-            };
-            if died <= oldest {
-                st.group.release(a);
-                st.del(k);
-                freed += u64::from(a.len);
-            }
-            if n % RELEASE_STEP == RELEASE_STEP - 1 {
-                st.commit()?;
-            }
-        }
-        st.commit()?;
+        let freed = st.release_held()?;
         // Versions only the deleted snapshot kept may be merged away now
         // that its record is gone for good.
         st.eng.set_retained(seqs);
         drop(st);
         self.sync()?;
         Ok(freed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use zlogfs_engine::store::{Geometry, MemStore, Store};
+
+    use crate::keys::{all_held_range, snapshot_key};
+    use crate::{mkfs, Fs, FsOptions, MkfsOptions, ROOT};
+
+    fn open(store: &Arc<dyn Store>) -> Fs {
+        Fs::open(store.clone(), FsOptions { commit_interval: None, ..FsOptions::default() }).unwrap()
+    }
+
+    /// A delete cut short after its first group (the snapshot's record
+    /// gone, held frees left) is finished by the next open.
+    #[test]
+    fn the_next_open_finishes_an_interrupted_delete() {
+        let store: Arc<dyn Store> =
+            Arc::new(MemStore::new(Geometry { segment_size: 1 << 20, segment_count: 16 }));
+        mkfs(store.clone(), &MkfsOptions::default()).unwrap();
+        let fs = open(&store);
+        let a = fs.create(ROOT, b"a", 0o644, 0, 0).unwrap();
+        fs.write(a.ino, 0, &vec![7u8; 200_000]).unwrap();
+        fs.snapshot_create("s").unwrap();
+        fs.write(a.ino, 0, &vec![8u8; 200_000]).unwrap();
+        fs.sync().unwrap();
+        let (lo, hi) = all_held_range();
+        {
+            let mut st = fs.st();
+            assert!(!st.scan(&lo, &hi, usize::MAX).unwrap().is_empty(), "frees are held");
+            // The first group of the delete, and no more.
+            st.del(snapshot_key(b"s"));
+            st.group.set_snapshots(Vec::new());
+            st.commit().unwrap();
+        }
+        fs.sync().unwrap();
+        let live = fs.engine().stats().live_bytes;
+        drop(fs);
+        let fs = open(&store);
+        assert!(fs.st().scan(&lo, &hi, usize::MAX).unwrap().is_empty(), "the held frees were made");
+        assert!(fs.engine().stats().live_bytes < live, "and their bytes freed");
+        let rep = fs.check(&|_, _| {}).unwrap();
+        assert!(rep.problems.is_empty(), "{:?}", rep.problems);
     }
 }
