@@ -54,6 +54,9 @@ for t in $FUZZ_TARGETS; do
         echo "$t: $status"
     fi
     if [ "$status" != ok ]; then
+        # The panic's message comes before a long stack trace.
+        echo "---- what failed in the $t log:"
+        grep -m 3 -A 3 -E "panicked at|ERROR: libFuzzer|out-of-memory" "$log" || true
         echo "---- last lines of the $t log:"
         tail -n 60 "$log"
         echo "---- crashing inputs:"

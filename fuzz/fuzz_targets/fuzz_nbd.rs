@@ -4,23 +4,25 @@
 //! (and with structured replies), so that requests are reached.
 #![no_main]
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
 use zlogfs_engine::store::{Geometry, MemStore, Store};
 use zlogfs_fs::{mkfs, Fs, FsOptions, MkfsOptions, SetAttr, ROOT};
 use zlogfs_nbd::replay::{handshake, Duplex};
 
-fn fs() -> &'static Arc<Fs> {
-    static FS: OnceLock<Arc<Fs>> = OnceLock::new();
-    FS.get_or_init(|| {
-        let store: Arc<dyn Store> = Arc::new(MemStore::new(Geometry { segment_size: 1 << 20, segment_count: 32 }));
-        mkfs(store.clone(), &MkfsOptions::default()).expect("mkfs");
-        let fs = Fs::open(store, FsOptions { commit_interval: None, ..FsOptions::default() }).expect("open");
-        let f = fs.create(ROOT, b"disk", 0o600, 0, 0).expect("create");
-        fs.setattr(f.ino, &SetAttr { size: Some(1 << 20), ..SetAttr::default() }).expect("size");
-        Arc::new(fs)
-    })
+/// A fresh file system per input, so that a crashing input crashes again
+/// on its own (one shared across inputs made artifacts that depended on
+/// every input before them).
+fn fs() -> Arc<Fs> {
+    let store: Arc<dyn Store> =
+        Arc::new(MemStore::new(Geometry { segment_size: 256 << 10, segment_count: 16 }));
+    let small = MkfsOptions { chunk_size: 64 << 10, pack_bytes: 64 << 10, ..MkfsOptions::default() };
+    mkfs(store.clone(), &small).expect("mkfs");
+    let fs = Fs::open(store, FsOptions { commit_interval: None, ..FsOptions::default() }).expect("open");
+    let f = fs.create(ROOT, b"disk", 0o600, 0, 0).expect("create");
+    fs.setattr(f.ino, &SetAttr { size: Some(256 << 10), ..SetAttr::default() }).expect("size");
+    Arc::new(fs)
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -29,5 +31,5 @@ fuzz_target!(|data: &[u8]| {
     input.extend_from_slice(rest);
     let d = Duplex::new(input);
     // On this thread (threads' own allocations read as leaks here).
-    let _ = zlogfs_nbd::serve_with(d.clone(), d, fs(), mode & 4 != 0, 0);
+    let _ = zlogfs_nbd::serve_with(d.clone(), d, &fs(), mode & 4 != 0, 0);
 });
