@@ -6,6 +6,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use super::{check_range, Geometry, MetaSlot, Store, META_SLOTS, META_SLOT_SIZE};
 
+#[derive(Clone)]
 struct Inner {
     segments: Vec<Option<Vec<u8>>>,
     meta: [[u8; META_SLOT_SIZE]; META_SLOTS],
@@ -18,6 +19,13 @@ pub struct MemStore {
 }
 
 impl MemStore {
+    /// A copy of this store's bytes as they are now (a fuzz target starts
+    /// each input from the same prepared image).
+    pub fn fork(&self) -> MemStore {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        MemStore { geometry: self.geometry, inner: Mutex::new(inner) }
+    }
+
     /// An empty store: every segment and metadata slot reads as zeros.
     pub fn new(geometry: Geometry) -> MemStore {
         MemStore {
@@ -107,6 +115,20 @@ mod tests {
         s.read(2, 0, &mut buf).unwrap();
         assert!(buf.iter().all(|&b| b == 0));
         s.sync().unwrap();
+    }
+
+    #[test]
+    fn a_fork_has_the_bytes_and_goes_its_own_way() {
+        let s = MemStore::new(geo());
+        s.write(1, 0, &[5; 100]).unwrap();
+        let f = s.fork();
+        s.write(1, 0, &[6; 100]).unwrap();
+        let mut buf = vec![0u8; 100];
+        f.read(1, 0, &mut buf).unwrap();
+        assert_eq!(buf, vec![5; 100], "the fork keeps what was there");
+        f.write(2, 0, &[7; 10]).unwrap();
+        s.read(2, 0, &mut buf[..10]).unwrap();
+        assert_eq!(&buf[..10], &[0; 10], "and the original does not see the fork's writes");
     }
 
     #[test]
