@@ -482,9 +482,9 @@ fn small_overwrites_are_patches() {
     let ino = create(&f, b"file");
     f.write(ino, 0, &model).expect("write");
     f.sync().expect("sync");
-    // Records stay at version 1 (readable by older builds) until the first
-    // patch is written.
-    assert_eq!(f.config().version, 1);
+    // Change records mark the image as version 8 from its first change
+    // (before them, the first patch marked it 4).
+    assert_eq!(f.config().version, fs::keys::FS_VERSION);
     let dev0 = f.engine().device_bytes_written();
     let n = 200;
     for k in 0..n {
@@ -515,7 +515,7 @@ fn small_overwrites_are_patches() {
     fsck(&f, "after the overwrites");
     f.close().expect("close");
     f = Fs::open(s.clone(), fs_opts()).expect("reopen");
-    assert_eq!(f.config().version, 4);
+    assert_eq!(f.config().version, fs::keys::FS_VERSION);
     // The replaced part of each patched base no longer counts as live: the
     // cleaner sees it. At most half of each (the most patches may replace).
     let u = f.usage().expect("usage");

@@ -171,6 +171,7 @@ impl Fs {
         c.held(&mut per_seg)?;
         c.segment_usage(&per_seg)?;
         c.xattrs()?;
+        c.change_records()?;
         Ok(c.rep)
     }
 }
@@ -375,10 +376,53 @@ impl<'a> Checker<'a> {
             } else if nlink != n {
                 self.bad(format!("inode {ino} has link count {nlink}, but {n} entries name it"));
             }
+            self.file_parent(ino, kind);
             if !seen.contains(&ino) && !orphan {
                 self.bad(format!("inode {ino} ({kind:?}) is not reachable from the root"));
             }
         }
+    }
+
+    /// A file's parent, when known, holds a link to it (the change feed
+    /// names files by it).
+    fn file_parent(&mut self, ino: Ino, kind: Kind) {
+        let parent = self.inodes.get(&ino).map_or(0, |i| i.parent);
+        if kind == Kind::Dir || parent == 0 || self.orphans.contains(&ino) {
+            return;
+        }
+        if !self.children.get(&parent).is_some_and(|c| c.contains(&ino)) {
+            self.bad(format!(
+                "inode {ino} names directory {parent} as its parent, which has no entry for it"
+            ));
+        }
+    }
+
+    /// Change records decode, and the record of where they start is
+    /// there when any is.
+    fn change_records(&mut self) -> Result<()> {
+        let (lo, hi) = changes_range();
+        let recs = self.st.scan(&lo, &hi, usize::MAX)?;
+        let from = match crate::changes::records_from(self.st) {
+            Ok(f) => f,
+            Err(e) => {
+                self.bad(format!("{e}"));
+                return Ok(());
+            }
+        };
+        for (k, v) in &recs {
+            let what = describe_key(k);
+            match parse_change_key(k) {
+                None => self.bad(format!("malformed change record key {k:02x?}")),
+                Some(s) if from.is_none_or(|f| s <= f.seq) => {
+                    self.bad(format!("{what} lies before where change records start"))
+                }
+                Some(_) => {}
+            }
+            if let Err(e) = crate::changes::Record::decode(v, &what) {
+                self.bad(format!("{e}"));
+            }
+        }
+        Ok(())
     }
 
     /// Chunk records: they decode, lie within their file, add up to its

@@ -8,6 +8,9 @@ use zlogfs_engine::engine::Room;
 use crate::error::{Error, Result};
 use crate::state::State;
 
+/// Commits between passes that drop old change records.
+const PRUNE_EVERY: u64 = 1024;
+
 impl State {
     /// Before an operation that changes anything but only removes:
     /// commit first when the group or the buffers are past their bounds,
@@ -83,6 +86,13 @@ impl State {
         }
         self.group.committed();
         self.stats.commits += 1;
+        if self.stats.commits % PRUNE_EVERY == 1 {
+            // Old change records go in the next group (after the first
+            // commit of an open, then every PRUNE_EVERY).
+            if let Err(e) = self.prune_changes() {
+                self.background_error("dropping old change records", &e);
+            }
+        }
         self.space_hint = self.free_now();
         Ok(())
     }

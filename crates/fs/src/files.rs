@@ -11,6 +11,7 @@ use std::sync::Arc;
 use zlogfs_engine::metrics::{self, Metrics};
 use zlogfs_engine::BlockAddr;
 
+use crate::changes::What;
 use crate::error::{Error, Result};
 use crate::filesystem::now;
 use crate::keys::*;
@@ -181,6 +182,7 @@ impl Fs {
             i.mode &= !c.cleared_by_write(i.mode, i.gid);
         }
         st.save(&i);
+        st.note(ino, Kind::File, What::Data);
         st.debug_check_file(&i);
         Ok(data.len())
     }
@@ -211,6 +213,7 @@ impl Fs {
                 return Err(Error::file_too_big(format!("size {size} passes the largest file size")));
             }
             if size != i.size {
+                st.note(ino, Kind::File, What::Data);
                 st.set_len(&mut i, size)?;
                 i.mtime = t;
             }
@@ -238,6 +241,11 @@ impl Fs {
         i.ctime = a.ctime.unwrap_or(t);
         if let Some(b) = a.btime {
             i.btime = b;
+        }
+        // A truncate's new mtime is part of the data change.
+        let times = a.atime.is_some() || a.btime.is_some() || (a.mtime.is_some() && a.size.is_none());
+        if a.mode.is_some() || a.uid.is_some() || a.gid.is_some() || times {
+            st.note(ino, i.kind(), What::Meta);
         }
         if let Some(c) = &a.by {
             // As the file was before the change.
@@ -312,6 +320,7 @@ impl Fs {
         // After a failure too: what was done before it (chunks made
         // holes, their counts in `i`) stays done, and the inode with it.
         st.save(&i);
+        st.note(ino, Kind::File, What::Data);
         st.debug_check_file(&i);
         r
     }

@@ -12,7 +12,9 @@ use zlogfs_engine::engine::{Engine, Room, WriteBatch};
 use zlogfs_engine::max_block_raw;
 use zlogfs_engine::BlockAddr;
 
+use crate::changes::{Event, Record};
 use crate::error::{Error, Result};
+use crate::filesystem::now;
 use crate::keys::*;
 use crate::pending::Pending;
 
@@ -43,6 +45,12 @@ pub(crate) struct Group {
     snapshots: Vec<u64>,
     /// Held frees let go in this group: made whatever `snapshots` says.
     released: Vec<BlockAddr>,
+    /// The image keeps change records (its record of where they start
+    /// exists, or is pending).
+    recording: bool,
+    /// The point the image was opened at: every group since was this
+    /// build's, so when records start they cover all from here.
+    opened_at: u64,
 }
 
 impl Group {
@@ -75,6 +83,7 @@ impl Group {
             snapshots.push(Snapshot::decode(&v, &describe_key(&k))?.seq);
         }
         snapshots.sort_unstable();
+        let recording = eng.get(&changes_from_key())?.is_some();
         Ok(Group {
             pend: Pending::default(),
             cfg,
@@ -88,6 +97,8 @@ impl Group {
             max_bytes: max_block_raw(eng.superblock().geometry) / 2,
             snapshots,
             released: Vec::new(),
+            recording,
+            opened_at: eng.seq(),
         })
     }
 
@@ -119,6 +130,11 @@ impl Group {
 
     pub(crate) fn del(&mut self, key: Vec<u8>) {
         self.pend.del(key);
+    }
+
+    /// Note what an operation did, for the group's change record.
+    pub(crate) fn note(&mut self, e: Event) {
+        self.pend.note(e);
     }
 
     /// Release (part of) a data block when the group commits.
@@ -268,6 +284,9 @@ impl Group {
             }
             self.mark_version(FS_VERSION);
         }
+        if !self.pend.events.is_empty() {
+            self.put_change_record(next_seq);
+        }
         if self.cfg_dirty {
             let v = self.cfg.encode();
             self.put(config_key(), v);
@@ -292,6 +311,26 @@ impl Group {
             b.free(*a);
         }
         Some(b)
+    }
+
+    /// The group's change record, keyed by its first sequence number
+    /// (`first`); with the first one, the record of where they start.
+    fn put_change_record(&mut self, first: u64) {
+        self.start_recording();
+        let rec = Record { time: now(), events: self.pend.events.clone() };
+        self.put(change_key(first), rec.encode());
+        self.mark_version(8);
+    }
+
+    /// Keep change records from the point the image was opened at, if
+    /// they are not kept yet (a snapshot does, so that what changed since
+    /// it can be said).
+    pub(crate) fn start_recording(&mut self) {
+        if !self.recording {
+            self.put(changes_from_key(), Snapshot { seq: self.opened_at, time: now() }.encode());
+            self.recording = true;
+            self.mark_version(8);
+        }
     }
 
     /// The sealed batch was written: a new, empty group.

@@ -24,14 +24,17 @@ pub const ROOT: Ino = 1;
 /// chunks reserved by fallocate (`Extent::Reserved`, type 6, and the
 /// reserved bytes of the counters record), version 6 inodes with a chunk
 /// size of their own ([`Inode::chunk`]), version 7 named snapshots and
-/// held frees. An image is marked by the first
+/// held frees, version 8 change records ([`change_key`]) and parents of
+/// files as well as directories ([`Inode::parent`]). An image is marked by
+/// the first
 /// commit that writes such a record, so images that never had one stay
 /// readable by older builds.
-pub const FS_VERSION: u8 = 7;
+pub const FS_VERSION: u8 = 8;
 
 const T_CONFIG: u8 = 0x01;
 const T_TRIPLE: u8 = 0x02;
 const T_COUNTERS: u8 = 0x03;
+const T_CHANGES_FROM: u8 = 0x04;
 const T_ORPHAN: u8 = 0x08;
 const T_INODE: u8 = 0x10;
 const T_DIRENT: u8 = 0x20;
@@ -40,6 +43,7 @@ const T_XATTR: u8 = 0x40;
 const T_SHARED: u8 = 0x50;
 const T_HELD: u8 = 0x60;
 const T_SNAPSHOT: u8 = 0x71;
+const T_CHANGE: u8 = 0x72;
 
 fn key(tag: u8, a: u64) -> Vec<u8> {
     let mut k = Vec::with_capacity(17);
@@ -178,6 +182,27 @@ pub fn snapshots_range() -> (Vec<u8>, Vec<u8>) {
     (vec![T_SNAPSHOT], vec![T_SNAPSHOT + 1])
 }
 
+/// The change record of the commit group whose first sequence number is
+/// `seq` (record version 8); its value is `changes::Record::encode`.
+pub fn change_key(seq: u64) -> Vec<u8> {
+    let mut k = vec![T_CHANGE];
+    k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+/// (seq) of a change record's key.
+pub fn parse_change_key(k: &[u8]) -> Option<u64> {
+    split(k, T_CHANGE).filter(|(_, r)| r.is_empty()).map(|(s, _)| s)
+}
+/// Range of all change records.
+pub fn changes_range() -> (Vec<u8>, Vec<u8>) {
+    (vec![T_CHANGE], vec![T_CHANGE + 1])
+}
+/// Where the change records start (record version 8): every group after
+/// the point its value names has its change record. Absent: none is kept.
+pub fn changes_from_key() -> Vec<u8> {
+    vec![T_CHANGES_FROM]
+}
+
 /// A named snapshot: the sequence number it reads at (the last of the
 /// group committed before it), and when it was taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,6 +266,9 @@ pub fn describe_key(k: &[u8]) -> String {
     if let Some((a, died, _)) = parse_held_key(k) {
         return format!("held free of block {a} (from sequence number {died})");
     }
+    if let Some(s) = parse_change_key(k) {
+        return format!("change record of the group from sequence number {s}");
+    }
     if k.first() == Some(&T_SNAPSHOT) {
         return format!("snapshot {:?}", lossy(&k[1..]));
     }
@@ -248,6 +276,7 @@ pub fn describe_key(k: &[u8]) -> String {
         Some(&T_CONFIG) => "the config record".into(),
         Some(&T_TRIPLE) => "an owner triple".into(),
         Some(&T_COUNTERS) => "the counters record".into(),
+        Some(&T_CHANGES_FROM) => "the record of where change records start".into(),
         _ => format!("key {k:02x?}"),
     }
 }
@@ -283,10 +312,10 @@ pub fn parse_shared_key(k: &[u8]) -> Option<BlockAddr> {
     Some(BlockAddr { seg: w(1), offset: w(5), len: w(9) })
 }
 
-fn zigzag(v: i64) -> u64 {
+pub(crate) fn zigzag(v: i64) -> u64 {
     ((v << 1) ^ (v >> 63)) as u64
 }
-fn unzigzag(v: u64) -> i64 {
+pub(crate) fn unzigzag(v: u64) -> i64 {
     ((v >> 1) as i64) ^ -((v & 1) as i64)
 }
 
@@ -499,7 +528,7 @@ impl Kind {
             Kind::Block => 0o060000,
         }
     }
-    fn code(self) -> u8 {
+    pub(crate) fn code(self) -> u8 {
         match self {
             Kind::File => 1,
             Kind::Dir => 2,
@@ -510,7 +539,7 @@ impl Kind {
             Kind::Block => 7,
         }
     }
-    fn from_code(c: u8) -> Option<Kind> {
+    pub(crate) fn from_code(c: u8) -> Option<Kind> {
         Kind::from_mode(
             [0, 0o100000, 0o040000, 0o120000, 0o010000, 0o140000, 0o020000, 0o060000]
                 .get(c as usize)
@@ -546,7 +575,9 @@ pub struct Inode {
     pub ctime: Time,
     /// Creation.
     pub btime: Time,
-    /// Parent directory (directories only; 0 otherwise).
+    /// Parent directory; for other kinds the directory of their first
+    /// link, 0 when unknown (made before record version 8, or that link
+    /// removed while others remain). Change feeds name files by it.
     pub parent: Ino,
     /// Compression policy set on this inode (inherited by new entries of a
     /// directory).

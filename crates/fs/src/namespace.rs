@@ -2,6 +2,7 @@
 //! directory listing. Each checks everything it can before it changes
 //! anything, so that a refused operation leaves no trace.
 
+use crate::changes::What;
 use crate::error::{Error, Result};
 use crate::filesystem::now;
 use crate::keys::*;
@@ -100,12 +101,13 @@ impl State {
             mtime: t,
             ctime: t,
             btime: t,
-            parent: if kind == Kind::Dir { parent } else { 0 },
+            parent,
             policy: p.policy,
             chunk: if matches!(kind, Kind::File | Kind::Dir) { p.chunk } else { None },
         };
         self.save(&i);
         self.put(dirent_key(parent, name), encode_dirent(ino, kind));
+        self.note(ino, kind, What::Made((parent, name.to_vec())));
         if kind == Kind::Dir {
             p.nlink += 1;
         }
@@ -115,9 +117,14 @@ impl State {
         Ok(i)
     }
 
-    /// One link fewer; deletes the inode when none is left and it is not
-    /// open.
-    fn drop_link(&mut self, mut i: Inode) -> Result<()> {
+    /// One link fewer, the one in `dir`; deletes the inode when none is
+    /// left and it is not open.
+    fn drop_link(&mut self, mut i: Inode, dir: Ino) -> Result<()> {
+        if i.parent == dir {
+            // Which of the other links is first is not known without a
+            // scan: the change feed names this file by its events only.
+            i.parent = 0;
+        }
         i.nlink = i.nlink.saturating_sub(1);
         i.ctime = now();
         if i.nlink > 0 {
@@ -205,8 +212,15 @@ impl State {
         };
         self.del(dirent_key(p, n));
         self.put(dirent_key(np, nn), encode_dirent(sino, skind));
+        if let Some(v) = &victim {
+            self.note(v.ino, v.kind(), What::Unlinked((np, nn.to_vec())));
+        }
+        self.note(sino, skind, What::Moved((p, n.to_vec()), (np, nn.to_vec())));
         let mut s = self.inode(sino)?;
         s.ctime = t;
+        if skind != Kind::Dir && s.parent == p {
+            s.parent = np;
+        }
         if skind == Kind::Dir && p != np {
             s.parent = np;
             let mut pi = self.inode(p)?;
@@ -229,7 +243,7 @@ impl State {
             if v.kind() == Kind::Dir {
                 self.unlinked(v)?;
             } else {
-                self.drop_link(v)?;
+                self.drop_link(v, np)?;
             }
         }
         Ok(())
@@ -253,14 +267,16 @@ impl State {
         }
         self.put(dirent_key(p, n), encode_dirent(dino, dkind));
         self.put(dirent_key(np, nn), encode_dirent(sino, skind));
+        self.note(sino, skind, What::Moved((p, n.to_vec()), (np, nn.to_vec())));
+        self.note(dino, dkind, What::Moved((np, nn.to_vec()), (p, n.to_vec())));
         let mut s = self.inode(sino)?;
         let mut d = self.inode(dino)?;
         if p != np {
             let (sd, dd) = (skind == Kind::Dir, dkind == Kind::Dir);
-            if sd {
+            if sd || s.parent == p {
                 s.parent = np;
             }
-            if dd {
+            if dd || d.parent == np {
                 d.parent = p;
             }
             if sd != dd {
@@ -417,8 +433,12 @@ impl Fs {
         let t = now();
         i.nlink += 1;
         i.ctime = t;
+        if i.parent == 0 {
+            i.parent = newparent;
+        }
         st.save(&i);
         st.put(dirent_key(newparent, newname), encode_dirent(ino, i.kind()));
+        st.note(ino, i.kind(), What::Linked((newparent, newname.to_vec())));
         p.mtime = t;
         p.ctime = t;
         st.save(&p);
@@ -439,12 +459,13 @@ impl Fs {
         }
         let i = st.inode(ino)?;
         st.del(dirent_key(parent, name));
+        st.note(ino, kind, What::Unlinked((parent, name.to_vec())));
         let t = now();
         let mut p = st.inode(parent)?;
         p.mtime = t;
         p.ctime = t;
         st.save(&p);
-        st.drop_link(i)
+        st.drop_link(i, parent)
     }
 
     /// Remove an empty directory.
@@ -470,6 +491,7 @@ impl Fs {
         }
         let i = st.inode(ino)?;
         st.del(dirent_key(parent, name));
+        st.note(ino, kind, What::Unlinked((parent, name.to_vec())));
         let t = now();
         let mut p = st.inode(parent)?;
         p.nlink -= 1;

@@ -10,9 +10,12 @@
 //! a group in one atomic batch makes every crash state the state after some
 //! group, and groups are prefixes of the operation order.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use zlogfs_engine::BlockAddr;
+
+use crate::changes::{Event, What};
+use crate::keys::Ino;
 
 /// Mutations waiting for the next commit.
 #[derive(Default)]
@@ -23,6 +26,11 @@ pub struct Pending {
     pub frees: Vec<BlockAddr>,
     /// Rough encoded size of the group (journal bytes).
     pub bytes: usize,
+    /// What the operations did, in order, for the group's change record.
+    pub events: Vec<Event>,
+    /// (inode, metadata) of the data and metadata events noted: one each
+    /// per group.
+    touched: HashSet<(Ino, bool)>,
 }
 
 impl Pending {
@@ -46,11 +54,26 @@ impl Pending {
         self.bytes += 13;
         self.frees.push(a);
     }
+    /// Note a change (data and metadata changes once per inode).
+    pub fn note(&mut self, e: Event) {
+        let once = match e.what {
+            What::Data => Some(false),
+            What::Meta => Some(true),
+            _ => None,
+        };
+        if once.is_some_and(|m| !self.touched.insert((e.ino, m))) {
+            return;
+        }
+        self.bytes += e.bytes();
+        self.events.push(e);
+    }
     /// Add `later`'s mutations, which win over these.
     pub fn absorb(&mut self, later: Pending) {
         self.map.extend(later.map);
         self.frees.extend(later.frees);
         self.bytes += later.bytes;
+        self.events.extend(later.events);
+        self.touched.extend(later.touched);
     }
     /// True when nothing waits.
     pub fn is_empty(&self) -> bool {

@@ -88,6 +88,7 @@ impl Fs {
         st.commit()?;
         let snap = Snapshot { seq: st.eng.seq(), time: now() };
         st.put(snapshot_key(name.as_bytes()), snap.encode());
+        st.group.start_recording();
         let mut seqs = st.group.snapshots().to_vec();
         seqs.push(snap.seq);
         st.eng.set_retained(seqs.clone());

@@ -5,6 +5,7 @@
 
 use zlogfs_engine::codec::CodecSpec;
 
+use crate::changes::What;
 use crate::error::{Error, Result};
 use crate::filesystem::now;
 use crate::keys::*;
@@ -150,6 +151,7 @@ impl Fs {
                 }
                 i.ctime = now();
                 st.save(&i);
+                st.note(ino, i.kind(), What::Meta);
                 return Ok(());
             }
         }
@@ -187,6 +189,7 @@ impl Fs {
         }
         i.ctime = now();
         st.save(&i);
+        st.note(ino, i.kind(), What::Meta);
         Ok(())
     }
 
@@ -235,6 +238,7 @@ impl Fs {
         }
         i.ctime = now();
         st.save(&i);
+        st.note(ino, i.kind(), What::Meta);
         Ok(())
     }
 }
@@ -289,7 +293,11 @@ mod tests {
         fs.close().unwrap();
         let fs = open(&store);
         assert_eq!(fs.read(a.ino, 0, 200_000).unwrap(), want, "after reopen");
-        assert_eq!(fs.config().version, 6, "the image is marked as holding such inodes");
+        assert_eq!(
+            fs.config().version,
+            crate::keys::FS_VERSION,
+            "the image is marked as holding such inodes (and change records)"
+        );
         let rep = fs.check(&|_, _| {}).unwrap();
         assert!(rep.problems.is_empty(), "{:?}", rep.problems);
     }
