@@ -9,6 +9,8 @@
 //! --test fs_model`.
 
 mod common;
+#[path = "fs_model/feed.rs"]
+mod feed;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -71,6 +73,17 @@ struct MNode {
     perm: u32,
     xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
     parent: u64,
+    /// Data and metadata changes so far, and whether it ever had a second
+    /// link (for the change feed's check).
+    dv: u64,
+    mv: u64,
+    shared: bool,
+}
+
+impl MNode {
+    fn new(kind: MKind, perm: u32, parent: u64) -> MNode {
+        MNode { kind, perm, xattrs: BTreeMap::new(), parent, dv: 0, mv: 0, shared: false }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -82,13 +95,14 @@ struct Model {
 type Res = Result<(), i32>;
 
 /// One entry of a canonical dump: kind, permissions, link count, contents,
-/// xattrs, and the first path of the same inode (hard links).
-type Dump = BTreeMap<Vec<u8>, (char, u32, u32, Vec<u8>, BTreeMap<Vec<u8>, Vec<u8>>, Vec<u8>)>;
+/// xattrs, the first path of the same inode (hard links), and its number
+/// (the model numbers nodes as the file system does inodes: after a power
+/// cut, of two states with the same tree, the one with the same numbers).
+type Dump = BTreeMap<Vec<u8>, (char, u32, u32, Vec<u8>, BTreeMap<Vec<u8>, Vec<u8>>, Vec<u8>, u64)>;
 
 impl Model {
     fn new() -> Model {
-        let root =
-            MNode { kind: MKind::Dir(BTreeMap::new()), perm: 0o755, xattrs: BTreeMap::new(), parent: 1 };
+        let root = MNode::new(MKind::Dir(BTreeMap::new()), 0o755, 1);
         Model { nodes: [(1, root)].into(), next: 2 }
     }
     fn children(&self, id: u64) -> Option<&BTreeMap<Vec<u8>, u64>> {
@@ -136,7 +150,7 @@ impl Model {
         }
         let id = self.next;
         self.next += 1;
-        self.nodes.insert(id, MNode { kind, perm, xattrs: BTreeMap::new(), parent: d });
+        self.nodes.insert(id, MNode::new(kind, perm, d));
         self.children_mut(d).insert(n.to_vec(), id);
         Ok(())
     }
@@ -155,7 +169,18 @@ impl Model {
             return Err(libc::EEXIST);
         }
         self.children_mut(d).insert(n.to_vec(), s);
+        self.nodes.get_mut(&s).expect("linked").shared = true;
         Ok(())
+    }
+    /// Count a data (or metadata) change of the node at `path`.
+    fn bump(&mut self, path: &[Vec<u8>], meta: bool) {
+        let id = self.resolve(path).expect("changed");
+        let n = self.nodes.get_mut(&id).expect("node");
+        if meta {
+            n.mv += 1;
+        } else {
+            n.dv += 1;
+        }
     }
     fn unlink(&mut self, path: &[Vec<u8>]) -> Res {
         let (d, n) = self.parent(path)?;
@@ -276,7 +301,7 @@ impl Model {
                 MKind::Sym(t) => ('l', self.links(c) as u32, t.clone()),
                 MKind::Dir(ch) => ('d', 2 + ch.values().filter(|&&x| self.is_dir(x)).count() as u32, vec![]),
             };
-            out.insert(p.clone(), (k, node.perm, nl, data, node.xattrs.clone(), f));
+            out.insert(p.clone(), (k, node.perm, nl, data, node.xattrs.clone(), f, c));
             if k == 'd' {
                 self.walk(c, &p, out, first);
             }
@@ -351,7 +376,7 @@ fn fs_walk(f: &Fs, dir: Ino, path: &[u8], out: &mut Dump, first: &mut BTreeMap<I
             for n in f.listxattr(e.ino).expect("listxattr") {
                 x.insert(n.clone(), f.getxattr(e.ino, &n).expect("getxattr"));
             }
-            out.insert(p.clone(), (k, a.mode & 0o7777, a.nlink, data, x, fp));
+            out.insert(p.clone(), (k, a.mode & 0o7777, a.nlink, data, x, fp, e.ino));
             if k == 'd' {
                 fs_walk(f, e.ino, &p, out, first);
             }
@@ -405,7 +430,10 @@ fn recover_closed(
     st.power_cut(mode, seed);
     let f = open(st);
     let got = fs_dump(&f);
-    let at = history.iter().rposition(|h| h.dump() == got).unwrap_or_else(|| {
+    // Of equal trees, the one that made as many inodes (its later nodes
+    // get the same numbers).
+    let next = f.config().next_ino;
+    let at = history.iter().rposition(|h| h.dump() == got && h.next == next).unwrap_or_else(|| {
         let last = history.last().expect("history").dump();
         let diff: Vec<_> = last
             .iter()
@@ -461,8 +489,9 @@ fn run(seed: u64, steps: usize, setup: Setup) {
     // Patches written by commits of single small writes.
     let mut patches = 0;
     let mut armed = false;
-    // Named snapshots taken, with the model they must read as.
-    let mut snaps: Vec<(String, Model)> = Vec::new();
+    // Named snapshots taken, with the model they must read as and their
+    // point.
+    let mut snaps: Vec<(String, Model, u64)> = Vec::new();
     let mut snapshot_steps = 0;
     for step in 0..steps {
         let ctx = format!("seed {seed} step {step}");
@@ -558,6 +587,9 @@ fn run(seed: u64, steps: usize, setup: Setup) {
                         v[off as usize..end].copy_from_slice(&d);
                     }
                 });
+                if mr.is_ok() {
+                    m.bump(&p, false);
+                }
                 (fr, mr)
             }
             65..=70 => {
@@ -573,8 +605,15 @@ fn run(seed: u64, steps: usize, setup: Setup) {
                     }
                     errno(f.setattr(i, &SetAttr { size: Some(size), ..SetAttr::default() })).map(|_| ())
                 });
-                let mr = m.file(&p).map(|v| v.resize(size as usize, 0));
-                (fr, mr)
+                let mr = m.file(&p).map(|v| {
+                    let changed = v.len() != size as usize;
+                    v.resize(size as usize, 0);
+                    changed
+                });
+                if mr == Ok(true) {
+                    m.bump(&p, false);
+                }
+                (fr, mr.map(|_| ()))
             }
             71..=74 => {
                 let p = path(&mut r);
@@ -592,6 +631,9 @@ fn run(seed: u64, steps: usize, setup: Setup) {
                         v[off as usize..end].fill(0);
                     }
                 });
+                if mr.is_ok() {
+                    m.bump(&p, false);
+                }
                 (fr, mr)
             }
             75..=79 => {
@@ -616,6 +658,9 @@ fn run(seed: u64, steps: usize, setup: Setup) {
                         Ok(())
                     }
                 });
+                if mr.is_ok() {
+                    m.bump(&p, true);
+                }
                 (fr, mr)
             }
             80..=83 => {
@@ -625,6 +670,9 @@ fn run(seed: u64, steps: usize, setup: Setup) {
                     errno(f.setattr(i, &SetAttr { mode: Some(perm), ..SetAttr::default() })).map(|_| ())
                 });
                 let mr = m.resolve(&p).map(|id| m.nodes.get_mut(&id).expect("node").perm = perm);
+                if mr.is_ok() {
+                    m.bump(&p, true);
+                }
                 (fr, mr)
             }
             84..=88 => {
@@ -662,6 +710,7 @@ fn run(seed: u64, steps: usize, setup: Setup) {
                 let mode =
                     [CrashMode::DropUnsynced, CrashMode::TearLast, CrashMode::Reorder][r.gen_range(0..3)];
                 (f, m) = recover(&st, f, &history, mode, r.gen(), &ctx);
+                m = feed::settle(&f, &history, m, &snaps);
                 armed = false;
                 crashes += 1;
                 history = vec![m.clone()];
@@ -686,11 +735,24 @@ fn run(seed: u64, steps: usize, setup: Setup) {
                 match r.gen_range(0..3) {
                     0 if snaps.len() < 3 => {
                         let name = format!("s{step}");
-                        f.snapshot_create(&name).unwrap_or_else(|e| panic!("{ctx}: snapshot: {e}"));
-                        snaps.push((name, m.clone()));
+                        let s = f.snapshot_create(&name).unwrap_or_else(|e| panic!("{ctx}: snapshot: {e}"));
+                        snaps.push((name, m.clone(), s.seq));
                     }
                     1 if !snaps.is_empty() => {
-                        let (name, want) = &snaps[r.gen_range(0..snaps.len())];
+                        let (name, want, seq) = &snaps[r.gen_range(0..snaps.len())];
+                        // What changed since, and between it and another.
+                        let feed = f.changes(*seq, None).unwrap_or_else(|e| panic!("{ctx}: changes: {e}"));
+                        feed::check(&feed, want, &m, &format!("{ctx}: changes since {name}"));
+                        let (other, later, until) = &snaps[r.gen_range(0..snaps.len())];
+                        if until >= seq {
+                            let feed = f.changes(*seq, Some(*until)).expect("changes");
+                            feed::check(
+                                &feed,
+                                want,
+                                later,
+                                &format!("{ctx}: changes from {name} to {other}"),
+                            );
+                        }
                         f.close().unwrap_or_else(|e| panic!("{ctx}: close: {e}"));
                         let view = open_snapshot(&st, name);
                         assert_eq!(fs_dump(&view), want.dump(), "{ctx}: snapshot {name} reads otherwise");
@@ -698,7 +760,7 @@ fn run(seed: u64, steps: usize, setup: Setup) {
                         f = open(&st);
                     }
                     _ if !snaps.is_empty() => {
-                        let (name, _) = snaps.remove(r.gen_range(0..snaps.len()));
+                        let (name, ..) = snaps.remove(r.gen_range(0..snaps.len()));
                         f.snapshot_delete(&name).unwrap_or_else(|e| panic!("{ctx}: delete {name}: {e}"));
                     }
                     // Nothing to read or delete: nothing was synced.
@@ -765,6 +827,8 @@ fn run(seed: u64, steps: usize, setup: Setup) {
             continue;
         }
         assert_eq!(fr, mr, "{ctx}: op {op}: file system and model disagree");
+        // Both number new inodes alike (the change feed's check relies on it).
+        assert_eq!(f.config().next_ino, m.next, "{ctx}: op {op}: inode numbers part");
         if fr.is_ok() {
             history.push(m.clone());
         }
@@ -783,9 +847,13 @@ fn run(seed: u64, steps: usize, setup: Setup) {
     let rep = f.check(&|_, _| {}).expect("fsck");
     assert!(rep.problems.is_empty(), "seed {seed}: fsck: {:?}", rep.problems);
     assert!(rep.inodes > 1, "seed {seed}: the final tree is empty");
+    for (name, want, seq) in &snaps {
+        let feed = f.changes(*seq, None).expect("changes");
+        feed::check(&feed, want, &m, &format!("seed {seed}: changes since {name} at the end"));
+    }
     if !snaps.is_empty() {
         f.close().expect("close");
-        for (name, want) in &snaps {
+        for (name, want, _) in &snaps {
             let view = open_snapshot(&st, name);
             assert_eq!(fs_dump(&view), want.dump(), "seed {seed}: snapshot {name} at the end");
         }
