@@ -691,6 +691,96 @@ fn set_id_bits_go_on_write_truncate_and_chown() {
     child.wait().expect("wait");
 }
 
+/// (op, path, old path) of each change `zlogfs changes --json` lists.
+fn change_rows(v: &serde_json::Value) -> Vec<(String, String, String)> {
+    let s = |x: &serde_json::Value| x.as_str().unwrap_or("").to_string();
+    let mut rows: Vec<_> = v["changes"]
+        .as_array()
+        .expect("changes")
+        .iter()
+        .map(|c| (s(&c["op"]), s(&c["path"]), s(&c["old_path"])))
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// `zlogfs changes` on a mount (through the control channel) after what
+/// the kernel's calls did, chained by its clock tokens, then on the
+/// unmounted image: the same answer; a token of another image is a fresh
+/// instance, a bad one a clear error.
+#[test]
+fn the_change_feed_follows_a_mount() {
+    if !usable() {
+        return;
+    }
+    let d = Dir::new("changes");
+    mkfs(&d, "128M");
+    let (img, mnt) =
+        (d.img().to_str().expect("utf8").to_string(), d.mnt().to_str().expect("utf8").to_string());
+    let mut child = mount_fg(&d, "");
+    let m = d.mnt();
+    fs::create_dir_all(m.join("src/sub")).expect("mkdir");
+    fs::write(m.join("src/sub/a.c"), b"int a;").expect("write");
+    fs::write(m.join("src/b.c"), b"int b;").expect("write");
+    fs::write(m.join("old"), b"old").expect("write");
+    ok(&["snapshot", "create", &mnt, "base"]);
+    fs::rename(m.join("src"), m.join("lib")).expect("mv");
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(m.join("lib/b.c"))
+        .expect("open")
+        .write_all(b"//")
+        .expect("append");
+    fs::set_permissions(m.join("lib/sub/a.c"), fs::Permissions::from_mode(0o600)).expect("chmod");
+    fs::remove_file(m.join("old")).expect("rm");
+    fs::write(m.join("lib/new.c"), b"new").expect("write");
+    fs::write(m.join("tmp"), b"gone soon").expect("write");
+    fs::remove_file(m.join("tmp")).expect("rm");
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(&["changes", &mnt, "--since", "base", "--json"])).expect("json");
+    let want = |r: &[(&str, &str, &str)]| -> Vec<(String, String, String)> {
+        let mut w: Vec<_> = r.iter().map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string())).collect();
+        w.sort();
+        w
+    };
+    let first = want(&[
+        ("renamed", "/lib", "/src"),
+        ("changed", "/lib/b.c", ""),
+        ("changed", "/lib/sub/a.c", ""),
+        ("created", "/lib/new.c", ""),
+        ("deleted", "/old", ""),
+    ]);
+    assert_eq!(change_rows(&v), first, "{v}");
+    assert_eq!(v["fresh_instance"], false);
+    let b = v["changes"].as_array().expect("changes").iter().find(|c| c["path"] == "/lib/b.c").expect("b.c");
+    assert_eq!((b["data"].as_bool(), b["metadata"].as_bool()), (Some(true), Some(false)), "{b}");
+    let clock = v["clock"].as_str().expect("clock").to_string();
+    let none: serde_json::Value =
+        serde_json::from_str(&ok(&["changes", &mnt, "--since", &clock, "--json"])).expect("json");
+    assert_eq!(change_rows(&none), vec![], "nothing since the token: {none}");
+    fs::rename(m.join("lib/new.c"), m.join("new.c")).expect("mv");
+    let next: serde_json::Value =
+        serde_json::from_str(&ok(&["changes", &mnt, "--since", &clock, "--json"])).expect("json");
+    assert_eq!(change_rows(&next), want(&[("renamed", "/new.c", "/lib/new.c")]), "{next}");
+    let text = ok(&["changes", &mnt, "--since", &clock]);
+    assert!(text.contains("renamed  /lib/new.c -> /new.c") && text.contains("clock: zlogfs:"), "{text}");
+    unmount(&d);
+    assert!(child.wait().expect("wait").success());
+    let offline: serde_json::Value =
+        serde_json::from_str(&ok(&["changes", &img, "--since", "base", "--until", &clock, "--json"]))
+            .expect("json");
+    assert_eq!(change_rows(&offline), first, "the image says what the mount said: {offline}");
+    let (id, seq) = clock["zlogfs:".len()..].split_once(':').expect("a token");
+    let other = format!("zlogfs:{}{}:{seq}", if id.starts_with('0') { '1' } else { '0' }, &id[1..]);
+    let fresh: serde_json::Value =
+        serde_json::from_str(&ok(&["changes", &img, "--since", &other, "--json"])).expect("json");
+    assert_eq!(fresh["fresh_instance"], true, "another image's token: {fresh}");
+    let bad = zlogfs(&["changes", &img, "--since", "yesterday-ish"]);
+    assert!(!bad.status.success(), "a bad point is refused");
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("not a clock token"), "{:?}", bad);
+    fsck_clean(&d);
+}
+
 /// `zlogfs snapshot` on a mount (through the control channel) and on an
 /// image, and a snapshot mounted read-only: it shows the files as they
 /// were when it was taken, after they were overwritten and deleted.

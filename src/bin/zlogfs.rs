@@ -279,6 +279,25 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// What changed since a point: paths created, deleted, renamed (old
+    /// and new) and changed (data or metadata), read from the change
+    /// records, not from a walk of the tree. Ends with a clock token to
+    /// pass as --since next time. When the records needed are gone (kept
+    /// 31 days), says so ("fresh instance": rescan) instead of guessing.
+    Changes {
+        /// The image, or a zlogfs mount point.
+        target: PathBuf,
+        /// Start: a clock token from an earlier call, a snapshot's name,
+        /// an ISO 8601 time (2026-11-26T10:00:00Z), or a duration (2h).
+        #[arg(long)]
+        since: String,
+        /// End, named the same ways (default: now).
+        #[arg(long)]
+        until: Option<String>,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(clap::Args)]
@@ -365,6 +384,9 @@ fn main() -> ExitCode {
         Cmd::Sync { target, json } => admin::sync(&target, json),
         Cmd::Snapshot { action, target, name, json } => {
             admin::snapshot(&target, &action, name.as_deref(), json)
+        }
+        Cmd::Changes { target, since, until, json } => {
+            admin::changes(&target, &since, until.as_deref(), json)
         }
         Cmd::Nbd { image, socket, listen, create, chunk_size, options } => {
             let at = match (socket, listen) {

@@ -49,8 +49,14 @@ pub fn handler(fs: Arc<Fs>, info: Info) -> Handler {
                 let name = req.get("name").and_then(Value::as_str);
                 report::snapshot(&fs, action, name).map_err(|e| e.to_string())
             }
+            Some("changes") => {
+                let since = req.get("since").and_then(Value::as_str).ok_or("\"since\" is missing")?;
+                let until = req.get("until").and_then(Value::as_str);
+                report::changes(&fs, since, until).map_err(|e| e.to_string())
+            }
             Some(op) => Err(format!(
-                "unknown operation {op:?} (known: hello, stats, metrics, du, fsck, scrub, clean, sync, snapshot)"
+                "unknown operation {op:?} (known: hello, stats, metrics, du, fsck, scrub, clean, sync, snapshot, \
+                 changes)"
             )),
             None => Err("the request names no operation (\"op\")".into()),
         }

@@ -150,6 +150,71 @@ pub fn snapshot(fs: &Fs, action: &str, name: Option<&str>) -> Result<Value> {
     })
 }
 
+/// A point of `fs` named by `spec`: a clock token, a snapshot's name, an
+/// ISO 8601 time, or a duration meaning that long ago. None: the change
+/// records kept do not reach it, or the token is another image's.
+fn point(fs: &Fs, spec: &str) -> Result<Option<u64>> {
+    if spec.starts_with("zlogfs:") {
+        return Ok(fs.parse_clock(spec)?);
+    }
+    if let Some((_, s)) = fs.snapshots()?.into_iter().find(|(n, _)| n == spec) {
+        return Ok(Some(s.seq));
+    }
+    let t = if let Ok(t) = humantime::parse_rfc3339_weak(spec) {
+        t
+    } else if let Ok(d) = humantime::parse_duration(spec) {
+        std::time::SystemTime::now() - d
+    } else {
+        return Err(crate::fs::Error::Invalid(format!(
+            "{spec:?} is not a clock token, a snapshot, an ISO 8601 time (2026-11-26T10:00:00Z) \
+             or a duration (2h, 3days)"
+        ))
+        .into());
+    };
+    Ok(fs.point_at(crate::fs::Time::from_system(t))?)
+}
+
+fn kind_name(k: Kind) -> &'static str {
+    match k {
+        Kind::File => "file",
+        Kind::Dir => "dir",
+        Kind::Symlink => "symlink",
+        Kind::Fifo => "fifo",
+        Kind::Socket => "socket",
+        Kind::Char => "char",
+        Kind::Block => "block",
+    }
+}
+
+/// What `zlogfs changes` reports: the changes from `since` to `until`
+/// (None: now), and the clock token to pass as `--since` next time.
+pub fn changes(fs: &Fs, since: &str, until: Option<&str>) -> Result<Value> {
+    let until_seq = match until {
+        None => Some(fs.point_now()?),
+        Some(u) => point(fs, u)?,
+    };
+    let (Some(s), Some(u)) = (point(fs, since)?, until_seq) else {
+        let u = until_seq.unwrap_or(fs.point_now()?);
+        return Ok(json!({"fresh_instance": true, "clock": fs.clock(u), "until": u, "changes": []}));
+    };
+    let feed = fs.changes(s, Some(u))?;
+    let path = |p: &Option<Vec<u8>>| p.as_deref().map(|p| String::from_utf8_lossy(p).into_owned());
+    let rows: Vec<Value> = feed
+        .changes
+        .iter()
+        .map(|c| {
+            let mut v = json!({"op": c.op.name(), "path": path(&c.path), "kind": kind_name(c.kind), "ino": c.ino,
+                "data": c.data, "metadata": c.metadata});
+            if c.old_path.is_some() {
+                v["old_path"] = json!(path(&c.old_path));
+            }
+            v
+        })
+        .collect();
+    Ok(json!({"fresh_instance": feed.fresh_instance, "since": feed.since, "until": feed.until,
+        "clock": fs.clock(feed.until), "changes": rows}))
+}
+
 /// What `zlogfs fsck` reports: every problem found, the counts checked,
 /// what was repaired first.
 pub fn fsck(image: &str, fs: &Fs, repaired: &[String], progress: &dyn Fn(u64, u64)) -> Result<Value> {

@@ -351,6 +351,44 @@ pub fn snapshot(target: &Path, action: &str, name: Option<&str>, json: bool) -> 
     Ok(ExitCode::SUCCESS)
 }
 
+/// `zlogfs changes TARGET --since POINT [--until POINT]`.
+pub fn changes(target: &Path, since: &str, until: Option<&str>, json: bool) -> Res {
+    let t = Target::of(target)?;
+    let v = match &t {
+        Target::Image(image) => {
+            report::changes(&open_fs_ro(image)?, since, until).map_err(|e| e.to_string())?
+        }
+        Target::Mount { socket, .. } => {
+            ask(socket, "changes", json!({"since": since, "until": until}), &mut |_| {})?
+        }
+    };
+    show(&v, json, |v| {
+        if v["fresh_instance"].as_bool() == Some(true) {
+            eprintln!(
+                "{}: the changes since {since} are not kept (older than the change records, or not a point \
+                 of this image): rescan, then pass the clock below as --since",
+                t.name()
+            );
+        }
+        for c in v["changes"].as_array().into_iter().flatten() {
+            let path = |k: &str| c[k].as_str().unwrap_or("(path unknown)").to_string();
+            let what: Vec<&str> = [("data", "data"), ("metadata", "metadata")]
+                .into_iter()
+                .filter(|(k, _)| c[*k].as_bool() == Some(true))
+                .map(|(_, w)| w)
+                .collect();
+            let line = match c["op"].as_str() {
+                Some("renamed") => format!("{} -> {}", path("old_path"), path("path")),
+                _ => path("path"),
+            };
+            let tail = if what.is_empty() { String::new() } else { format!("  ({})", what.join(", ")) };
+            println!("{:<8} {line}{tail}", c["op"].as_str().unwrap_or(""));
+        }
+        println!("clock: {}", v["clock"].as_str().unwrap_or(""));
+    });
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `zlogfs clean`.
 pub fn clean(target: &Path, segments: Option<usize>, max_live: f64, json: bool) -> Res {
     if !(0.0..=1.0).contains(&max_live) {
