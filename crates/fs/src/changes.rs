@@ -33,8 +33,9 @@ pub type Link = (Ino, Vec<u8>);
 /// What one operation did to an inode.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum What {
-    /// Made, with its first link.
-    Made(Link),
+    /// Made (its first link is where its parent says: the feed finds
+    /// its name there, so the record does not repeat it).
+    Made,
     /// Another link added.
     Linked(Link),
     /// A link removed (with the last one, the inode is gone).
@@ -62,9 +63,9 @@ impl Event {
     /// Rough encoded size, for the group's journal estimate.
     pub(crate) fn bytes(&self) -> usize {
         12 + match &self.what {
-            What::Made(l) | What::Linked(l) | What::Unlinked(l) => 8 + l.1.len(),
+            What::Linked(l) | What::Unlinked(l) => 8 + l.1.len(),
             What::Moved(a, b) => 16 + a.1.len() + b.1.len(),
-            What::Data | What::Meta => 0,
+            What::Made | What::Data | What::Meta => 0,
         }
     }
 }
@@ -99,7 +100,7 @@ impl Record {
         v.put_var(self.events.len() as u64);
         for e in &self.events {
             let tag = match &e.what {
-                What::Made(_) => 1,
+                What::Made => 1,
                 What::Linked(_) => 2,
                 What::Unlinked(_) => 3,
                 What::Moved(..) => 4,
@@ -110,12 +111,12 @@ impl Record {
             v.put_u8(e.kind.code());
             v.put_var(e.ino);
             match &e.what {
-                What::Made(l) | What::Linked(l) | What::Unlinked(l) => put_link(&mut v, l),
+                What::Linked(l) | What::Unlinked(l) => put_link(&mut v, l),
                 What::Moved(a, b) => {
                     put_link(&mut v, a);
                     put_link(&mut v, b);
                 }
-                What::Data | What::Meta => {}
+                What::Made | What::Data | What::Meta => {}
             }
         }
         v
@@ -134,7 +135,7 @@ impl Record {
             let kind = Kind::from_code(c).ok_or_else(|| r.err(format!("unknown file type {c}")))?;
             let ino = r.var()?;
             let what = match tag {
-                1 => What::Made(link(&mut r)?),
+                1 => What::Made,
                 2 => What::Linked(link(&mut r)?),
                 3 => What::Unlinked(link(&mut r)?),
                 4 => What::Moved(link(&mut r)?, link(&mut r)?),
@@ -269,7 +270,7 @@ impl Links {
     /// The links before `what` happened, given those after.
     fn undo(&mut self, what: &What) {
         match what {
-            What::Made(_) => *self = Links::default(),
+            What::Made => *self = Links::default(),
             What::Linked(l) => {
                 self.count -= 1;
                 self.known.retain(|k| k != l);
@@ -551,11 +552,9 @@ fn feed(st: &State, since: u64, until: u64, groups: &[(u64, Vec<Event>)]) -> Res
     let mut named: HashMap<Ino, Vec<Link>> = HashMap::new();
     for e in groups.iter().flat_map(|(_, es)| es) {
         match &e.what {
-            What::Made(l) | What::Linked(l) | What::Unlinked(l) => {
-                named.entry(e.ino).or_default().push(l.clone())
-            }
+            What::Linked(l) | What::Unlinked(l) => named.entry(e.ino).or_default().push(l.clone()),
             What::Moved(a, b) => named.entry(e.ino).or_default().extend([a.clone(), b.clone()]),
-            What::Data | What::Meta => {}
+            What::Made | What::Data | What::Meta => {}
         }
     }
     let present = Present { st, dirs: HashMap::new(), named };
@@ -691,7 +690,7 @@ mod tests {
         let r = Record {
             time: Time { sec: 1_700_000_000, nsec: 5_000_000 },
             events: vec![
-                Event { ino: 7, kind: Kind::File, what: What::Made((1, b"a".to_vec())) },
+                Event { ino: 7, kind: Kind::File, what: What::Made },
                 Event { ino: 7, kind: Kind::File, what: What::Data },
                 Event { ino: 8, kind: Kind::Dir, what: What::Moved((1, b"d".to_vec()), (9, b"e".to_vec())) },
                 Event { ino: 7, kind: Kind::File, what: What::Linked((9, b"b".to_vec())) },

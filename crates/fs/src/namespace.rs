@@ -107,7 +107,7 @@ impl State {
         };
         self.save(&i);
         self.put(dirent_key(parent, name), encode_dirent(ino, kind));
-        self.note(ino, kind, What::Made((parent, name.to_vec())));
+        self.note(ino, kind, What::Made);
         if kind == Kind::Dir {
             p.nlink += 1;
         }

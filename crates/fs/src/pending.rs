@@ -29,7 +29,8 @@ pub struct Pending {
     /// What the operations did, in order, for the group's change record.
     pub events: Vec<Event>,
     /// (inode, metadata) of the data and metadata events noted: one each
-    /// per group.
+    /// per group, none for an inode made in it (the feed lists it as
+    /// created, whatever else happened to it).
     touched: HashSet<(Ino, bool)>,
 }
 
@@ -59,6 +60,10 @@ impl Pending {
         let once = match e.what {
             What::Data => Some(false),
             What::Meta => Some(true),
+            What::Made => {
+                self.touched.extend([(e.ino, false), (e.ino, true)]);
+                None
+            }
             _ => None,
         };
         if once.is_some_and(|m| !self.touched.insert((e.ino, m))) {
