@@ -70,6 +70,34 @@ impl Engine {
         EncodedBlock(NewBlock::encode(BlockKind::Data, owner, spec, raw))
     }
 
+    /// Place copies of data blocks `addrs` (whole blocks) in the log as
+    /// they are stored: no decompression, the same bytes and checksum,
+    /// each verified on the way. Returns the copies' addresses, in order;
+    /// like [`Engine::write_blocks`], a batch must reference them.
+    pub fn copy_blocks(&self, room: Room, addrs: &[BlockAddr]) -> Result<Vec<BlockAddr>> {
+        self.check_ok()?;
+        let mut blocks = Vec::with_capacity(addrs.len());
+        for &a in addrs {
+            let pending = lock(&self.sh.core).log.read_pending(a);
+            let sealed = match pending {
+                Some(b) => b,
+                None => log::read_sealed(self.sh.store.as_ref(), a)?,
+            };
+            blocks.push(NewBlock::verbatim(BlockKind::Data, 0, sealed, a)?);
+        }
+        self.relieve(blocks.iter().map(|b| b.bytes().len()).sum())?;
+        let mut core = lock(&self.sh.core);
+        let r = core.log.add_blocks(blocks, room);
+        self.latch(&core, r)
+    }
+
+    /// The whole block that starts at `seg`, `offset` (its length from its
+    /// header, which is not verified here: reading the block does).
+    pub fn block_at(&self, seg: u32, offset: u32) -> Result<BlockAddr> {
+        let h = self.block_header(BlockAddr { seg, offset, len: BLOCK_HEADER_SIZE as u32 })?;
+        Ok(BlockAddr { seg, offset, len: BLOCK_HEADER_SIZE as u32 + h.stored_len })
+    }
+
     /// Read and verify a data block.
     pub fn read_block(&self, addr: BlockAddr) -> Result<Vec<u8>> {
         let pending = lock(&self.sh.core).log.read_pending(addr);

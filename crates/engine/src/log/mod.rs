@@ -68,6 +68,20 @@ impl NewBlock {
         .seal(&enc.data, &mut sealed);
         NewBlock { kind, owner, raw_len: raw.len() as u32, codec: enc.codec as u8, sealed }
     }
+
+    /// A block as stored (`sealed`: header and payload, read from `addr`),
+    /// verified, to be placed again unchanged under `owner`: its bytes,
+    /// checksum included, do not depend on where it lies.
+    pub fn verbatim(kind: BlockKind, owner: u64, sealed: Vec<u8>, addr: BlockAddr) -> Result<NewBlock> {
+        let (h, _) = BlockHeader::open(&sealed, addr)?;
+        if h.kind != kind as u8 {
+            return Err(Error::corrupt(
+                format!("block at {addr}"),
+                format!("holds kind {} where a {} block was expected", h.kind, kind.name()),
+            ));
+        }
+        Ok(NewBlock { kind, owner, raw_len: h.raw_len, codec: h.codec, sealed })
+    }
     /// The block as it will be stored: header (crc included) and payload.
     pub fn bytes(&self) -> &[u8] {
         &self.sealed
@@ -589,6 +603,12 @@ pub fn walk_segment(
 
 /// Read and verify a block, returning its header and decompressed payload.
 pub fn read_block(store: &dyn Store, addr: BlockAddr, expect: BlockKind) -> Result<Vec<u8>> {
+    decode_block(&read_sealed(store, addr)?, addr, expect)
+}
+
+/// The stored bytes of the block at `addr` (header and payload), not
+/// verified.
+pub fn read_sealed(store: &dyn Store, addr: BlockAddr) -> Result<Vec<u8>> {
     let g = store.geometry();
     if addr.seg >= g.segment_count
         || u64::from(addr.offset) + u64::from(addr.len) > u64::from(g.segment_size)
@@ -600,7 +620,7 @@ pub fn read_block(store: &dyn Store, addr: BlockAddr, expect: BlockKind) -> Resu
     store
         .read(addr.seg, addr.offset, &mut buf)
         .map_err(|e| Error::io(format!("reading block at {addr}"), e))?;
-    decode_block(&buf, addr, expect)
+    Ok(buf)
 }
 
 /// Verify and decompress a block read from `addr`.
