@@ -493,6 +493,8 @@ fn run(seed: u64, steps: usize, setup: Setup) {
     // point.
     let mut snaps: Vec<(String, Model, u64)> = Vec::new();
     let mut snapshot_steps = 0;
+    // Segments cleaned while snapshots existed.
+    let mut cleaned_with_snapshots = 0;
     for step in 0..steps {
         let ctx = format!("seed {seed} step {step}");
         let op = r.gen_range(0..100);
@@ -727,7 +729,7 @@ fn run(seed: u64, steps: usize, setup: Setup) {
                 armed = true;
                 continue;
             }
-            98 if !clean && !io_errors && !armed => {
+            97 | 98 if !io_errors && !armed && (!clean || op == 97) => {
                 // Snapshots: take one, read one back (the file system
                 // closed, the snapshot opened read-only), or delete one.
                 // Each is durable when it returns.
@@ -770,7 +772,11 @@ fn run(seed: u64, steps: usize, setup: Setup) {
                 continue;
             }
             98 if clean => {
-                let rep = f.clean(&fs::CleanOptions::default(), &|_| {}).expect("clean");
+                // Now and then every segment not wholly live (those that
+                // hold what snapshots read among them).
+                let max_live = if r.gen_bool(0.5) { 0.9 } else { 0.999 };
+                let opts = fs::CleanOptions { max_live, ..fs::CleanOptions::default() };
+                let rep = f.clean(&opts, &|_| {}).expect("clean");
                 // Only segments still in use by the engine, or holding
                 // chunks that operations not yet committed changed, may be
                 // left.
@@ -780,6 +786,9 @@ fn run(seed: u64, steps: usize, setup: Setup) {
                         .all(|(_, why)| why.contains(" block at ") || why.contains("not yet committed")),
                     "{ctx}: clean: {rep:?}"
                 );
+                if !snaps.is_empty() {
+                    cleaned_with_snapshots += rep.freed;
+                }
                 continue;
             }
             _ => {
@@ -865,7 +874,8 @@ fn run(seed: u64, steps: usize, setup: Setup) {
     let gone = f.usage().expect("usage").bases_gone;
     eprintln!(
         "seed {seed}: {steps} steps, {crashes} power cuts, {io_faults} I/O errors met, {patches} patches, \
-         {gone} chunks left without a base, {snapshot_steps} snapshot steps ({} snapshots left)",
+         {gone} chunks left without a base, {snapshot_steps} snapshot steps ({} snapshots left, \
+         {cleaned_with_snapshots} segments cleaned while some existed)",
         snaps.len()
     );
 }

@@ -809,8 +809,8 @@ fn a_snapshot_taken_on_a_mount_mounts_as_it_was() {
     let stats: serde_json::Value = serde_json::from_str(&ok(&["stats", &mnt, "--json"])).expect("json");
     assert_eq!(stats["snapshots"], 1, "{stats}");
     assert!(stats["snapshot_held_bytes"].as_u64().unwrap_or(0) > 0, "the old contents are held: {stats}");
-    let paused = zlogfs(&["clean", &mnt]);
-    assert!(!paused.status.success() && String::from_utf8_lossy(&paused.stderr).contains("snapshot"));
+    // Cleaning moves what the snapshot reads (checked below, mounting it).
+    ok(&["clean", &mnt, "--max-live", "0.999"]);
     unmount(&d);
     assert!(child.wait().expect("wait").success());
     let refused = zlogfs(&["mount", &img, &mnt, "-o", "snapshot=before"]);

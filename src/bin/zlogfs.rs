@@ -266,7 +266,7 @@ enum Cmd {
     /// Named snapshots: `create` one of everything written so far, `list`
     /// them, `delete` one. A snapshot mounts read-only with
     /// `zlogfs mount IMAGE DIR -o ro,snapshot=NAME`. While any exists,
-    /// the blocks it reads stay allocated and cleaning pauses.
+    /// the blocks it reads stay allocated (the cleaner moves them).
     Snapshot {
         /// create, list or delete.
         #[arg(value_parser = ["create", "list", "delete"])]

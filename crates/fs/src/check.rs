@@ -634,17 +634,40 @@ impl<'a> Checker<'a> {
     }
 
     /// Frees held for snapshots: their bytes stay counted in their
-    /// segments (`per_seg`); they exist only while a snapshot does.
+    /// segments (`per_seg`), their blocks read back with a good checksum;
+    /// they and forward records exist only while a snapshot does.
     fn held(&mut self, per_seg: &mut HashMap<u32, u64>) -> Result<()> {
         let (lo, hi) = all_held_range();
         let held = self.st.scan(&lo, &hi, usize::MAX)?;
-        if !held.is_empty() && self.st.group.snapshots().is_empty() {
+        let none = self.st.group.snapshots().is_empty();
+        if !held.is_empty() && none {
             self.bad(format!("{} frees are held for snapshots, but there is none", held.len()));
         }
+        let mut blocks = HashSet::new();
         for (k, _) in held {
             match parse_held_key(&k) {
-                Some((a, _, _)) => *per_seg.entry(a.seg).or_default() += u64::from(a.len),
+                Some((a, _, _)) => {
+                    *per_seg.entry(a.seg).or_default() += u64::from(a.len);
+                    blocks.insert((a.seg, a.offset));
+                }
                 None => self.bad(format!("malformed held free {k:02x?}")),
+            }
+        }
+        for (seg, offset) in blocks {
+            if let Err(e) = self.st.eng.block_at(seg, offset).and_then(|a| self.st.eng.read_block(a)) {
+                self.bad(format!("a block kept for snapshots at {seg}:{offset}: {e}"));
+            }
+        }
+        let (lo, hi) = all_forward_range();
+        let forwards = self.st.scan(&lo, &hi, usize::MAX)?;
+        if !forwards.is_empty() && none {
+            self.bad(format!("{} forward records, but no snapshot", forwards.len()));
+        }
+        for (k, v) in forwards {
+            if parse_forward_key(&k).is_none() {
+                self.bad(format!("malformed forward record key {k:02x?}"));
+            } else if let Err(e) = decode_addr(&v, &describe_key(&k)) {
+                self.bad(format!("{e}"));
             }
         }
         Ok(())

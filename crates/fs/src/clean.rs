@@ -120,13 +120,6 @@ impl Fs {
         if self.st().read_only {
             return Err(Error::read_only("the file system is open read-only: nothing to clean"));
         }
-        let snapshots = self.st().group.snapshots().len();
-        if snapshots > 0 {
-            return Err(Error::invalid(format!(
-                "cleaning is paused while snapshots exist ({snapshots}): the blocks they read must not move \
-                 yet; delete them with `zlogfs snapshot delete` to clean"
-            )));
-        }
         let mut rep = CleanReport::default();
         let mut tried = HashSet::new();
         loop {
@@ -212,12 +205,6 @@ impl State {
         rep: &mut CleanReport,
         tried: &mut HashSet<u32>,
     ) -> Result<bool> {
-        // A snapshot reads blocks by their addresses: nothing moves while
-        // one exists (moving with forward records is the next step of the
-        // history design, docs/decisions/2026-11-25-history-design.md).
-        if !self.group.snapshots().is_empty() {
-            return Ok(false);
-        }
         let stash = self.bufs.take_all();
         let held = if stash.is_empty() { Pending::default() } else { self.group.take_pending() };
         self.cleaning = true;
@@ -342,6 +329,9 @@ impl State {
             }
         }
         self.commit_as(Room::Relieve)?;
+        if !self.group.snapshots().is_empty() {
+            ok = self.move_held_out(ok, rep)?;
+        }
         if ok.is_empty() {
             return Ok(true);
         }
@@ -360,6 +350,35 @@ impl State {
         rep.skipped.extend(r.busy);
         self.space_hint = self.free_now();
         Ok(true)
+    }
+
+    /// With snapshots: the victims' blocks the present no longer uses
+    /// (held, some by this round's moves) are copied as they are stored,
+    /// with forward records for reads at the snapshots; committed. Returns
+    /// the victims left with no held block (only those may be reclaimed).
+    fn move_held_out(&mut self, victims: Vec<u32>, rep: &mut CleanReport) -> Result<Vec<u32>> {
+        let mut moved = Vec::new();
+        for seg in victims {
+            match self.move_held(seg) {
+                Ok(bytes) => {
+                    rep.moved_bytes += bytes;
+                    moved.push(seg);
+                }
+                Err(e) if e.is_corruption() => rep.skipped.push((seg, e.to_string())),
+                Err(e) => return Err(e),
+            }
+        }
+        self.commit_as(Room::Relieve)?;
+        let mut ok = Vec::new();
+        for seg in moved {
+            let (lo, hi) = held_range_in(seg);
+            if self.scan(&lo, &hi, 1)?.is_empty() {
+                ok.push(seg);
+            } else {
+                rep.skipped.push((seg, "blocks kept for snapshots are left in it".into()));
+            }
+        }
+        Ok(ok)
     }
 
     /// Load every live chunk stored in `blocks` into the group's buffers,

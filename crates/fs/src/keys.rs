@@ -42,6 +42,7 @@ const T_EXTENT: u8 = 0x30;
 const T_XATTR: u8 = 0x40;
 const T_SHARED: u8 = 0x50;
 const T_HELD: u8 = 0x60;
+const T_FORWARD: u8 = 0x61;
 const T_SNAPSHOT: u8 = 0x71;
 const T_CHANGE: u8 = 0x72;
 
@@ -171,6 +172,66 @@ pub fn parse_held_key(k: &[u8]) -> Option<(BlockAddr, u64, u32)> {
 pub fn all_held_range() -> (Vec<u8>, Vec<u8>) {
     (vec![T_HELD], vec![T_HELD + 1])
 }
+/// Range of the held frees of blocks in segment `seg`.
+pub fn held_range_in(seg: u32) -> (Vec<u8>, Vec<u8>) {
+    let mut lo = vec![T_HELD];
+    lo.extend_from_slice(&seg.to_be_bytes());
+    let mut hi = vec![T_HELD];
+    hi.extend_from_slice(&(u64::from(seg) + 1).to_be_bytes()[4..]);
+    if seg == u32::MAX {
+        hi = vec![T_HELD + 1];
+    }
+    (lo, hi)
+}
+
+/// A forward record (record version 8): the block that lay at `seg`,
+/// `offset` was copied as it was stored, by the group whose first sequence
+/// number is `moved`, to the address the value names ([`encode_addr`]).
+/// A read as of a point before `moved` that names the old address reads
+/// the copy.
+pub fn forward_key(seg: u32, offset: u32, moved: u64) -> Vec<u8> {
+    let mut k = vec![T_FORWARD];
+    k.extend_from_slice(&seg.to_be_bytes());
+    k.extend_from_slice(&offset.to_be_bytes());
+    k.extend_from_slice(&moved.to_be_bytes());
+    k
+}
+/// (seg, offset, moved) of a forward record's key.
+pub fn parse_forward_key(k: &[u8]) -> Option<(u32, u32, u64)> {
+    if k.len() != 17 || k[0] != T_FORWARD {
+        return None;
+    }
+    let w = |i: usize| u32::from_be_bytes([k[i], k[i + 1], k[i + 2], k[i + 3]]);
+    Some((w(1), w(5), u64::from_be_bytes(k[9..17].try_into().ok()?)))
+}
+/// Range of the forward records of the block at `seg`, `offset` moved
+/// after sequence number `after`.
+pub fn forward_range(seg: u32, offset: u32, after: u64) -> (Vec<u8>, Vec<u8>) {
+    let lo = forward_key(seg, offset, after.saturating_add(1));
+    let mut hi = forward_key(seg, offset, u64::MAX);
+    hi.push(0);
+    (lo, hi)
+}
+/// Range of all forward records.
+pub fn all_forward_range() -> (Vec<u8>, Vec<u8>) {
+    (vec![T_FORWARD], vec![T_FORWARD + 1])
+}
+/// A block address as a value: u32 seg, u32 offset, u32 len, big-endian.
+pub fn encode_addr(a: BlockAddr) -> Vec<u8> {
+    let mut v = Vec::with_capacity(12);
+    v.extend_from_slice(&a.seg.to_be_bytes());
+    v.extend_from_slice(&a.offset.to_be_bytes());
+    v.extend_from_slice(&a.len.to_be_bytes());
+    v
+}
+/// Decode [`encode_addr`].
+pub fn decode_addr(v: &[u8], what: &str) -> Result<BlockAddr> {
+    let mut r = Reader::new(v, what);
+    let mut be = || r.array::<4>().map(u32::from_be_bytes);
+    let a = BlockAddr { seg: be()?, offset: be()?, len: be()? };
+    r.finish()?;
+    Ok(a)
+}
 /// A named snapshot (record version 7); its value is [`Snapshot::encode`].
 pub fn snapshot_key(name: &[u8]) -> Vec<u8> {
     let mut k = vec![T_SNAPSHOT];
@@ -262,6 +323,9 @@ pub fn describe_key(k: &[u8]) -> String {
     }
     if let Some(a) = parse_shared_key(k) {
         return format!("reference list of block {a}");
+    }
+    if let Some((seg, offset, m)) = parse_forward_key(k) {
+        return format!("forward record of the block at {seg}:{offset} (moved from sequence number {m})");
     }
     if let Some((a, died, _)) = parse_held_key(k) {
         return format!("held free of block {a} (from sequence number {died})");

@@ -39,6 +39,7 @@ mod data;
 mod error;
 mod files;
 mod filesystem;
+mod forward;
 mod group;
 mod namespace;
 mod options;

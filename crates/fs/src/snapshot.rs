@@ -67,6 +67,7 @@ impl State {
                 self.commit()?;
             }
         }
+        self.drop_forwards()?;
         self.commit()?;
         Ok(freed)
     }

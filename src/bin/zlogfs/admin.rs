@@ -242,7 +242,7 @@ fn print_stats(v: &Value) {
     }
     if n("snapshots") > 0 {
         println!(
-            "snapshots:        {}, holding {} stored bytes the present no longer uses (cleaning pauses meanwhile)",
+            "snapshots:        {}, holding {} stored bytes the present no longer uses",
             n("snapshots"),
             n("snapshot_held_bytes")
         );

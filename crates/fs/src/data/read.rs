@@ -41,6 +41,7 @@ impl State {
     }
 
     pub(crate) fn block(&mut self, a: BlockAddr) -> Result<Arc<Vec<u8>>> {
+        let a = self.forward(a)?;
         if let Some(b) = self.cache.get(&a) {
             return Ok(b);
         }
@@ -172,6 +173,10 @@ impl State {
                 }
             }
             idx += 1;
+        }
+        if self.at.is_some() {
+            // As `block` reads them.
+            out = out.into_iter().map(|a| self.forward(a)).collect::<Result<_>>()?;
         }
         let looked = out.len() as u64;
         out.retain(|a| self.cache.get(a).is_none());

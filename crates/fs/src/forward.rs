@@ -1,0 +1,111 @@
+//! Blocks kept for snapshots, moved by the cleaner (step 5 of
+//! docs/decisions/2026-11-25-history-design.md): a held block in a victim
+//! segment is copied as it is stored (no decompression: the same bytes
+//! and checksum) and a forward record names the copy; reads as of a point
+//! before the move follow the forward records. The records of the
+//! present never name held blocks, so reads of the present never look.
+
+use std::collections::BTreeMap;
+
+use zlogfs_engine::engine::Room;
+use zlogfs_engine::BlockAddr;
+
+use crate::error::{Error, Result};
+use crate::keys::*;
+use crate::state::State;
+
+/// Forward records followed at most for one read (a block moved this many
+/// times since a point is a damaged chain).
+const MAX_HOPS: usize = 4096;
+
+/// A held part of a block: its record's key, the part, died, n.
+type HeldPart = (Vec<u8>, BlockAddr, u64, u32);
+
+impl State {
+    /// Where block `a`, named by a record read as of the point this state
+    /// reads at, lies now: `a` itself for the present.
+    pub(crate) fn forward(&self, a: BlockAddr) -> Result<BlockAddr> {
+        let Some(point) = self.at else { return Ok(a) };
+        let (mut cur, mut after) = (a, point);
+        for _ in 0..MAX_HOPS {
+            let (lo, hi) = forward_range(cur.seg, cur.offset, after);
+            // Forward records are written after the point: read the present.
+            match self.eng.scan(&lo, Some(&hi), 1)?.into_iter().next() {
+                None => return Ok(cur),
+                Some((k, v)) => {
+                    let (_, _, moved) = parse_forward_key(&k)
+                        .ok_or_else(|| Error::corrupt(describe_key(&k), "a malformed key"))?;
+                    cur = decode_addr(&v, &describe_key(&k))?;
+                    after = moved;
+                }
+            }
+        }
+        Err(Error::corrupt(format!("the forward records of block {a}"), "they do not end"))
+    }
+
+    /// Copy the held blocks of segment `seg` elsewhere as they are stored,
+    /// in the pending group: each held part's record names the copy, the
+    /// old parts are freed (whatever snapshots exist: the copy holds them),
+    /// and a forward record leads from the old place to the copy. The
+    /// caller commits at once (the forward records carry the group's first
+    /// sequence number). Returns the stored bytes copied.
+    pub(crate) fn move_held(&mut self, seg: u32) -> Result<u64> {
+        let (lo, hi) = held_range_in(seg);
+        let mut blocks: BTreeMap<u32, Vec<HeldPart>> = BTreeMap::new();
+        for (k, _) in self.scan(&lo, &hi, usize::MAX)? {
+            let (a, died, n) = parse_held_key(&k)
+                .ok_or_else(|| Error::corrupt(describe_key(&k), "a malformed held free"))?;
+            blocks.entry(a.offset).or_default().push((k, a, died, n));
+        }
+        if blocks.is_empty() {
+            return Ok(0);
+        }
+        let mut whole = Vec::with_capacity(blocks.len());
+        for (&offset, parts) in &blocks {
+            let block = self.eng.block_at(seg, offset)?;
+            let len = block.len;
+            let held: u64 = parts.iter().map(|p| u64::from(p.1.len)).sum();
+            if held > u64::from(len) {
+                return Err(Error::corrupt(
+                    format!("block at {seg}:{offset}"),
+                    format!("{held} bytes of it are held, but it has {len}"),
+                ));
+            }
+            whole.push(block);
+        }
+        let copies = self.eng.copy_blocks(Room::Relieve, &whole)?;
+        let moved = self.eng.seq() + 1;
+        for ((parts, old), new) in blocks.into_values().zip(&whole).zip(copies) {
+            let mut held = 0;
+            for (k, part, died, n) in parts {
+                self.del(k);
+                self.group.release(part);
+                self.put(held_key(BlockAddr { len: part.len, ..new }, died, n), Vec::new());
+                held += part.len;
+            }
+            if held < new.len {
+                // Parts freed before any snapshot held them: the copy
+                // counts them, nothing reads them.
+                self.group.release(BlockAddr { len: new.len - held, ..new });
+            }
+            self.put(forward_key(old.seg, old.offset, moved), encode_addr(new));
+        }
+        Ok(whole.iter().map(|a| u64::from(a.len)).sum())
+    }
+
+    /// Delete the forward records no snapshot can follow: those of moves
+    /// at or before the oldest snapshot (all when none is left), in the
+    /// pending group.
+    pub(crate) fn drop_forwards(&mut self) -> Result<()> {
+        let oldest = self.group.snapshots().first().copied().unwrap_or(u64::MAX);
+        let (lo, hi) = all_forward_range();
+        for (k, _) in self.scan(&lo, &hi, usize::MAX)? {
+            match parse_forward_key(&k) {
+                Some((_, _, moved)) if moved <= oldest => self.del(k),
+                Some(_) => {}
+                None => return Err(Error::corrupt(describe_key(&k), "a malformed key")),
+            }
+        }
+        Ok(())
+    }
+}
