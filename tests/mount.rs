@@ -822,6 +822,14 @@ fn a_snapshot_taken_on_a_mount_mounts_as_it_was() {
     assert!(fs::write(m.join("x"), b"x").is_err(), "read-only");
     unmount(&d);
     assert!(child.wait().expect("wait").success());
+    // The same point by time: the newest kept at or before it.
+    let mut child = mount_fg(&d, "ro,at=2100-01-01");
+    assert_eq!(fs::read(m.join("kept")).expect("read"), pattern(200_000, 1), "at= mounts the snapshot");
+    unmount(&d);
+    assert!(child.wait().expect("wait").success());
+    let refused = zlogfs(&["mount", &img, &mnt, "-o", "ro,at=2000-01-01"]);
+    assert!(!refused.status.success(), "no kept point then");
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("no kept point"), "{refused:?}");
     fsck_clean(&d);
     let out = ok(&["snapshot", "delete", &img, "before"]);
     assert!(out.contains("deleted"), "{out}");

@@ -357,3 +357,42 @@ fn flushed_writes_survive_a_kill_of_the_server() {
     ]));
     assert!(out.starts_with("ok"), "{out}");
 }
+
+/// A volume served as it was at a snapshot (`-o ro,snapshot=NAME`, or
+/// `-o ro,at=TIME`): its blocks as then, after the present overwrote
+/// them, and read-only.
+#[test]
+fn a_volume_is_served_as_it_was_at_a_snapshot() {
+    if !clients() {
+        return;
+    }
+    let d = Dir::new("snapshot");
+    ok(Command::new(ZLOGFS).args(["mkfs", &d.s("img"), "--size", "256M"]));
+    let then = real_data(4 << 20);
+    fs::write(d.p("then"), &then).expect("write");
+    fs::write(d.p("now"), real_data(6 << 20).split_off(2 << 20)).expect("write");
+    let u = uri(&d, "vol");
+    {
+        let _s = serve(&d, &["--create", "vol:4M"]);
+        ok(Command::new("nbdcopy").args([&d.s("then"), &u]));
+    }
+    ok(Command::new(ZLOGFS).args(["snapshot", "create", &d.s("img"), "before"]));
+    {
+        let _s = serve(&d, &[]);
+        ok(Command::new("nbdcopy").args([&d.s("now"), &u]));
+    }
+    for opts in ["ro,snapshot=before", "ro,at=2100-01-01"] {
+        let _s = serve(&d, &["-o", opts]);
+        let info = ok(Command::new("nbdinfo").args(["--json", &u]));
+        assert!(info.contains("\"is_read_only\": true"), "{opts}: {info}");
+        let out = d.p("out");
+        let _ = fs::remove_file(&out);
+        ok(Command::new("nbdcopy").args([&u, out.to_str().expect("utf8")]));
+        assert!(fs::read(&out).expect("read") == then, "{opts}: the volume as it was");
+    }
+    let _s = serve(&d, &[]);
+    let out = d.p("out");
+    let _ = fs::remove_file(&out);
+    ok(Command::new("nbdcopy").args([&u, out.to_str().expect("utf8")]));
+    assert!(fs::read(&out).expect("read") == fs::read(d.p("now")).expect("read"), "the present");
+}

@@ -71,7 +71,10 @@ enum Cmd {
         /// never: costs CPU, saves wakeups), log=LEVEL (what the daemon
         /// logs: error, warn (default), info, debug, or a filter such as
         /// zlogfs_fs=debug; as ZLOGFS_LOG), logfile=PATH (where the
-        /// background daemon logs; default the system log).
+        /// background daemon logs; default the system log),
+        /// ro,snapshot=NAME (the named snapshot as it was), ro,at=TIME (the
+        /// newest snapshot at or before TIME: ISO 8601, a date, a duration
+        /// ago such as 2h, or a clock token of `zlogfs changes`).
         /// Every generic option of mount(8) is taken as well: nosuid,
         /// nodev, noexec, nosymfollow go to the kernel; sync and dirsync
         /// make each change (each directory change) durable when it
@@ -265,7 +268,9 @@ enum Cmd {
     },
     /// Named snapshots: `create` one of everything written so far, `list`
     /// them, `delete` one. A snapshot mounts read-only with
-    /// `zlogfs mount IMAGE DIR -o ro,snapshot=NAME`. While any exists,
+    /// `zlogfs mount IMAGE DIR -o ro,snapshot=NAME` (or `-o ro,at=TIME`),
+    /// and is served over NBD with `zlogfs nbd IMAGE -o ro,snapshot=NAME`.
+    /// While any exists,
     /// the blocks it reads stay allocated (the cleaner moves them).
     Snapshot {
         /// create, list or delete.

@@ -160,18 +160,13 @@ fn point(fs: &Fs, spec: &str) -> Result<Option<u64>> {
     if let Some((_, s)) = fs.snapshots()?.into_iter().find(|(n, _)| n == spec) {
         return Ok(Some(s.seq));
     }
-    let t = if let Ok(t) = humantime::parse_rfc3339_weak(spec) {
-        t
-    } else if let Ok(d) = humantime::parse_duration(spec) {
-        std::time::SystemTime::now() - d
-    } else {
-        return Err(crate::fs::Error::Invalid(format!(
-            "{spec:?} is not a clock token, a snapshot, an ISO 8601 time (2026-11-26T10:00:00Z) \
+    let t = crate::fs::parse_time(spec).map_err(|_| {
+        crate::fs::Error::Invalid(format!(
+            "{spec:?} is not a clock token, a snapshot, an ISO 8601 time (2026-11-26T10:00:00Z, 2026-11-26) \
              or a duration (2h, 3days)"
         ))
-        .into());
-    };
-    Ok(fs.point_at(crate::fs::Time::from_system(t))?)
+    })?;
+    Ok(fs.point_at(t)?)
 }
 
 fn kind_name(k: Kind) -> &'static str {

@@ -13,6 +13,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use zlogfs_engine::bytes::{Put, Reader};
+use zlogfs_engine::engine::Engine;
 
 use crate::error::{Error, Result};
 use crate::filesystem::now;
@@ -209,6 +210,23 @@ pub struct ChangeFeed {
     pub fresh_instance: bool,
     /// What changed, by path.
     pub changes: Vec<FileChange>,
+}
+
+/// The image's identity in clock tokens: the first 8 bytes of its uuid.
+fn image_id(eng: &Engine) -> String {
+    eng.superblock().uuid[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The point clock token `token` names: None when it is another image's.
+pub(crate) fn parse_clock(eng: &Engine, token: &str) -> Result<Option<u64>> {
+    let bad = || Error::invalid(format!("{token:?} is not a clock token (zlogfs:<16 hex digits>:<number>)"));
+    let rest = token.strip_prefix("zlogfs:").ok_or_else(bad)?;
+    let (id, seq) = rest.split_once(':').ok_or_else(bad)?;
+    let seq: u64 = seq.parse().map_err(|_| bad())?;
+    if id.len() != 16 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(bad());
+    }
+    Ok((id.eq_ignore_ascii_case(&image_id(eng))).then_some(seq))
 }
 
 /// Where the change records start: (point, its time). None: the image
@@ -526,24 +544,12 @@ impl Fs {
     /// The clock token of point `seq`: the image's identity and the point,
     /// `zlogfs:<16 hex digits>:<seq>`.
     pub fn clock(&self, seq: u64) -> String {
-        format!("zlogfs:{}:{seq}", self.image_id())
+        format!("zlogfs:{}:{seq}", image_id(self.engine()))
     }
 
     /// The point a clock token names: None when it is another image's.
     pub fn parse_clock(&self, token: &str) -> Result<Option<u64>> {
-        let bad =
-            || Error::invalid(format!("{token:?} is not a clock token (zlogfs:<16 hex digits>:<number>)"));
-        let rest = token.strip_prefix("zlogfs:").ok_or_else(bad)?;
-        let (id, seq) = rest.split_once(':').ok_or_else(bad)?;
-        let seq: u64 = seq.parse().map_err(|_| bad())?;
-        if id.len() != 16 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(bad());
-        }
-        Ok((id.eq_ignore_ascii_case(&self.image_id())).then_some(seq))
-    }
-
-    fn image_id(&self) -> String {
-        self.engine().superblock().uuid[..8].iter().map(|b| format!("{b:02x}")).collect()
+        parse_clock(self.engine(), token)
     }
 }
 

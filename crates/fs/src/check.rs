@@ -644,7 +644,10 @@ impl<'a> Checker<'a> {
             self.bad(format!("{} frees are held for snapshots, but there is none", held.len()));
         }
         let mut blocks = HashSet::new();
-        for (k, _) in held {
+        for (k, v) in held {
+            if let Err(e) = decode_born(&v, &describe_key(&k)) {
+                self.bad(format!("{e}"));
+            }
             match parse_held_key(&k) {
                 Some((a, _, _)) => {
                     *per_seg.entry(a.seg).or_default() += u64::from(a.len);
@@ -656,6 +659,14 @@ impl<'a> Checker<'a> {
         for (seg, offset) in blocks {
             if let Err(e) = self.st.eng.block_at(seg, offset).and_then(|a| self.st.eng.read_block(a)) {
                 self.bad(format!("a block kept for snapshots at {seg}:{offset}: {e}"));
+            }
+        }
+        let (lo, hi) = seg_borns_range();
+        for (k, v) in self.st.scan(&lo, &hi, usize::MAX)? {
+            if parse_seg_born_key(&k).is_none() {
+                self.bad(format!("malformed segment born key {k:02x?}"));
+            } else if let Err(e) = decode_born(&v, &describe_key(&k)) {
+                self.bad(format!("{e}"));
             }
         }
         let (lo, hi) = all_forward_range();

@@ -347,6 +347,9 @@ impl State {
         self.stats.clean_live +=
             victims.iter().filter(|v| ok.contains(&v.seg)).map(|v| u64::from(v.live)).sum::<u64>();
         rep.leaked_bytes += r.leaked;
+        for &seg in ok.iter().filter(|s| !r.busy.iter().any(|(b, _)| b == *s)) {
+            self.group.forget_segment(seg);
+        }
         rep.skipped.extend(r.busy);
         self.space_hint = self.free_now();
         Ok(true)

@@ -122,8 +122,11 @@ impl Fs {
     /// Open the file system on `store`, recovering it to its last durable
     /// state and finishing deletes and truncations a crash interrupted.
     pub fn open(store: Arc<dyn Store>, opts: FsOptions) -> Result<Fs> {
-        if opts.snapshot.is_some() && !opts.read_only {
-            return Err(Error::invalid("a snapshot opens read-only (-o ro,snapshot=NAME)"));
+        if (opts.snapshot.is_some() || opts.at.is_some()) && !opts.read_only {
+            return Err(Error::invalid("a snapshot opens read-only (-o ro,snapshot=NAME or -o ro,at=TIME)"));
+        }
+        if opts.snapshot.is_some() && opts.at.is_some() {
+            return Err(Error::invalid("give a snapshot or a time (at=), not both"));
         }
         // Merges keep every version until the snapshots are known.
         let eng_opts = Options {
@@ -134,9 +137,10 @@ impl Fs {
         let eng = Arc::new(Engine::open(store, eng_opts)?);
         let group = Group::open(&eng)?;
         eng.set_retained(group.snapshots().to_vec());
-        let at = match &opts.snapshot {
-            Some(name) => Some(crate::snapshot::find(&eng, name)?.seq),
-            None => None,
+        let at = match (&opts.snapshot, &opts.at) {
+            (Some(name), _) => Some(crate::snapshot::find(&eng, name)?.seq),
+            (None, Some(spec)) => Some(crate::snapshot::find_at(&eng, spec)?.seq),
+            (None, None) => None,
         };
         let space_hint = eng.free_bytes().saturating_sub(group.counters().reserved);
         let st = State {
@@ -159,6 +163,7 @@ impl Fs {
         if !opts.read_only {
             let mut st = lock(&inner.st);
             st.finish_orphans()?;
+            st.forget_free_segments();
             st.release_held()?;
             st.commit()?;
             eng.sync()?;

@@ -18,8 +18,8 @@ use crate::state::State;
 /// times since a point is a damaged chain).
 const MAX_HOPS: usize = 4096;
 
-/// A held part of a block: its record's key, the part, died, n.
-type HeldPart = (Vec<u8>, BlockAddr, u64, u32);
+/// A held part of a block: its record's key and value, the part, died, n.
+type HeldPart = (Vec<u8>, Vec<u8>, BlockAddr, u64, u32);
 
 impl State {
     /// Where block `a`, named by a record read as of the point this state
@@ -52,10 +52,10 @@ impl State {
     pub(crate) fn move_held(&mut self, seg: u32) -> Result<u64> {
         let (lo, hi) = held_range_in(seg);
         let mut blocks: BTreeMap<u32, Vec<HeldPart>> = BTreeMap::new();
-        for (k, _) in self.scan(&lo, &hi, usize::MAX)? {
+        for (k, v) in self.scan(&lo, &hi, usize::MAX)? {
             let (a, died, n) = parse_held_key(&k)
                 .ok_or_else(|| Error::corrupt(describe_key(&k), "a malformed held free"))?;
-            blocks.entry(a.offset).or_default().push((k, a, died, n));
+            blocks.entry(a.offset).or_default().push((k, v, a, died, n));
         }
         if blocks.is_empty() {
             return Ok(0);
@@ -64,7 +64,7 @@ impl State {
         for (&offset, parts) in &blocks {
             let block = self.eng.block_at(seg, offset)?;
             let len = block.len;
-            let held: u64 = parts.iter().map(|p| u64::from(p.1.len)).sum();
+            let held: u64 = parts.iter().map(|p| u64::from(p.2.len)).sum();
             if held > u64::from(len) {
                 return Err(Error::corrupt(
                     format!("block at {seg}:{offset}"),
@@ -75,12 +75,14 @@ impl State {
         }
         let copies = self.eng.copy_blocks(Room::Relieve, &whole)?;
         let moved = self.eng.seq() + 1;
+        self.group.placed(&copies, moved);
         for ((parts, old), new) in blocks.into_values().zip(&whole).zip(copies) {
             let mut held = 0;
-            for (k, part, died, n) in parts {
+            for (k, born, part, died, n) in parts {
                 self.del(k);
                 self.group.release(part);
-                self.put(held_key(BlockAddr { len: part.len, ..new }, died, n), Vec::new());
+                // The copy is the block: born when it was.
+                self.put(held_key(BlockAddr { len: part.len, ..new }, died, n), born);
                 held += part.len;
             }
             if held < new.len {

@@ -7,6 +7,7 @@
 //! reads see its mutations over the engine's ([`Group::get`]).
 
 use std::collections::HashMap;
+use std::mem;
 
 use zlogfs_engine::engine::{Engine, Room, WriteBatch};
 use zlogfs_engine::max_block_raw;
@@ -51,6 +52,9 @@ pub(crate) struct Group {
     /// The point the image was opened at: every group since was this
     /// build's, so when records start they cover all from here.
     opened_at: u64,
+    /// When each segment in use started to take its blocks
+    /// ([`seg_born_key`]): no record naming a block there is older.
+    seg_born: HashMap<u32, u64>,
 }
 
 impl Group {
@@ -84,6 +88,13 @@ impl Group {
         }
         snapshots.sort_unstable();
         let recording = eng.get(&changes_from_key())?.is_some();
+        let mut seg_born = HashMap::new();
+        let (lo, hi) = seg_borns_range();
+        for (k, v) in eng.scan(&lo, Some(&hi), usize::MAX)? {
+            let seg =
+                parse_seg_born_key(&k).ok_or_else(|| Error::corrupt(describe_key(&k), "a malformed key"))?;
+            seg_born.insert(seg, decode_born(&v, &describe_key(&k))?);
+        }
         Ok(Group {
             pend: Pending::default(),
             cfg,
@@ -99,6 +110,7 @@ impl Group {
             released: Vec::new(),
             recording,
             opened_at: eng.seq(),
+            seg_born,
         })
     }
 
@@ -111,6 +123,43 @@ impl Group {
     pub(crate) fn set_snapshots(&mut self, mut seqs: Vec<u64>) {
         seqs.sort_unstable();
         self.snapshots = seqs;
+    }
+
+    /// Blocks were placed at `addrs`, to be named by records from sequence
+    /// number `first` on: a segment taking its first blocks records it.
+    pub(crate) fn placed(&mut self, addrs: &[BlockAddr], first: u64) {
+        for a in addrs {
+            if let std::collections::hash_map::Entry::Vacant(e) = self.seg_born.entry(a.seg) {
+                e.insert(first);
+                self.pend.put(seg_born_key(a.seg), encode_born(first));
+            }
+        }
+    }
+
+    /// A sequence number no record naming block `a` is older than (0 when
+    /// its segment has no record: an image from before them).
+    pub(crate) fn born(&self, a: BlockAddr) -> u64 {
+        self.seg_born.get(&a.seg).copied().unwrap_or(0)
+    }
+
+    /// Segment `seg` holds nothing any more (reclaimed): its next blocks
+    /// are born anew.
+    pub(crate) fn forget_segment(&mut self, seg: u32) {
+        if self.seg_born.remove(&seg).is_some() {
+            self.del(seg_born_key(seg));
+        }
+    }
+
+    /// The segments with a born record.
+    pub(crate) fn born_segments(&self) -> Vec<u32> {
+        self.seg_born.keys().copied().collect()
+    }
+
+    /// Whether a snapshot reads a block born at `born` and freed by the
+    /// group from `died` on: one at or after `born` and before `died`.
+    pub(crate) fn needed(&self, born: u64, died: u64) -> bool {
+        let i = self.snapshots.partition_point(|&s| s < born);
+        self.snapshots.get(i).is_some_and(|&s| s < died)
     }
 
     /// Make a held free (its record deleted in this group too).
@@ -277,12 +326,21 @@ impl Group {
     /// engine's device bytes now); None when nothing is pending.
     pub(crate) fn seal(&mut self, dev_written: u64, room: Room, next_seq: u64) -> Option<WriteBatch> {
         if !self.snapshots.is_empty() && !self.pend.frees.is_empty() {
-            // A snapshot may read these blocks: their bytes stay counted
-            // until it is deleted.
-            for (n, a) in std::mem::take(&mut self.pend.frees).into_iter().enumerate() {
-                self.pend.put(held_key(a, next_seq, n as u32), Vec::new());
+            // Blocks a snapshot may read (born before it): their bytes
+            // stay counted until no such snapshot is left.
+            let mut n = 0;
+            for a in mem::take(&mut self.pend.frees) {
+                let born = self.born(a);
+                if self.needed(born, next_seq) {
+                    self.pend.put(held_key(a, next_seq, n), encode_born(born));
+                    n += 1;
+                } else {
+                    self.pend.frees.push(a);
+                }
             }
-            self.mark_version(FS_VERSION);
+            if n > 0 {
+                self.mark_version(FS_VERSION);
+            }
         }
         if !self.pend.events.is_empty() {
             self.put_change_record(next_seq);

@@ -43,6 +43,7 @@ const T_XATTR: u8 = 0x40;
 const T_SHARED: u8 = 0x50;
 const T_HELD: u8 = 0x60;
 const T_FORWARD: u8 = 0x61;
+const T_SEG_BORN: u8 = 0x62;
 const T_SNAPSHOT: u8 = 0x71;
 const T_CHANGE: u8 = 0x72;
 
@@ -148,8 +149,10 @@ pub fn all_shared_range() -> (Vec<u8>, Vec<u8>) {
 
 /// A free held back for snapshots (record version 7): (part of) block `a`
 /// that the group of sequence numbers from `died` on stopped using, the
-/// `n`th free of that group; the value is nothing. Its bytes stay counted
-/// live in their segment until the snapshots that may read it are gone.
+/// `n`th free of that group; the value is `var born` (version 8; empty
+/// before: 0), a sequence number no record naming the block is older
+/// than. Its bytes stay counted live in their segment until no snapshot
+/// at or after `born` and before `died` is left.
 pub fn held_key(a: BlockAddr, died: u64, n: u32) -> Vec<u8> {
     let mut k = vec![T_HELD];
     k.extend_from_slice(&a.seg.to_be_bytes());
@@ -158,6 +161,22 @@ pub fn held_key(a: BlockAddr, died: u64, n: u32) -> Vec<u8> {
     k.extend_from_slice(&died.to_be_bytes());
     k.extend_from_slice(&n.to_be_bytes());
     k
+}
+/// A held free's value: its block's born.
+pub fn encode_born(born: u64) -> Vec<u8> {
+    let mut v = Vec::new();
+    v.put_var(born);
+    v
+}
+/// Decode [`encode_born`] (empty, as version 7 wrote it: 0).
+pub fn decode_born(v: &[u8], what: &str) -> Result<u64> {
+    if v.is_empty() {
+        return Ok(0);
+    }
+    let mut r = Reader::new(v, what);
+    let born = r.var()?;
+    r.finish()?;
+    Ok(born)
 }
 /// (block, died, n) of a held free's key.
 pub fn parse_held_key(k: &[u8]) -> Option<(BlockAddr, u64, u32)> {
@@ -182,6 +201,23 @@ pub fn held_range_in(seg: u32) -> (Vec<u8>, Vec<u8>) {
         hi = vec![T_HELD + 1];
     }
     (lo, hi)
+}
+
+/// When segment `seg` started to take the blocks it holds (record
+/// version 8): the value is `var seq`, a sequence number no record naming
+/// a block there is older than (the block's "born", a lower bound).
+pub fn seg_born_key(seg: u32) -> Vec<u8> {
+    let mut k = vec![T_SEG_BORN];
+    k.extend_from_slice(&seg.to_be_bytes());
+    k
+}
+/// (seg) of a segment-born key.
+pub fn parse_seg_born_key(k: &[u8]) -> Option<u32> {
+    (k.len() == 5 && k[0] == T_SEG_BORN).then(|| u32::from_be_bytes([k[1], k[2], k[3], k[4]]))
+}
+/// Range of all segment-born records.
+pub fn seg_borns_range() -> (Vec<u8>, Vec<u8>) {
+    (vec![T_SEG_BORN], vec![T_SEG_BORN + 1])
 }
 
 /// A forward record (record version 8): the block that lay at `seg`,
@@ -326,6 +362,9 @@ pub fn describe_key(k: &[u8]) -> String {
     }
     if let Some((seg, offset, m)) = parse_forward_key(k) {
         return format!("forward record of the block at {seg}:{offset} (moved from sequence number {m})");
+    }
+    if let Some(seg) = parse_seg_born_key(k) {
+        return format!("the record of when segment {seg} started to take its blocks");
     }
     if let Some((a, died, _)) = parse_held_key(k) {
         return format!("held free of block {a} (from sequence number {died})");

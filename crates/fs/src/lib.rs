@@ -68,6 +68,7 @@ pub use keys::{Config, Counters, Ino, Inode, Kind, Time, ROOT};
 pub use namespace::MAX_SYMLINK;
 pub use options::{Atime, FsOptions, MkfsOptions, SyncMode};
 pub use scrub::{ScrubOptions, ScrubReport};
+pub use snapshot::parse_time;
 pub use stats::FsStats;
 
 /// Lock `m`, taking over a lock that a panicking thread left poisoned (the

@@ -94,6 +94,9 @@ pub struct FsOptions {
     pub read_only: bool,
     /// Open the named snapshot instead of the present (read-only).
     pub snapshot: Option<String>,
+    /// Open the kept point this names instead of the present (read-only):
+    /// a clock token of one, or a time (the newest at or before it).
+    pub at: Option<String>,
 }
 
 impl Default for FsOptions {
@@ -109,6 +112,7 @@ impl Default for FsOptions {
             patches: true,
             read_only: false,
             snapshot: None,
+            at: None,
         }
     }
 }

@@ -26,6 +26,55 @@ pub(crate) fn find(eng: &Engine, name: &str) -> Result<Snapshot> {
     }
 }
 
+/// A time as users give it: ISO 8601 (`2026-11-26T10:00:00Z`,
+/// `2026-11-26 10:00:00`; a date alone is its midnight UTC), or a
+/// duration meaning that long before now (`90min`, `2h`, `3days`).
+pub fn parse_time(spec: &str) -> Result<Time> {
+    let s = spec.trim();
+    let t = if let Ok(t) = humantime::parse_rfc3339_weak(s) {
+        t
+    } else if let Ok(t) = humantime::parse_rfc3339_weak(&format!("{s} 00:00:00")) {
+        t
+    } else if let Ok(d) = humantime::parse_duration(s) {
+        std::time::SystemTime::now()
+            .checked_sub(d)
+            .ok_or_else(|| Error::invalid(format!("{spec:?} reaches before 1970")))?
+    } else {
+        return Err(Error::invalid(format!(
+            "{spec:?} is not an ISO 8601 time (2026-11-26T10:00:00Z, 2026-11-26) or a duration (2h, 3days)"
+        )));
+    };
+    Ok(Time::from_system(t))
+}
+
+/// The kept point `spec` names, for a read-only open as of then: a clock
+/// token of a kept point, or a time (the newest kept point at or before
+/// it). Kept points are the named snapshots.
+pub(crate) fn find_at(eng: &Engine, spec: &str) -> Result<Snapshot> {
+    let (lo, hi) = snapshots_range();
+    let mut kept = Vec::new();
+    for (k, v) in eng.scan(&lo, Some(&hi), usize::MAX)? {
+        kept.push(Snapshot::decode(&v, &describe_key(&k))?);
+    }
+    kept.sort_by_key(|s| s.seq);
+    if spec.starts_with("zlogfs:") {
+        let seq = crate::changes::parse_clock(eng, spec)?
+            .ok_or_else(|| Error::invalid(format!("{spec:?} is a clock token of another image")))?;
+        return kept.into_iter().find(|s| s.seq == seq).ok_or_else(|| {
+            Error::not_found(format!("point {seq} is not kept: only snapshots are (zlogfs snapshot list)"))
+        });
+    }
+    let t = parse_time(spec)?;
+    let oldest = kept.first().copied();
+    kept.into_iter().rev().find(|s| s.time <= t).ok_or_else(|| match oldest {
+        Some(o) => Error::not_found(format!(
+            "no kept point at or before {spec}: the oldest snapshot was taken at {}",
+            humantime::format_rfc3339_seconds(o.time.to_system())
+        )),
+        None => Error::not_found("no kept point: the image has no snapshot (zlogfs snapshot create)"),
+    })
+}
+
 fn check_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 255
@@ -43,22 +92,35 @@ fn check_name(name: &str) -> Result<()> {
 }
 
 impl State {
-    /// Make the held frees that no snapshot can read any more (freed at or
-    /// before the oldest one left), deleting their records with them, in
-    /// groups of [`RELEASE_STEP`]; committed. Run by a snapshot's delete,
-    /// and at open, where it finishes a delete a crash cut short (its
-    /// record gone in its first group, some held frees left). Returns the
-    /// bytes freed.
+    /// Every segment with a born record that holds nothing now forgets it
+    /// (freed since it took its blocks, by a cleaner that stopped before
+    /// it forgot, or as its blocks were freed): its next blocks are born
+    /// anew. At open, before anything is placed; the records go with the
+    /// next group.
+    pub(crate) fn forget_free_segments(&mut self) {
+        let usage = self.eng.segment_usage();
+        for seg in self.group.born_segments() {
+            if usage.get(seg as usize).is_none_or(|u| u.live == 0) {
+                self.group.forget_segment(seg);
+            }
+        }
+    }
+
+    /// Make the held frees that no snapshot can read any more (none left
+    /// at or after their block's born and before their free), deleting
+    /// their records with them, in groups of [`RELEASE_STEP`]; committed.
+    /// Run by a snapshot's delete, and at open, where it finishes a delete
+    /// a crash cut short (its record gone in its first group, some held
+    /// frees left). Returns the bytes freed.
     pub(crate) fn release_held(&mut self) -> Result<u64> {
-        let oldest = self.group.snapshots().first().copied().unwrap_or(u64::MAX);
         let (lo, hi) = all_held_range();
         let held = self.scan(&lo, &hi, usize::MAX)?;
         let mut freed = 0u64;
-        for (n, (k, _)) in held.into_iter().enumerate() {
+        for (n, (k, v)) in held.into_iter().enumerate() {
             let Some((a, died, _)) = parse_held_key(&k) else {
                 return Err(Error::corrupt(describe_key(&k), "a malformed held free"));
             };
-            if died <= oldest {
+            if !self.group.needed(decode_born(&v, &describe_key(&k))?, died) {
                 self.group.release(a);
                 self.del(k);
                 freed += u64::from(a.len);
@@ -126,28 +188,26 @@ impl Fs {
     }
 
     /// The snapshots, oldest first, each with the bytes deleting it
-    /// alone would free now: held blocks are freed by the delete that
-    /// leaves no snapshot at or before their free, so only the oldest
-    /// snapshot frees any (those freed up to the next one).
+    /// alone would free now: the held blocks it is the only snapshot to
+    /// read (the only one at or after their born and before their free).
     pub fn snapshot_usage(&self) -> Result<Vec<(String, Snapshot, u64)>> {
         let mut snaps = self.snapshots()?;
         snaps.sort_by_key(|(_, s)| s.seq);
-        let next = snaps.get(1).map_or(u64::MAX, |(_, s)| s.seq);
+        let seqs: Vec<u64> = snaps.iter().map(|(_, s)| s.seq).collect();
+        let mut only = vec![0u64; seqs.len()];
         let st = self.st();
         let (lo, hi) = all_held_range();
-        let mut oldest_frees = 0u64;
-        for (k, _) in st.scan(&lo, &hi, usize::MAX)? {
-            match parse_held_key(&k) {
-                Some((a, died, _)) if died <= next => oldest_frees += u64::from(a.len),
-                Some(_) => {}
-                None => return Err(Error::corrupt(describe_key(&k), "a malformed held free")),
+        for (k, v) in st.scan(&lo, &hi, usize::MAX)? {
+            let Some((a, died, _)) = parse_held_key(&k) else {
+                return Err(Error::corrupt(describe_key(&k), "a malformed held free"));
+            };
+            let born = decode_born(&v, &describe_key(&k))?;
+            let (from, to) = (seqs.partition_point(|&s| s < born), seqs.partition_point(|&s| s < died));
+            if to == from + 1 {
+                only[from] += u64::from(a.len);
             }
         }
-        Ok(snaps
-            .into_iter()
-            .enumerate()
-            .map(|(i, (n, s))| (n, s, if i == 0 { oldest_frees } else { 0 }))
-            .collect())
+        Ok(snaps.into_iter().zip(only).map(|((n, s), b)| (n, s, b)).collect())
     }
 
     /// Delete the snapshot called `name`, and free the blocks only it
@@ -185,11 +245,44 @@ mod tests {
 
     use zlogfs_engine::store::{Geometry, MemStore, Store};
 
-    use crate::keys::{all_held_range, snapshot_key};
+    use crate::keys::{all_held_range, parse_held_key, snapshot_key};
     use crate::{mkfs, Fs, FsOptions, MkfsOptions, ROOT};
 
     fn open(store: &Arc<dyn Store>) -> Fs {
         Fs::open(store.clone(), FsOptions { commit_interval: None, ..FsOptions::default() }).unwrap()
+    }
+
+    /// Scrub reads the blocks kept for snapshots too, and says which one
+    /// is damaged.
+    #[test]
+    fn scrub_verifies_the_blocks_snapshots_read() {
+        let store: Arc<dyn Store> =
+            Arc::new(MemStore::new(Geometry { segment_size: 1 << 20, segment_count: 16 }));
+        mkfs(store.clone(), &MkfsOptions::default()).unwrap();
+        let fs = open(&store);
+        let a = fs.create(ROOT, b"a", 0o644, 0, 0).unwrap();
+        let noise: Vec<u8> = (0..200_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        fs.write(a.ino, 0, &noise).unwrap();
+        fs.snapshot_create("s").unwrap();
+        fs.write(a.ino, 0, &vec![1u8; 200_000]).unwrap();
+        fs.sync().unwrap();
+        let clean = fs.scrub(&crate::ScrubOptions::default(), &|_| {}).unwrap();
+        assert!(clean.damaged.is_empty(), "{:?}", clean.damaged);
+        let (lo, hi) = all_held_range();
+        let held = fs.st().scan(&lo, &hi, usize::MAX).unwrap();
+        let (b, _, _) = parse_held_key(&held[0].0).unwrap();
+        let mut byte = [0u8; 1];
+        store.read(b.seg, b.offset + 40, &mut byte).unwrap();
+        store.write(b.seg, b.offset + 40, &[byte[0] ^ 0xff]).unwrap();
+        let rep = fs.scrub(&crate::ScrubOptions::default(), &|_| {}).unwrap();
+        assert_eq!(rep.blocks, clean.blocks, "{rep:?}");
+        assert!(
+            rep.damaged
+                .iter()
+                .any(|d| d.contains("kept for snapshots") && d.contains(&format!("{}:{}", b.seg, b.offset))),
+            "{:?}",
+            rep.damaged
+        );
     }
 
     /// A delete cut short after its first group (the snapshot's record

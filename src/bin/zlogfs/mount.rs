@@ -47,6 +47,9 @@ pub struct Parsed {
     pub nbd: Option<PathBuf>,
     /// `-o ro,snapshot=NAME`: mount the named snapshot.
     pub snapshot: Option<String>,
+    /// `-o ro,at=TIME`: mount the newest kept point at or before TIME (or
+    /// the one a clock token names).
+    pub at: Option<String>,
 }
 
 /// Parse a `-o` list (several `-o` are joined). Every generic option of
@@ -69,6 +72,7 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
         metrics: None,
         nbd: None,
         snapshot: None,
+        at: None,
     };
     for opt in lists.iter().flat_map(|l| l.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
         let (k, v) = match opt.split_once('=') {
@@ -81,12 +85,15 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
             return Err(format!(
                 "unknown mount option {opt:?} (known: the generic options of mount(8), and allow_other, \
                  default_permissions, patches, nopatches, uring[=on|off|auto], spin=US, attr_timeout=S, \
-                 entry_timeout=S, negative_timeout=S, threads=N, commit=SECONDS, metrics=HOST:PORT, nbd=PATH, snapshot=NAME, log=LEVEL, logfile=PATH)"
+                 entry_timeout=S, negative_timeout=S, threads=N, commit=SECONDS, metrics=HOST:PORT, nbd=PATH, snapshot=NAME, at=TIME, log=LEVEL, logfile=PATH)"
             ));
         }
     }
     if p.snapshot.is_some() && !p.mount.read_only {
         return Err("a snapshot mounts read-only: give -o ro,snapshot=NAME".into());
+    }
+    if p.at.is_some() && !p.mount.read_only {
+        return Err("the past mounts read-only: give -o ro,at=TIME".into());
     }
     Ok(p)
 }
@@ -148,6 +155,13 @@ impl Parsed {
             "nbd" => self.nbd = Some(PathBuf::from(v.ok_or("option nbd needs the path of a Unix socket")?)),
             "snapshot" => {
                 self.snapshot = Some(v.ok_or("option snapshot needs a name (zlogfs snapshot list)")?.into())
+            }
+            "at" => {
+                let t = v.ok_or("option at needs a time (2026-11-26T10:00:00Z, 2h) or a clock token")?;
+                if !t.starts_with("zlogfs:") {
+                    zlogfs::fs::parse_time(t).map_err(|e| format!("option at: {e}"))?;
+                }
+                self.at = Some(t.into());
             }
             "metrics" => {
                 let a = v.ok_or("option metrics needs HOST:PORT, e.g. metrics=127.0.0.1:9184")?;
@@ -250,6 +264,7 @@ pub fn open_for_mount(image: &Path, p: &Parsed) -> Result<Fs, String> {
         patches: p.patches,
         commit_interval: Some(p.commit),
         snapshot: p.snapshot.clone(),
+        at: p.at.clone(),
         ..FsOptions::default()
     };
     Fs::open(Arc::new(f), opts).map_err(|e: zlogfs::fs::Error| format!("{}: {e}", image.display()))

@@ -325,6 +325,7 @@ impl State {
             return Ok(Vec::new());
         }
         let addrs = self.eng.write_blocks(room, reqs)?;
+        self.group.placed(&addrs, self.eng.seq() + 1);
         debug_assert_eq!(addrs.len(), plan.own.len() + plan.packs.len(), "an address per block");
         Ok(addrs)
     }
