@@ -314,6 +314,37 @@ fn the_past_opens_at_a_time_or_a_clock_token() {
     assert!(matches!(rw, Err(fs::Error::Invalid(_))), "the past opens read-only");
 }
 
+/// With every commit kept as a point, overwrites many times the image's
+/// size never get ENOSPC: the oldest automatic points go first, a named
+/// snapshot never does, and fsck stays clean.
+#[test]
+fn automatic_points_make_room_before_enospc_and_named_snapshots_stay() {
+    let st = Arc::new(FaultStore::new(Geometry { segment_size: 256 << 10, segment_count: 64 }));
+    let s: Arc<dyn Store> = st.clone();
+    let history = "all:1h,hourly:2d,daily:31d".parse().expect("policy");
+    let o = MkfsOptions { chunk_size: 16 << 10, pack_bytes: 32 << 10, history, ..MkfsOptions::default() };
+    fs::mkfs(s, &o).expect("mkfs");
+    let f = open(&st, None).expect("open");
+    let a = f.create(ROOT, b"a", 0o644, 0, 0).expect("create");
+    let noise = |seed: u64| common::noise(seed, 1 << 20);
+    f.write(a.ino, 0, &noise(1)).expect("write");
+    f.sync().expect("sync");
+    f.snapshot_create("keep").expect("snapshot");
+    for round in 2..60 {
+        f.write(a.ino, 0, &noise(round))
+            .and_then(|_| f.sync())
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+    }
+    assert!(f.stats().points_dropped > 0, "points were dropped for room");
+    let names: Vec<String> = f.snapshots().expect("list").into_iter().map(|(n, _)| n).collect();
+    assert!(names.contains(&"keep".to_string()), "{names:?}");
+    assert!(names.iter().any(|n| n.starts_with('@')), "the newest points stay: {names:?}");
+    fsck_clean(&f, "after the overwrites");
+    f.close().expect("close");
+    let view = open(&st, Some("keep")).expect("open the snapshot");
+    assert!(view.read(a.ino, 0, 1 << 20).expect("read") == noise(1), "the named snapshot's data");
+}
+
 #[test]
 fn snapshots_are_named_once_and_opened_read_only() {
     let st = fresh();

@@ -277,3 +277,40 @@ fn clear_refusals_and_read_only_images() {
     );
     let _ = std::fs::remove_dir_all(&w);
 }
+
+/// `mkfs --history` and `snapshot policy`: automatic points are taken by
+/// an import (each commit of it) and listed as automatic; `policy none`
+/// drops them; a bad policy is refused with an example.
+#[test]
+fn the_history_policy_from_the_command_line() {
+    let d = work("history");
+    let img = d.join("img");
+    let src = d.join("src");
+    std::fs::create_dir_all(src.join("sub")).expect("mkdir");
+    for n in 0..50 {
+        std::fs::write(src.join("sub").join(format!("f{n}")), vec![n as u8; 20_000]).expect("write");
+    }
+    let (img, src) = (img.to_str().expect("utf8"), src.to_str().expect("utf8"));
+    let run = |a: &[&str]| zlogfs(&a.iter().map(OsStr::new).collect::<Vec<_>>());
+    let okk = |a: &[&str]| {
+        let out = run(a);
+        assert!(out.status.success(), "zlogfs {a:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    okk(&["mkfs", img, "--size", "64M", "--history", "all:1h,daily:31d"]);
+    let shown = okk(&["snapshot", "policy", img, "--json"]);
+    assert!(shown.contains("all:1h,hourly:0s,daily:31d"), "{shown}");
+    okk(&["import", src, img]);
+    let list: serde_json::Value =
+        serde_json::from_str(&okk(&["snapshot", "list", img, "--json"])).expect("json");
+    let autos = list["snapshots"].as_array().expect("rows").iter().filter(|r| r["automatic"] == true).count();
+    assert!(autos >= 1, "the import's commits are points: {list}");
+    okk(&["snapshot", "policy", img, "none"]);
+    let list = okk(&["snapshot", "list", img, "--json"]);
+    assert!(!list.contains("\"automatic\": true"), "none drops them: {list}");
+    let bad = run(&["snapshot", "policy", img, "weekly:2w"]);
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("all:1h"), "{bad:?}");
+    let fsck = okk(&["fsck", img]);
+    assert!(fsck.contains("clean"), "{fsck}");
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -274,11 +274,13 @@ enum Cmd {
     /// the blocks it reads stay allocated (the cleaner moves them).
     Snapshot {
         /// create, list or delete.
-        #[arg(value_parser = ["create", "list", "delete"])]
+        #[arg(value_parser = ["create", "list", "delete", "policy"])]
         action: String,
         /// The image, or a zlogfs mount point.
         target: PathBuf,
-        /// The snapshot's name (create and delete).
+        /// The snapshot's name (create and delete), or the retention
+        /// policy of automatic points to set (policy; without it, shows
+        /// the policy): "none" or e.g. "all:1h,hourly:2d,daily:31d".
         name: Option<String>,
         /// Machine-readable output.
         #[arg(long)]
@@ -328,6 +330,12 @@ struct FormatArgs {
     /// zstd:3 stores about 4% less and writes about a third slower.
     #[arg(long, default_value = "zstd:2")]
     codec: CodecSpec,
+    /// Automatic points of history to keep: "none", or ages such as
+    /// "all:1h,hourly:2d,daily:31d" (every commit for an hour, then one
+    /// an hour for two days, then one a day for 31 days). Change it later
+    /// with `zlogfs snapshot policy TARGET SPEC`.
+    #[arg(long, default_value = "none")]
+    history: zfs::history::Policy,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -452,6 +460,7 @@ fn mkfs(image: &Path, f: &FormatArgs, force: bool) -> Result<(), String> {
         codec: f.codec,
         root_uid: nix::unistd::getuid().as_raw(),
         root_gid: nix::unistd::getgid().as_raw(),
+        history: f.history,
     };
     let store =
         FileStore::create(image, geometry).map_err(|e| format!("cannot create {}: {e}", image.display()))?;

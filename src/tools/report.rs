@@ -133,17 +133,26 @@ pub fn snapshot(fs: &Fs, action: &str, name: Option<&str>) -> Result<Value> {
             let freed = fs.snapshot_delete(named()?)?;
             json!({"deleted": named()?, "freed_bytes": freed})
         }
+        "policy" => {
+            if let Some(spec) = name {
+                fs.set_history_policy(spec.parse()?)?;
+            }
+            json!({"policy": fs.history_policy().to_string()})
+        }
         "list" => {
             let rows: Vec<Value> = fs
                 .snapshot_usage()?
                 .into_iter()
-                .map(|(n, s, frees)| json!({"name": n, "seq": s.seq, "time": time(s.time), "frees_bytes": frees}))
+                .map(|(n, s, frees)| {
+                    json!({"name": n, "seq": s.seq, "time": time(s.time), "frees_bytes": frees,
+                        "automatic": n.starts_with('@')})
+                })
                 .collect();
             json!({"snapshots": rows})
         }
         a => {
             return Err(crate::fs::Error::Invalid(format!(
-                "unknown snapshot action {a:?} (create, list, delete)"
+                "unknown snapshot action {a:?} (create, list, delete, policy)"
             ))
             .into())
         }

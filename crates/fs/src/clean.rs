@@ -262,6 +262,29 @@ impl State {
         Ok(())
     }
 
+    /// [`State::clean_for`], and while that cannot make the room (or
+    /// cleaning itself finds none to move into), drop the oldest automatic
+    /// point of history and try again: they go before a writer gets
+    /// ENOSPC. Named snapshots never do.
+    pub(crate) fn make_room(&mut self, need: u64) -> Result<()> {
+        loop {
+            let r = self.clean_for(need);
+            match r {
+                Ok(()) if need <= self.space_hint => return Ok(()),
+                Ok(()) | Err(Error::NoSpace(_)) => {
+                    if !self.drop_oldest_point()? {
+                        return r;
+                    }
+                    // Its frees count once durable.
+                    self.eng.sync()?;
+                    self.space_hint = self.free_now();
+                    self.futile_at = None;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     fn clean_round_inner(
         &mut self,
         opts: &CleanOptions,

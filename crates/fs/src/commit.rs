@@ -67,6 +67,7 @@ impl State {
         if !self.bufs.is_empty() {
             self.store_buffers_or_clean(room)?;
         }
+        let changed = !self.group.pending().events.is_empty();
         let Some(mut b) = self.group.seal(self.eng.device_bytes_written(), room, self.eng.seq() + 1) else {
             return Ok(());
         };
@@ -94,6 +95,11 @@ impl State {
             }
         }
         self.space_hint = self.free_now();
+        if changed {
+            if let Err(e) = self.auto_point() {
+                self.background_error("taking or thinning automatic points of history", &e);
+            }
+        }
         Ok(())
     }
 
@@ -104,7 +110,7 @@ impl State {
     fn store_buffers_or_clean(&mut self, room: Room) -> Result<()> {
         match self.store_dirty(room) {
             Err(Error::NoSpace(_)) if !self.cleaning => {
-                self.clean_for(self.bufs.bytes() as u64)?;
+                self.make_room(self.bufs.bytes() as u64)?;
                 match self.store_dirty(room) {
                     Err(Error::NoSpace(_)) if room == Room::User => self.store_dirty(Room::Relieve),
                     r => r,
@@ -131,7 +137,7 @@ impl State {
         }
         if len as u64 > self.space_hint && !self.cleaning {
             // Clean segments with dead space until the write fits.
-            self.clean_for(len as u64)?;
+            self.make_room(len as u64)?;
         }
         if len as u64 > self.space_hint {
             return Err(Error::NoSpace(format!(
@@ -166,7 +172,7 @@ impl State {
             self.eng.sync()?;
         }
         if need(self) > room(self) && !self.cleaning {
-            self.clean_for(need(self))?;
+            self.make_room(need(self))?;
         }
         if need(self) > room(self) {
             return Err(Error::NoSpace(format!(

@@ -77,7 +77,8 @@ pub fn mkfs(store: Arc<dyn Store>, o: &MkfsOptions) -> Result<()> {
         base_sec: t.sec,
         next_ino: ROOT + 1,
         next_triple: 1,
-        version: 1,
+        // A policy record is version 8's.
+        version: if o.history.keeps_any() { FS_VERSION } else { 1 },
     };
     let root = Inode {
         ino: ROOT,
@@ -100,6 +101,9 @@ pub fn mkfs(store: Arc<dyn Store>, o: &MkfsOptions) -> Result<()> {
     b.put(config_key(), cfg.encode());
     b.put(triple_key(0), encode_triple(root.triple()));
     b.put(inode_key(ROOT), root.encode(0, cfg.base_sec));
+    if o.history.keeps_any() {
+        b.put(policy_key(), o.history.to_string().into_bytes());
+    }
     eng.write_sync(&b)?;
     Ok(eng.close()?)
 }

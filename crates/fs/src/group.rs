@@ -16,6 +16,7 @@ use zlogfs_engine::BlockAddr;
 use crate::changes::{Event, Record};
 use crate::error::{Error, Result};
 use crate::filesystem::now;
+use crate::history::Policy;
 use crate::keys::*;
 use crate::pending::Pending;
 
@@ -52,6 +53,12 @@ pub(crate) struct Group {
     /// The point the image was opened at: every group since was this
     /// build's, so when records start they cover all from here.
     opened_at: u64,
+    /// The retention policy of automatic points.
+    policy: Policy,
+    /// When the newest automatic point was taken.
+    last_point: Option<Time>,
+    /// When automatic points were last thinned (seconds).
+    thinned_at: Option<i64>,
     /// When each segment in use started to take its blocks
     /// ([`seg_born_key`]): no record naming a block there is older.
     seg_born: HashMap<u32, u64>,
@@ -83,9 +90,21 @@ impl Group {
         };
         let (lo, hi) = snapshots_range();
         let mut snapshots = Vec::new();
+        let mut last_point: Option<Time> = None;
         for (k, v) in eng.scan(&lo, Some(&hi), usize::MAX)? {
-            snapshots.push(Snapshot::decode(&v, &describe_key(&k))?.seq);
+            let s = Snapshot::decode(&v, &describe_key(&k))?;
+            snapshots.push(s.seq);
+            if k.get(1) == Some(&(crate::points::AUTO as u8)) {
+                last_point = Some(last_point.map_or(s.time, |l| l.max(s.time)));
+            }
         }
+        let policy = match eng.get(&policy_key())? {
+            Some(v) => std::str::from_utf8(&v)
+                .map_err(|_| Error::corrupt("the retention policy record", "not UTF-8"))?
+                .parse()
+                .map_err(|e| Error::corrupt("the retention policy record", format!("{e}")))?,
+            None => Policy::NONE,
+        };
         snapshots.sort_unstable();
         let recording = eng.get(&changes_from_key())?.is_some();
         let mut seg_born = HashMap::new();
@@ -111,6 +130,9 @@ impl Group {
             recording,
             opened_at: eng.seq(),
             seg_born,
+            policy,
+            last_point,
+            thinned_at: None,
         })
     }
 
@@ -123,6 +145,34 @@ impl Group {
     pub(crate) fn set_snapshots(&mut self, mut seqs: Vec<u64>) {
         seqs.sort_unstable();
         self.snapshots = seqs;
+    }
+
+    /// The retention policy of automatic points.
+    pub(crate) fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// A new policy (its record is in the group).
+    pub(crate) fn set_policy(&mut self, p: Policy) {
+        self.policy = p;
+    }
+
+    /// When the newest automatic point was taken.
+    pub(crate) fn last_point(&self) -> Option<Time> {
+        self.last_point
+    }
+
+    pub(crate) fn set_last_point(&mut self, t: Time) {
+        self.last_point = Some(t);
+    }
+
+    /// When automatic points were last thinned.
+    pub(crate) fn thinned_at(&self) -> Option<i64> {
+        self.thinned_at
+    }
+
+    pub(crate) fn set_thinned_at(&mut self, t: i64) {
+        self.thinned_at = Some(t);
     }
 
     /// Blocks were placed at `addrs`, to be named by records from sequence

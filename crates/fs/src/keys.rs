@@ -35,6 +35,7 @@ const T_CONFIG: u8 = 0x01;
 const T_TRIPLE: u8 = 0x02;
 const T_COUNTERS: u8 = 0x03;
 const T_CHANGES_FROM: u8 = 0x04;
+const T_POLICY: u8 = 0x05;
 const T_ORPHAN: u8 = 0x08;
 const T_INODE: u8 = 0x10;
 const T_DIRENT: u8 = 0x20;
@@ -294,6 +295,11 @@ pub fn parse_change_key(k: &[u8]) -> Option<u64> {
 pub fn changes_range() -> (Vec<u8>, Vec<u8>) {
     (vec![T_CHANGE], vec![T_CHANGE + 1])
 }
+/// The retention policy of automatic points (record version 8): its text
+/// (`crate::history::Policy`'s form). Absent: none.
+pub fn policy_key() -> Vec<u8> {
+    vec![T_POLICY]
+}
 /// Where the change records start (record version 8): every group after
 /// the point its value names has its change record. Absent: none is kept.
 pub fn changes_from_key() -> Vec<u8> {
@@ -380,6 +386,7 @@ pub fn describe_key(k: &[u8]) -> String {
         Some(&T_TRIPLE) => "an owner triple".into(),
         Some(&T_COUNTERS) => "the counters record".into(),
         Some(&T_CHANGES_FROM) => "the record of where change records start".into(),
+        Some(&T_POLICY) => "the retention policy of automatic points".into(),
         _ => format!("key {k:02x?}"),
     }
 }

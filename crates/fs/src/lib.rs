@@ -45,6 +45,7 @@ mod namespace;
 mod options;
 mod patch;
 mod pending;
+mod points;
 mod scrub;
 mod snapshot;
 mod state;

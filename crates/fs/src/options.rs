@@ -21,6 +21,9 @@ pub struct MkfsOptions {
     pub root_uid: u32,
     /// Group of the root directory.
     pub root_gid: u32,
+    /// Retention policy of automatic points of history (none: only named
+    /// snapshots are kept).
+    pub history: crate::history::Policy,
 }
 
 impl Default for MkfsOptions {
@@ -36,6 +39,7 @@ impl Default for MkfsOptions {
             codec: CodecSpec::new(CodecId::Zstd, 2),
             root_uid: 0,
             root_gid: 0,
+            history: crate::history::Policy::NONE,
         }
     }
 }

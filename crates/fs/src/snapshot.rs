@@ -76,6 +76,11 @@ pub(crate) fn find_at(eng: &Engine, spec: &str) -> Result<Snapshot> {
 }
 
 fn check_name(name: &str) -> Result<()> {
+    if name.starts_with(crate::points::AUTO) {
+        return Err(Error::invalid(format!(
+            "snapshot name {name:?}: names that start with '@' are the automatic points'"
+        )));
+    }
     let ok = !name.is_empty()
         && name.len() <= 255
         && name != "."

@@ -35,6 +35,8 @@ pub struct FsStats {
     pub clean_stored: u64,
     /// Segments the cleaner freed.
     pub clean_freed: u64,
+    /// Automatic points of history dropped for room.
+    pub points_dropped: u64,
     /// Counted live bytes of the segments the cleaner freed, when picked.
     pub clean_live: u64,
     /// atime updates dropped: the log had no room outside the reserve, or

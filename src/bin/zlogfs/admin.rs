@@ -310,12 +310,12 @@ pub fn sync(target: &Path, json: bool) -> Res {
 
 /// `zlogfs snapshot ACTION TARGET [NAME]`.
 pub fn snapshot(target: &Path, action: &str, name: Option<&str>, json: bool) -> Res {
-    if action != "list" && name.is_none() {
+    if action != "list" && action != "policy" && name.is_none() {
         return Err(format!("zlogfs snapshot {action} needs a NAME"));
     }
     let t = Target::of(target)?;
     let v = match &t {
-        Target::Image(image) if action == "list" => {
+        Target::Image(image) if action == "list" || (action == "policy" && name.is_none()) => {
             report::snapshot(&open_fs_ro(image)?, action, name).map_err(|e| e.to_string())?
         }
         Target::Image(image) => {
@@ -330,6 +330,7 @@ pub fn snapshot(target: &Path, action: &str, name: Option<&str>, json: bool) -> 
     };
     show(&v, json, |v| match action {
         "create" => println!("{}: snapshot {} taken", t.name(), v["created"].as_str().unwrap_or("")),
+        "policy" => println!("{}: automatic points: {}", t.name(), v["policy"].as_str().unwrap_or("")),
         "delete" => println!(
             "{}: snapshot {} deleted, {} bytes freed",
             t.name(),
