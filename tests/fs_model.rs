@@ -22,12 +22,14 @@ use zlogfs::frontends::fuse::errno as fuse_errno;
 use zlogfs::fs::{self, Fs, FsOptions, Ino, Kind, MkfsOptions, SetAttr, ROOT};
 use zlogfs::store::{CrashMode, FaultConfig, FaultStore, Geometry, Store};
 
-fn mkfs_opts(chunk: u32) -> MkfsOptions {
+fn mkfs_opts(chunk: u32, history: bool) -> MkfsOptions {
     MkfsOptions {
         chunk_size: chunk,
         pack_bytes: 16 << 10,
         inline_max: 64,
         codec: CodecSpec::new(CodecId::Zstd, 1),
+        // Every commit an automatic point.
+        history: if history { "all:1h".parse().expect("policy") } else { fs::history::Policy::NONE },
         ..MkfsOptions::default()
     }
 }
@@ -43,10 +45,22 @@ fn fs_opts() -> FsOptions {
     }
 }
 
-fn fresh(chunk: u32) -> Arc<FaultStore> {
+fn fresh(chunk: u32, history: bool) -> Arc<FaultStore> {
     let st = Arc::new(FaultStore::new(Geometry { segment_size: 512 << 10, segment_count: 96 }));
-    fs::mkfs(st.clone(), &mkfs_opts(chunk)).expect("mkfs");
+    fs::mkfs(st.clone(), &mkfs_opts(chunk, history)).expect("mkfs");
     st
+}
+
+/// The newest automatic point, if it is of the commit just made: (name,
+/// its sequence number).
+fn point_of_last_commit(f: &Fs) -> Option<String> {
+    let newest = f
+        .snapshots()
+        .expect("list")
+        .into_iter()
+        .filter(|(n, _)| n.starts_with('@'))
+        .max_by_key(|(_, s)| s.seq);
+    newest.filter(|(_, s)| s.seq == f.engine().seq()).map(|(n, _)| n)
 }
 
 fn open_snapshot(st: &Arc<FaultStore>, name: &str) -> Fs {
@@ -459,6 +473,8 @@ struct Setup {
     /// Run the cleaner now and then (it moves patches, or merges them into
     /// their chunks when it moves a base).
     clean: bool,
+    /// Keep every commit as an automatic point of history.
+    history: bool,
 }
 
 /// On images of chunks above 4 KiB, a third of new files and directories
@@ -477,9 +493,9 @@ fn set_chunk(f: &Fs, ino: Ino, chunk: Option<u32>) -> Res {
 }
 
 fn run(seed: u64, steps: usize, setup: Setup) {
-    let Setup { io_errors, chunk, clean } = setup;
+    let Setup { io_errors, chunk, clean, history: keep_points } = setup;
     let mut r = common::rng(seed);
-    let st = fresh(chunk);
+    let st = fresh(chunk, keep_points);
     let mut f = open(&st);
     let mut m = Model::new();
     // Models after each accepted operation since the last sync.
@@ -495,6 +511,10 @@ fn run(seed: u64, steps: usize, setup: Setup) {
     let mut snapshot_steps = 0;
     // Segments cleaned while snapshots existed.
     let mut cleaned_with_snapshots = 0;
+    // Automatic points taken by the explicit commits, with the model they
+    // must read as, and how many were read back.
+    let mut points: BTreeMap<String, Model> = BTreeMap::new();
+    let mut point_reads = 0;
     for step in 0..steps {
         let ctx = format!("seed {seed} step {step}");
         let op = r.gen_range(0..100);
@@ -696,7 +716,11 @@ fn run(seed: u64, steps: usize, setup: Setup) {
                     res = f.engine().write_out().map_err(fs::Error::from);
                 }
                 match res {
-                    Ok(()) => {}
+                    Ok(()) => {
+                        if let Some(name) = point_of_last_commit(&f).filter(|_| keep_points) {
+                            points.insert(name, m.clone());
+                        }
+                    }
                     Err(e) if armed => {
                         assert_eq!(fuse_errno(&e), libc::EIO, "{ctx}: commit failed with {e}");
                         (f, m) = recover(&st, f, &history, CrashMode::TearLast, r.gen(), &ctx);
@@ -739,6 +763,31 @@ fn run(seed: u64, steps: usize, setup: Setup) {
                         let name = format!("s{step}");
                         let s = f.snapshot_create(&name).unwrap_or_else(|e| panic!("{ctx}: snapshot: {e}"));
                         snaps.push((name, m.clone(), s.seq));
+                    }
+                    1 if !points.is_empty() && r.gen_bool(0.5) => {
+                        // An automatic point that still exists (one whose
+                        // record a power cut lost is gone) reads as the
+                        // model did when its commit was made.
+                        let names: Vec<String> = points.keys().cloned().collect();
+                        let name = &names[r.gen_range(0..names.len())];
+                        let kept = f.snapshots().expect("list").into_iter().any(|(n, _)| &n == name);
+                        if kept {
+                            f.close().unwrap_or_else(|e| panic!("{ctx}: close: {e}"));
+                            let view = open_snapshot(&st, name);
+                            assert_eq!(
+                                fs_dump(&view),
+                                points[name].dump(),
+                                "{ctx}: point {name} reads otherwise"
+                            );
+                            drop(view);
+                            f = open(&st);
+                            point_reads += 1;
+                        } else {
+                            // Nothing read, nothing made durable: the
+                            // operations since the last sync stay unsynced.
+                            points.remove(name);
+                            continue;
+                        }
                     }
                     1 if !snaps.is_empty() => {
                         let (name, want, seq) = &snaps[r.gen_range(0..snaps.len())];
@@ -875,7 +924,7 @@ fn run(seed: u64, steps: usize, setup: Setup) {
     eprintln!(
         "seed {seed}: {steps} steps, {crashes} power cuts, {io_faults} I/O errors met, {patches} patches, \
          {gone} chunks left without a base, {snapshot_steps} snapshot steps ({} snapshots left, \
-         {cleaned_with_snapshots} segments cleaned while some existed)",
+         {cleaned_with_snapshots} segments cleaned while some existed), {point_reads} automatic points read",
         snaps.len()
     );
 }
@@ -885,7 +934,7 @@ fn fs_matches_model_through_crashes() {
     let base = common::seed("fs_matches_model_through_crashes");
     let runs = if std::env::var("ZLOGFS_SEED").is_ok() { 1 } else { 8 };
     for k in 0..runs {
-        run(base.wrapping_add(k), 1500, Setup { io_errors: false, chunk: 4096, clean: false });
+        run(base.wrapping_add(k), 1500, Setup { io_errors: false, chunk: 4096, clean: false, history: true });
     }
 }
 
@@ -898,7 +947,11 @@ fn fs_matches_model_with_patches() {
     let base = common::seed("fs_matches_model_with_patches");
     let runs = if std::env::var("ZLOGFS_SEED").is_ok() { 1 } else { 6 };
     for k in 0..runs {
-        run(base.wrapping_add(k), 4000, Setup { io_errors: false, chunk: 32 << 10, clean: true });
+        run(
+            base.wrapping_add(k),
+            4000,
+            Setup { io_errors: false, chunk: 32 << 10, clean: true, history: false },
+        );
     }
 }
 
@@ -910,6 +963,6 @@ fn fs_matches_model_through_io_errors() {
     let base = common::seed("fs_matches_model_through_io_errors");
     let runs = if std::env::var("ZLOGFS_SEED").is_ok() { 1 } else { 6 };
     for k in 0..runs {
-        run(base.wrapping_add(k), 1500, Setup { io_errors: true, chunk: 4096, clean: false });
+        run(base.wrapping_add(k), 1500, Setup { io_errors: true, chunk: 4096, clean: false, history: false });
     }
 }
