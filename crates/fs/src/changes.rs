@@ -240,6 +240,14 @@ pub(crate) fn records_from(st: &State) -> Result<Option<Snapshot>> {
 }
 
 impl State {
+    /// The current point: everything accepted so far committed.
+    fn point_now(&mut self) -> Result<u64> {
+        if !self.read_only {
+            self.commit()?;
+        }
+        Ok(self.eng.seq())
+    }
+
     /// Note what an operation did, for the group's change record.
     pub(crate) fn note(&mut self, ino: Ino, kind: Kind, what: What) {
         self.group.note(Event { ino, kind, what });
@@ -253,7 +261,7 @@ impl State {
         let limit = now().sec - KEEP_CHANGES_SECS;
         let (lo, hi) = changes_range();
         let recs = self.scan(&lo, &hi, PRUNE_STEP + 1)?;
-        let mut start = from.seq;
+        let (mut start, mut until) = (from.seq, from.time);
         let mut dropped = 0;
         for (k, v) in &recs {
             let seq =
@@ -265,13 +273,15 @@ impl State {
             self.del(k.clone());
             dropped += 1;
             start = start.max(seq);
+            until = until.max(rec.time);
         }
         if dropped > 0 {
             // Groups after the next record's point, or after now when none
-            // is left, all have records.
+            // is left, all have records; the last dropped was sealed at
+            // `until`, so a time from then on is still answered.
             let next = recs.get(dropped).and_then(|(k, _)| parse_change_key(k)).map(|s| s - 1);
             let seq = next.unwrap_or_else(|| self.eng.seq()).max(start);
-            self.put(changes_from_key(), Snapshot { seq, time: now() }.encode());
+            self.put(changes_from_key(), Snapshot { seq, time: until }.encode());
         }
         Ok(())
     }
@@ -473,18 +483,15 @@ impl Fs {
     /// The current point: every operation accepted so far committed.
     pub fn point_now(&self) -> Result<u64> {
         let mut st = self.st();
-        if !st.read_only {
-            st.commit()?;
-        }
-        Ok(st.eng.seq())
+        st.point_now()
     }
 
     /// The point at the end of the last group committed at or before `t`
     /// (from the change records' times); None when the change records
     /// kept do not reach back to `t`.
     pub fn point_at(&self, t: Time) -> Result<Option<u64>> {
-        let now_seq = self.point_now()?;
-        let st = self.st();
+        let mut st = self.st();
+        let now_seq = st.point_now()?;
         match records_from(&st)? {
             Some(f) if f.time <= t => {}
             _ => return Ok(None),
@@ -515,8 +522,10 @@ impl Fs {
     /// inode: created, deleted, renamed (a link moved), or changed (data,
     /// metadata). Inodes made and gone again in between are left out.
     pub fn changes(&self, since: u64, until: Option<u64>) -> Result<ChangeFeed> {
-        let now_seq = self.point_now()?;
-        let st = self.st();
+        // One hold of the lock: the present the replay starts from is the
+        // point the records reach (nothing accepted in between).
+        let mut st = self.st();
+        let now_seq = st.point_now()?;
         let until = until.unwrap_or(now_seq);
         if since > now_seq {
             // A point this image never reached (a copy of it from before
@@ -689,6 +698,52 @@ mod tests {
         assert!(fs.changes(s1, Some(s0)).is_err(), "an end before the start");
         let rep = fs.check(&|_, _| {}).unwrap();
         assert!(rep.problems.is_empty(), "{:?}", rep.problems);
+    }
+
+    /// Old records are dropped, and where they start moves past them with
+    /// the time of the last one dropped: a time after it is still a point
+    /// (not a fresh instance).
+    #[test]
+    fn pruning_keeps_later_times_answerable() {
+        let store: Arc<dyn Store> =
+            Arc::new(MemStore::new(Geometry { segment_size: 1 << 20, segment_count: 16 }));
+        mkfs(store.clone(), &MkfsOptions::default()).unwrap();
+        let fs = open(&store);
+        fs.create(ROOT, b"a", 0o644, 0, 0).unwrap();
+        fs.sync().unwrap();
+        let old = Time { sec: now().sec - KEEP_CHANGES_SECS - 86_400, nsec: 0 };
+        {
+            // Age the records written so far, and where they start.
+            let mut st = fs.st();
+            let (lo, hi) = changes_range();
+            for (k, v) in st.scan(&lo, &hi, usize::MAX).unwrap() {
+                let mut r = Record::decode(&v, "r").unwrap();
+                r.time = old;
+                st.put(k, r.encode());
+            }
+            let f = records_from(&st).unwrap().unwrap();
+            st.put(
+                changes_from_key(),
+                Snapshot { seq: f.seq, time: Time { sec: old.sec - 1, nsec: 0 } }.encode(),
+            );
+            st.commit().unwrap();
+        }
+        fs.create(ROOT, b"b", 0o644, 0, 0).unwrap();
+        fs.sync().unwrap();
+        {
+            let mut st = fs.st();
+            st.prune_changes().unwrap();
+            st.commit().unwrap();
+            let f = records_from(&st).unwrap().unwrap();
+            assert_eq!(f.time, old, "the time of the last record dropped");
+        }
+        let later = Time { sec: old.sec + 1, nsec: 0 };
+        let p = fs.point_at(later).unwrap().expect("a time after the dropped records is a point");
+        let feed = fs.changes(p, None).unwrap();
+        assert!(!feed.fresh_instance);
+        let names: Vec<_> = feed.changes.iter().filter_map(|c| c.path.clone()).collect();
+        assert_eq!(names, vec![b"/b".to_vec()], "what came after");
+        assert!(fs.point_at(Time { sec: old.sec - 10, nsec: 0 }).unwrap().is_none(), "before them: gone");
     }
 
     #[test]

@@ -352,9 +352,9 @@ impl State {
             }
         }
         self.commit_as(Room::Relieve)?;
-        if !self.group.snapshots().is_empty() {
-            ok = self.move_held_out(ok, rep)?;
-        }
+        // Whatever the snapshot list says (a delete that failed part way
+        // leaves held blocks): no victim holding one is reclaimed.
+        ok = self.move_held_out(ok, rep)?;
         if ok.is_empty() {
             return Ok(true);
         }
@@ -378,23 +378,27 @@ impl State {
         Ok(true)
     }
 
-    /// With snapshots: the victims' blocks the present no longer uses
-    /// (held, some by this round's moves) are copied as they are stored,
-    /// with forward records for reads at the snapshots; committed. Returns
-    /// the victims left with no held block (only those may be reclaimed).
+    /// The victims' blocks kept for snapshots (held, some by this round's
+    /// moves) are copied as they are stored, with forward records for
+    /// reads at the snapshots; committed. Returns the victims left with no
+    /// held block (only those may be reclaimed).
     fn move_held_out(&mut self, victims: Vec<u32>, rep: &mut CleanReport) -> Result<Vec<u32>> {
         let mut moved = Vec::new();
+        let mut any = false;
         for seg in victims {
             match self.move_held(seg) {
                 Ok(bytes) => {
                     rep.moved_bytes += bytes;
+                    any |= bytes > 0;
                     moved.push(seg);
                 }
                 Err(e) if e.is_corruption() => rep.skipped.push((seg, e.to_string())),
                 Err(e) => return Err(e),
             }
         }
-        self.commit_as(Room::Relieve)?;
+        if any {
+            self.commit_as(Room::Relieve)?;
+        }
         let mut ok = Vec::new();
         for seg in moved {
             let (lo, hi) = held_range_in(seg);

@@ -167,7 +167,7 @@ impl Fs {
         if !opts.read_only {
             let mut st = lock(&inner.st);
             st.finish_orphans()?;
-            st.forget_free_segments();
+            st.settle_segment_borns();
             st.release_held()?;
             st.commit()?;
             eng.sync()?;

@@ -20,6 +20,18 @@ use crate::history::Policy;
 use crate::keys::*;
 use crate::pending::Pending;
 
+/// The sequence numbers of the snapshots (named and automatic) whose
+/// records are committed, ascending.
+pub(crate) fn committed_snapshots(eng: &Engine) -> Result<Vec<u64>> {
+    let (lo, hi) = snapshots_range();
+    let mut seqs = Vec::new();
+    for (k, v) in eng.scan(&lo, Some(&hi), usize::MAX)? {
+        seqs.push(Snapshot::decode(&v, &describe_key(&k))?.seq);
+    }
+    seqs.sort_unstable();
+    Ok(seqs)
+}
+
 /// The group and the records it carries.
 pub(crate) struct Group {
     pend: Pending,
@@ -91,6 +103,7 @@ impl Group {
         let (lo, hi) = snapshots_range();
         let mut snapshots = Vec::new();
         let mut last_point: Option<Time> = None;
+        // (committed_snapshots reads the same; here the points' times too)
         for (k, v) in eng.scan(&lo, Some(&hi), usize::MAX)? {
             let s = Snapshot::decode(&v, &describe_key(&k))?;
             snapshots.push(s.seq);
@@ -198,6 +211,12 @@ impl Group {
         if self.seg_born.remove(&seg).is_some() {
             self.del(seg_born_key(seg));
         }
+    }
+
+    /// Segment `seg` counts as born at `born` unless it has a record (in
+    /// memory only: the next open decides again).
+    pub(crate) fn assume_born(&mut self, seg: u32, born: u64) {
+        self.seg_born.entry(seg).or_insert(born);
     }
 
     /// The segments with a born record.
@@ -425,6 +444,16 @@ impl Group {
     /// (`first`); with the first one, the record of where they start.
     fn put_change_record(&mut self, first: u64) {
         self.start_recording();
+        // A record an earlier seal of these events put (its write failed,
+        // or the group was set aside by the cleaner since) goes: the same
+        // events must not be recorded twice. Only seals put change
+        // records; the deletes of old ones stay.
+        let (lo, hi) = changes_range();
+        let stale: Vec<Vec<u8>> =
+            self.pend.map.range(lo..hi).filter(|(_, v)| v.is_some()).map(|(k, _)| k.clone()).collect();
+        for k in stale {
+            self.pend.map.remove(&k);
+        }
         let rec = Record { time: now(), events: self.pend.events.clone() };
         self.put(change_key(first), rec.encode());
         self.mark_version(8);

@@ -31,12 +31,14 @@ fn point_name(s: Snapshot) -> String {
 }
 
 impl State {
-    /// The automatic points, oldest first: (name, point).
+    /// The automatic points whose records are committed, oldest first:
+    /// (key, point). (One just taken is not among them until its group
+    /// commits: dropping it from a group set aside would bring it back.)
     fn auto_points(&self) -> Result<Vec<(Vec<u8>, Snapshot)>> {
         // '@' + 1 is 'A': the range of names that start with '@'.
         let (lo, hi) = (snapshot_key(b"@"), snapshot_key(b"A"));
         let mut out = Vec::new();
-        for (k, v) in self.scan(&lo, &hi, usize::MAX)? {
+        for (k, v) in self.eng.scan(&lo, Some(&hi), usize::MAX)? {
             out.push((k.clone(), Snapshot::decode(&v, &describe_key(&k))?));
         }
         out.sort_by_key(|(_, s)| s.seq);
@@ -102,14 +104,12 @@ impl State {
                 seqs.remove(i);
             }
         }
-        self.group.set_snapshots(seqs.clone());
+        self.group.set_snapshots(seqs);
         let r = self.release_held();
         self.cleaning = was;
         self.group.absorb(held);
         self.bufs.restore(stash);
-        r?;
-        self.eng.set_retained(seqs);
-        Ok(())
+        r.map(|_| ())
     }
 
     /// Drop the oldest automatic point, for room; whether there was one.

@@ -97,16 +97,24 @@ fn check_name(name: &str) -> Result<()> {
 }
 
 impl State {
-    /// Every segment with a born record that holds nothing now forgets it
-    /// (freed since it took its blocks, by a cleaner that stopped before
-    /// it forgot, or as its blocks were freed): its next blocks are born
-    /// anew. At open, before anything is placed; the records go with the
-    /// next group.
-    pub(crate) fn forget_free_segments(&mut self) {
+    /// At open, before anything is placed: every segment with a born
+    /// record that holds nothing now forgets it (freed since it took its
+    /// blocks, by a cleaner that stopped before it forgot, or as its
+    /// blocks were freed), so its next blocks are born anew; every
+    /// segment that holds blocks but has no record (an image from before
+    /// them, or a record lost with a group a crash cut off while blocks
+    /// of a committed group lie there) counts as born 0, which only holds
+    /// more, until it is reclaimed.
+    pub(crate) fn settle_segment_borns(&mut self) {
         let usage = self.eng.segment_usage();
         for seg in self.group.born_segments() {
             if usage.get(seg as usize).is_none_or(|u| u.live == 0) {
                 self.group.forget_segment(seg);
+            }
+        }
+        for (seg, u) in usage.iter().enumerate() {
+            if u.live > 0 {
+                self.group.assume_born(seg as u32, 0);
             }
         }
     }
@@ -118,6 +126,45 @@ impl State {
     /// a crash cut short (its record gone in its first group, some held
     /// frees left). Returns the bytes freed.
     pub(crate) fn release_held(&mut self) -> Result<u64> {
+        // The held records are listed once: no release may run inside this
+        // one (a commit takes automatic points and may thin them, a writer
+        // short of room drops them; neither runs while cleaning).
+        let was = std::mem::replace(&mut self.cleaning, true);
+        let r = self.release_held_now();
+        self.cleaning = was;
+        match r {
+            Ok(freed) => {
+                self.eng.set_retained(self.group.snapshots().to_vec());
+                Ok(freed)
+            }
+            Err(e) => {
+                // The deletes that led here may not be committed: hold for
+                // every snapshot whose record is.
+                if let Err(e2) = self.reload_snapshots() {
+                    self.background_error("reloading the snapshot list", &e2);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The snapshot list as committed or pending, whichever holds more (a
+    /// delete not committed yet keeps its snapshot, a point taken but not
+    /// committed is one), for the group and the engine.
+    pub(crate) fn reload_snapshots(&mut self) -> Result<()> {
+        let mut seqs = crate::group::committed_snapshots(&self.eng)?;
+        let (lo, hi) = snapshots_range();
+        for (k, v) in self.scan(&lo, &hi, usize::MAX)? {
+            seqs.push(Snapshot::decode(&v, &describe_key(&k))?.seq);
+        }
+        seqs.sort_unstable();
+        seqs.dedup();
+        self.eng.set_retained(seqs.clone());
+        self.group.set_snapshots(seqs);
+        Ok(())
+    }
+
+    fn release_held_now(&mut self) -> Result<u64> {
         let (lo, hi) = all_held_range();
         let held = self.scan(&lo, &hi, usize::MAX)?;
         let mut freed = 0u64;
@@ -233,11 +280,10 @@ impl Fs {
         if let Some(i) = seqs.iter().position(|&s| s == gone.seq) {
             seqs.remove(i);
         }
-        st.group.set_snapshots(seqs.clone());
+        st.group.set_snapshots(seqs);
+        // Versions only the deleted snapshot kept may be merged away once
+        // its record is gone for good (release_held tells the engine).
         let freed = st.release_held()?;
-        // Versions only the deleted snapshot kept may be merged away now
-        // that its record is gone for good.
-        st.eng.set_retained(seqs);
         drop(st);
         self.sync()?;
         Ok(freed)
@@ -250,11 +296,54 @@ mod tests {
 
     use zlogfs_engine::store::{Geometry, MemStore, Store};
 
-    use crate::keys::{all_held_range, parse_held_key, snapshot_key};
+    use crate::keys::{all_held_range, parse_held_key, seg_borns_range, snapshot_key};
     use crate::{mkfs, Fs, FsOptions, MkfsOptions, ROOT};
 
     fn open(store: &Arc<dyn Store>) -> Fs {
         Fs::open(store.clone(), FsOptions { commit_interval: None, ..FsOptions::default() }).unwrap()
+    }
+
+    /// A segment that holds blocks but has no born record (an image from
+    /// before them, an upgrade with a snapshot) counts as born 0 after an
+    /// open: an old block overwritten then is held for the snapshot, not
+    /// freed, and the snapshot reads it.
+    #[test]
+    fn segments_without_a_born_record_hold_for_every_snapshot() {
+        let store: Arc<dyn Store> =
+            Arc::new(MemStore::new(Geometry { segment_size: 1 << 20, segment_count: 16 }));
+        mkfs(store.clone(), &MkfsOptions::default()).unwrap();
+        let fs = open(&store);
+        let a = fs.create(ROOT, b"a", 0o644, 0, 0).unwrap();
+        let old: Vec<u8> = (0..100_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        fs.write(a.ino, 0, &old).unwrap();
+        fs.snapshot_create("s").unwrap();
+        {
+            // As an image from before born records, with a snapshot.
+            let mut st = fs.st();
+            let (lo, hi) = seg_borns_range();
+            for (k, _) in st.scan(&lo, &hi, usize::MAX).unwrap() {
+                st.del(k);
+            }
+            st.commit().unwrap();
+        }
+        fs.close().unwrap();
+        let fs = open(&store);
+        fs.write(a.ino, 0, &vec![1u8; 100_000]).unwrap();
+        fs.sync().unwrap();
+        assert!(fs.held_bytes().unwrap() > 50_000, "the old block is held");
+        fs.clean(&crate::CleanOptions { max_live: 0.999, ..Default::default() }, &|_| {}).unwrap();
+        fs.close().unwrap();
+        let view = Fs::open(
+            store.clone(),
+            FsOptions {
+                read_only: true,
+                snapshot: Some("s".into()),
+                commit_interval: None,
+                ..FsOptions::default()
+            },
+        )
+        .unwrap();
+        assert!(view.read(a.ino, 0, 100_000).unwrap() == old, "the snapshot reads the old data");
     }
 
     /// Scrub reads the blocks kept for snapshots too, and says which one

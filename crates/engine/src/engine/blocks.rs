@@ -95,7 +95,13 @@ impl Engine {
     /// header, which is not verified here: reading the block does).
     pub fn block_at(&self, seg: u32, offset: u32) -> Result<BlockAddr> {
         let h = self.block_header(BlockAddr { seg, offset, len: BLOCK_HEADER_SIZE as u32 })?;
-        Ok(BlockAddr { seg, offset, len: BLOCK_HEADER_SIZE as u32 + h.stored_len })
+        let len = h.stored_len.checked_add(BLOCK_HEADER_SIZE as u32).ok_or_else(|| {
+            Error::corrupt(
+                format!("block at {seg}:{offset}"),
+                format!("stored length {} out of range", h.stored_len),
+            )
+        })?;
+        Ok(BlockAddr { seg, offset, len })
     }
 
     /// Read and verify a data block.
