@@ -70,7 +70,20 @@ impl State {
             self.group.set_thinned_at(t.sec);
             self.thin_points(t.sec)?;
         }
+        // Room runs short: the oldest point goes now, while dropping it and
+        // cleaning what it held still find room, rather than at the edge.
+        if self.free_now() < self.headroom() && self.auto_points()?.len() > 1 {
+            self.drop_oldest_point()?;
+        }
         Ok(())
+    }
+
+    /// Free log bytes below which automatic points are dropped after a
+    /// commit: a sixteenth of the log, at least four segments.
+    fn headroom(&self) -> u64 {
+        let g = self.eng.superblock().geometry;
+        let seg = u64::from(g.segment_size);
+        (u64::from(g.segment_count) * seg / 16).max(4 * seg)
     }
 
     /// Drop the automatic points the policy does not keep at `now`
