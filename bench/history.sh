@@ -33,7 +33,8 @@ echo "|---|---:|---:|---:|---:|---:|"
 for policy in ${POLICIES:-none all:1h,hourly:2d,daily:31d}; do
     rm -f "$work/z.img"
     "$z" mkfs "$work/z.img" --size 1G --history "$policy" >/dev/null 2>&1
-    "$z" mount "$work/z.img" "$work/m"
+    "$z" mount "$work/z.img" "$work/m" -f 2>/dev/null &
+    daemon=$!
     for _ in $(seq 100); do mountpoint -q "$work/m" && break; sleep 0.1; done
     cp "$work/data" "$work/m/f"
     sync -f "$work/m/f" 2>/dev/null || python3 -c "import os,sys; fd=os.open(sys.argv[1], os.O_RDONLY); os.fsync(fd)" "$work/m/f"
@@ -53,5 +54,6 @@ idx = s.get("index_bytes", 0)
 print(f"| {policy} | {bw} | {amp:.2f} | {held:.1f} | {points} | {idx} |")
 ' "$policy" "$bw" "$points"
     fusermount3 -u "$work/m" 2>/dev/null || umount "$work/m"
-    for _ in $(seq 100); do mountpoint -q "$work/m" || break; sleep 0.1; done
+    # The next mount serves the same control socket: this daemon must be gone.
+    wait "$daemon"
 done
