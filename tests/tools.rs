@@ -305,9 +305,18 @@ fn the_history_policy_from_the_command_line() {
         serde_json::from_str(&okk(&["snapshot", "list", img, "--json"])).expect("json");
     let autos = list["snapshots"].as_array().expect("rows").iter().filter(|r| r["automatic"] == true).count();
     assert!(autos >= 1, "the import's commits are points: {list}");
+    let stats: serde_json::Value = serde_json::from_str(&okk(&["stats", img, "--json"])).expect("json");
+    assert_eq!(stats["automatic_points"], autos, "{stats}");
+    assert_eq!(stats["history_policy"], "all:1h,hourly:0s,daily:31d", "{stats}");
+    assert!(okk(&["stats", img]).contains("automatic points (policy all:1h"), "the text form says it");
     okk(&["snapshot", "policy", img, "none"]);
     let list = okk(&["snapshot", "list", img, "--json"]);
     assert!(!list.contains("\"automatic\": true"), "none drops them: {list}");
+    let stats: serde_json::Value = serde_json::from_str(&okk(&["stats", img, "--json"])).expect("json");
+    assert_eq!(
+        (stats["automatic_points"].as_u64(), stats["snapshot_held_bytes"].as_u64()),
+        (Some(0), Some(0))
+    );
     let bad = run(&["snapshot", "policy", img, "weekly:2w"]);
     assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("all:1h"), "{bad:?}");
     let fsck = okk(&["fsck", img]);

@@ -30,7 +30,9 @@ pub fn stats(image: &str, fs: &Fs) -> Result<Value> {
         .collect();
     let fst = fs.stats();
     let volumes = volumes(fs)?;
-    let (snapshots, held) = (fs.snapshots()?.len(), fs.held_bytes()?);
+    let all = fs.snapshots()?;
+    let points = all.iter().filter(|(n, _)| n.starts_with('@')).count();
+    let (snapshots, held) = (all.len() - points, fs.held_bytes()?);
     Ok(json!({
         "image": image,
         "format_version": e.superblock().version, "records_version": fs.config().version,
@@ -55,7 +57,8 @@ pub fn stats(image: &str, fs: &Fs) -> Result<Value> {
         "last_background_error": fst.last_background_error,
         "engine_background_error": fst.engine_background_error,
         "volumes": volumes,
-        "snapshots": snapshots, "snapshot_held_bytes": held,
+        "snapshots": snapshots, "automatic_points": points, "history_policy": fs.history_policy().to_string(),
+        "points_dropped_for_room": fst.points_dropped, "snapshot_held_bytes": held,
     }))
 }
 

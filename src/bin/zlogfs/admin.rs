@@ -240,10 +240,13 @@ fn print_stats(v: &Value) {
     if let Some(e) = v["engine_background_error"].as_str() {
         println!("engine stopped:   {e} (unmount and mount again)");
     }
-    if n("snapshots") > 0 {
+    if n("snapshots") > 0 || n("automatic_points") > 0 {
         println!(
-            "snapshots:        {}, holding {} stored bytes the present no longer uses",
+            "history:          {} snapshots, {} automatic points (policy {}), holding {} stored bytes the \
+             present no longer uses",
             n("snapshots"),
+            n("automatic_points"),
+            v["history_policy"].as_str().unwrap_or("none"),
             n("snapshot_held_bytes")
         );
     }
