@@ -205,23 +205,33 @@ impl State {
         rep: &mut CleanReport,
         tried: &mut HashSet<u32>,
     ) -> Result<bool> {
+        self.aside(|st, held| {
+            let start = std::time::Instant::now();
+            let moved = rep.moved_bytes;
+            let r = st.clean_round_inner(opts, rep, tried, held);
+            crate::stats::op_times().clean_round.since(start, rep.moved_bytes.saturating_sub(moved));
+            r
+        })
+    }
+
+    /// Run `f` with the writers' buffered data set aside, and their
+    /// pending index changes with it when there is any (committed without
+    /// their data, a crash would keep a file's new size or counts without
+    /// the bytes written), and `cleaning` set, so that no commit inside
+    /// cleans or takes points; `f` sees the changes set aside. Then what
+    /// `f` buffered and did not store is dropped: nothing was committed
+    /// for it (kept, a cleaner's unstored moves joined the writers' group:
+    /// on a full image, 425 moved chunks counted 27 MB against a group
+    /// that then could not be stored, and every later change failed with
+    /// it). The writers' changes are put back, newer than anything `f`
+    /// loaded.
+    pub(crate) fn aside<R>(&mut self, f: impl FnOnce(&mut State, &Pending) -> Result<R>) -> Result<R> {
         let stash = self.bufs.take_all();
         let held = if stash.is_empty() { Pending::default() } else { self.group.take_pending() };
-        self.cleaning = true;
-        let start = std::time::Instant::now();
-        let moved = rep.moved_bytes;
-        let r = self.clean_round_inner(opts, rep, tried, &held);
-        crate::stats::op_times().clean_round.since(start, rep.moved_bytes.saturating_sub(moved));
-        self.cleaning = false;
-        // Moves left unstored (after an error, ENOSPC above all) are
-        // dropped: nothing was committed for them, and each is a copy of
-        // what its chunk holds stored (a partial one not even that).
-        // Kept, they joined the writers' group: on a full image, 425
-        // moved chunks counted 27 MB against a group that then could not
-        // be stored, and every later change failed with it.
+        let was = std::mem::replace(&mut self.cleaning, true);
+        let r = f(self, &held);
+        self.cleaning = was;
         self.bufs.clear();
-        // The writers' changes are newer than anything the cleaner loaded
-        // and did not get to store (after an error).
         self.group.absorb(held);
         self.bufs.restore(stash);
         r

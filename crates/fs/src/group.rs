@@ -20,16 +20,22 @@ use crate::history::Policy;
 use crate::keys::*;
 use crate::pending::Pending;
 
-/// The sequence numbers of the snapshots (named and automatic) whose
-/// records are committed, ascending.
-pub(crate) fn committed_snapshots(eng: &Engine) -> Result<Vec<u64>> {
+/// The snapshots (named and automatic) whose records are committed, by
+/// sequence number: (name, snapshot).
+pub(crate) fn committed_snapshot_records(eng: &Engine) -> Result<Vec<(Vec<u8>, Snapshot)>> {
     let (lo, hi) = snapshots_range();
-    let mut seqs = Vec::new();
+    let mut out = Vec::new();
     for (k, v) in eng.scan(&lo, Some(&hi), usize::MAX)? {
-        seqs.push(Snapshot::decode(&v, &describe_key(&k))?.seq);
+        out.push((k[1..].to_vec(), Snapshot::decode(&v, &describe_key(&k))?));
     }
-    seqs.sort_unstable();
-    Ok(seqs)
+    out.sort_by_key(|(_, s)| s.seq);
+    Ok(out)
+}
+
+/// The sequence numbers of the snapshots whose records are committed,
+/// ascending.
+pub(crate) fn committed_snapshots(eng: &Engine) -> Result<Vec<u64>> {
+    Ok(committed_snapshot_records(eng)?.into_iter().map(|(_, s)| s.seq).collect())
 }
 
 /// The group and the records it carries.
@@ -100,17 +106,13 @@ impl Group {
             Some(v) => Counters::decode(&v)?,
             None => Counters::default(),
         };
-        let (lo, hi) = snapshots_range();
-        let mut snapshots = Vec::new();
-        let mut last_point: Option<Time> = None;
-        // (committed_snapshots reads the same; here the points' times too)
-        for (k, v) in eng.scan(&lo, Some(&hi), usize::MAX)? {
-            let s = Snapshot::decode(&v, &describe_key(&k))?;
-            snapshots.push(s.seq);
-            if k.get(1) == Some(&(crate::points::AUTO as u8)) {
-                last_point = Some(last_point.map_or(s.time, |l| l.max(s.time)));
-            }
-        }
+        let records = committed_snapshot_records(eng)?;
+        let snapshots: Vec<u64> = records.iter().map(|(_, s)| s.seq).collect();
+        let last_point = records
+            .iter()
+            .filter(|(n, _)| n.first() == Some(&(crate::points::AUTO as u8)))
+            .map(|(_, s)| s.time)
+            .max();
         let policy = match eng.get(&policy_key())? {
             Some(v) => std::str::from_utf8(&v)
                 .map_err(|_| Error::corrupt("the retention policy record", "not UTF-8"))?
@@ -118,7 +120,6 @@ impl Group {
                 .map_err(|e| Error::corrupt("the retention policy record", format!("{e}")))?,
             None => Policy::NONE,
         };
-        snapshots.sort_unstable();
         let recording = eng.get(&changes_from_key())?.is_some();
         let mut seg_born = HashMap::new();
         let (lo, hi) = seg_borns_range();

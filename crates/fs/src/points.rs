@@ -11,7 +11,6 @@ use crate::error::{Error, Result};
 use crate::filesystem::now;
 use crate::history::Policy;
 use crate::keys::*;
-use crate::pending::Pending;
 use crate::state::State;
 use crate::Fs;
 
@@ -106,23 +105,17 @@ impl State {
         if gone.is_empty() {
             return Ok(());
         }
-        let stash = self.bufs.take_all();
-        let held = if stash.is_empty() { Pending::default() } else { self.group.take_pending() };
-        let was = self.cleaning;
-        self.cleaning = true;
-        let mut seqs = self.group.snapshots().to_vec();
-        for (k, s) in gone {
-            self.del(k.clone());
-            if let Some(i) = seqs.iter().position(|&x| x == s.seq) {
-                seqs.remove(i);
+        self.aside(|st, _| {
+            let mut seqs = st.group.snapshots().to_vec();
+            for (k, s) in gone {
+                st.del(k.clone());
+                if let Some(i) = seqs.iter().position(|&x| x == s.seq) {
+                    seqs.remove(i);
+                }
             }
-        }
-        self.group.set_snapshots(seqs);
-        let r = self.release_held();
-        self.cleaning = was;
-        self.group.absorb(held);
-        self.bufs.restore(stash);
-        r.map(|_| ())
+            st.group.set_snapshots(seqs);
+            st.release_held().map(|_| ())
+        })
     }
 
     /// Drop the oldest automatic point, for room; whether there was one.

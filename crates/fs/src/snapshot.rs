@@ -51,12 +51,8 @@ pub fn parse_time(spec: &str) -> Result<Time> {
 /// token of a kept point, or a time (the newest kept point at or before
 /// it). Kept points are the named snapshots.
 pub(crate) fn find_at(eng: &Engine, spec: &str) -> Result<Snapshot> {
-    let (lo, hi) = snapshots_range();
-    let mut kept = Vec::new();
-    for (k, v) in eng.scan(&lo, Some(&hi), usize::MAX)? {
-        kept.push(Snapshot::decode(&v, &describe_key(&k))?);
-    }
-    kept.sort_by_key(|s| s.seq);
+    let kept: Vec<Snapshot> =
+        crate::group::committed_snapshot_records(eng)?.into_iter().map(|(_, s)| s).collect();
     if spec.starts_with("zlogfs:") {
         let seq = crate::changes::parse_clock(eng, spec)?
             .ok_or_else(|| Error::invalid(format!("{spec:?} is a clock token of another image")))?;
