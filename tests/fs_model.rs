@@ -12,7 +12,7 @@ mod common;
 #[path = "fs_model/feed.rs"]
 mod feed;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use rand::rngs::StdRng;
@@ -61,6 +61,15 @@ fn point_of_last_commit(f: &Fs) -> Option<String> {
         .filter(|(n, _)| n.starts_with('@'))
         .max_by_key(|(_, s)| s.seq);
     newest.filter(|(_, s)| s.seq == f.engine().seq()).map(|(n, _)| n)
+}
+
+/// Forget the automatic points a power cut lost. A point's name is its
+/// time in milliseconds and its sequence number, and a lost commit's
+/// sequence numbers are given again after recovery: a test that recovers
+/// within the millisecond may see a new point under a lost one's name.
+fn forget_lost_points(f: &Fs, points: &mut BTreeMap<String, Model>) {
+    let kept: BTreeSet<String> = f.snapshots().expect("list").into_iter().map(|(n, _)| n).collect();
+    points.retain(|n, _| kept.contains(n));
 }
 
 fn open_snapshot(st: &Arc<FaultStore>, name: &str) -> Fs {
@@ -353,6 +362,31 @@ fn fs_resolve(f: &Fs, path: &[Vec<u8>]) -> Result<Ino, i32> {
     Ok(errno(f.lookup(d, n))?.ino)
 }
 
+/// Asserts two dumps are equal, and when they are not, says which paths
+/// differ and how, briefly (a file's bytes would fill the screen).
+fn assert_same(got: &Dump, want: &Dump, ctx: &str) {
+    if got == want {
+        return;
+    }
+    let mut lines = Vec::new();
+    for p in got.keys().chain(want.keys()).collect::<BTreeSet<_>>() {
+        let path = String::from_utf8_lossy(p);
+        match (got.get(p), want.get(p)) {
+            (Some(g), Some(w)) if g == w => {}
+            (Some(g), Some(w)) => {
+                let at = g.3.iter().zip(&w.3).position(|(a, b)| a != b);
+                lines.push(format!(
+                    "  {path}: got ({}, mode {:o}, nlink {}, {} bytes, ino {}), want ({}, mode {:o}, nlink {}, {} bytes, ino {}); bytes first differ at {at:?}; xattrs equal: {}",
+                    g.0, g.1, g.2, g.3.len(), g.6, w.0, w.1, w.2, w.3.len(), w.6, g.4 == w.4
+                ));
+            }
+            (Some(_), None) => lines.push(format!("  {path}: only in the file system")),
+            (None, _) => lines.push(format!("  {path}: only in the model")),
+        }
+    }
+    panic!("{ctx}\n{}", lines.join("\n"));
+}
+
 fn fs_dump(f: &Fs) -> Dump {
     let mut out = Dump::new();
     let mut first = BTreeMap::new();
@@ -492,7 +526,8 @@ fn set_chunk(f: &Fs, ino: Ino, chunk: Option<u32>) -> Res {
     }
 }
 
-fn run(seed: u64, steps: usize, setup: Setup) {
+/// One seeded run; the number of patches its commits wrote.
+fn run(seed: u64, steps: usize, setup: Setup) -> u64 {
     let Setup { io_errors, chunk, clean, history: keep_points } = setup;
     let mut r = common::rng(seed);
     let st = fresh(chunk, keep_points);
@@ -703,6 +738,7 @@ fn run(seed: u64, steps: usize, setup: Setup) {
                     Err(e) if armed => {
                         assert_eq!(fuse_errno(&e), libc::EIO, "{ctx}: sync failed with {e}");
                         (f, m) = recover(&st, f, &history, CrashMode::DropUnsynced, r.gen(), &ctx);
+                        forget_lost_points(&f, &mut points);
                         (armed, history) = (false, vec![m.clone()]);
                         io_faults += 1;
                     }
@@ -724,6 +760,7 @@ fn run(seed: u64, steps: usize, setup: Setup) {
                     Err(e) if armed => {
                         assert_eq!(fuse_errno(&e), libc::EIO, "{ctx}: commit failed with {e}");
                         (f, m) = recover(&st, f, &history, CrashMode::TearLast, r.gen(), &ctx);
+                        forget_lost_points(&f, &mut points);
                         (armed, history) = (false, vec![m.clone()]);
                         io_faults += 1;
                     }
@@ -736,6 +773,7 @@ fn run(seed: u64, steps: usize, setup: Setup) {
                 let mode =
                     [CrashMode::DropUnsynced, CrashMode::TearLast, CrashMode::Reorder][r.gen_range(0..3)];
                 (f, m) = recover(&st, f, &history, mode, r.gen(), &ctx);
+                forget_lost_points(&f, &mut points);
                 m = feed::settle(&f, &history, m, &snaps);
                 armed = false;
                 crashes += 1;
@@ -774,10 +812,10 @@ fn run(seed: u64, steps: usize, setup: Setup) {
                         if kept {
                             f.close().unwrap_or_else(|e| panic!("{ctx}: close: {e}"));
                             let view = open_snapshot(&st, name);
-                            assert_eq!(
-                                fs_dump(&view),
-                                points[name].dump(),
-                                "{ctx}: point {name} reads otherwise"
+                            assert_same(
+                                &fs_dump(&view),
+                                &points[name].dump(),
+                                &format!("{ctx}: point {name} reads otherwise"),
                             );
                             drop(view);
                             f = open(&st);
@@ -806,7 +844,11 @@ fn run(seed: u64, steps: usize, setup: Setup) {
                         }
                         f.close().unwrap_or_else(|e| panic!("{ctx}: close: {e}"));
                         let view = open_snapshot(&st, name);
-                        assert_eq!(fs_dump(&view), want.dump(), "{ctx}: snapshot {name} reads otherwise");
+                        assert_same(
+                            &fs_dump(&view),
+                            &want.dump(),
+                            &format!("{ctx}: snapshot {name} reads otherwise"),
+                        );
                         drop(view);
                         f = open(&st);
                     }
@@ -880,6 +922,7 @@ fn run(seed: u64, steps: usize, setup: Setup) {
                 history.push(m.clone());
             }
             (f, m) = recover(&st, f, &history, CrashMode::DropUnsynced, r.gen(), &ctx);
+            forget_lost_points(&f, &mut points);
             (armed, history) = (false, vec![m.clone()]);
             io_faults += 1;
             continue;
@@ -891,17 +934,17 @@ fn run(seed: u64, steps: usize, setup: Setup) {
             history.push(m.clone());
         }
         if step % 25 == 0 && !armed {
-            assert_eq!(fs_dump(&f), m.dump(), "{ctx}: trees differ");
+            assert_same(&fs_dump(&f), &m.dump(), &format!("{ctx}: trees differ"));
         }
     }
     if armed {
         let ctx = format!("seed {seed} at the end");
         (f, m) = recover(&st, f, &history, CrashMode::DropUnsynced, r.gen(), &ctx);
     }
-    assert_eq!(fs_dump(&f), m.dump(), "seed {seed}: trees differ at the end");
+    assert_same(&fs_dump(&f), &m.dump(), &format!("seed {seed}: trees differ at the end"));
     f.close().expect("close");
     let mut f = open(&st);
-    assert_eq!(fs_dump(&f), m.dump(), "seed {seed}: trees differ after a clean reopen");
+    assert_same(&fs_dump(&f), &m.dump(), &format!("seed {seed}: trees differ after a clean reopen"));
     let rep = f.check(&|_, _| {}).expect("fsck");
     assert!(rep.problems.is_empty(), "seed {seed}: fsck: {:?}", rep.problems);
     assert!(rep.inodes > 1, "seed {seed}: the final tree is empty");
@@ -913,12 +956,9 @@ fn run(seed: u64, steps: usize, setup: Setup) {
         f.close().expect("close");
         for (name, want, _) in &snaps {
             let view = open_snapshot(&st, name);
-            assert_eq!(fs_dump(&view), want.dump(), "seed {seed}: snapshot {name} at the end");
+            assert_same(&fs_dump(&view), &want.dump(), &format!("seed {seed}: snapshot {name} at the end"));
         }
         f = open(&st);
-    }
-    if chunk > 4096 {
-        assert!(patches > 0, "seed {seed}: no patch was written");
     }
     let gone = f.usage().expect("usage").bases_gone;
     eprintln!(
@@ -927,6 +967,7 @@ fn run(seed: u64, steps: usize, setup: Setup) {
          {cleaned_with_snapshots} segments cleaned while some existed), {point_reads} automatic points read",
         snaps.len()
     );
+    patches
 }
 
 #[test]
@@ -942,15 +983,9 @@ fn fs_matches_model_through_crashes() {
     }
 }
 
-/// The crash run with every commit kept as an automatic point, read back
-/// against the model of its commit. KNOWN FAILURE, so not in CI yet: under
-/// CPU load a point sometimes reads otherwise (3 of 16 parallel runs of
-/// `ZLOGFS_SEED=5803685833639587357`, at b0fc770 too); timing decides it,
-/// so the engine's background work (merges against the retained list, or
-/// checkpoints moving free space and with it when points are dropped) is
-/// the suspect. Run it with `cargo test --test fs_model -- --ignored`.
+/// The crash run with every commit kept as an automatic point, each read
+/// back now and then against the model of its commit.
 #[test]
-#[ignore = "known failure under load: an automatic point reads otherwise (issue 28 note)"]
 fn fs_matches_model_keeping_every_commit() {
     let base = common::seed("fs_matches_model_keeping_every_commit");
     let runs = if std::env::var("ZLOGFS_SEED").is_ok() { 1 } else { 8 };
@@ -967,13 +1002,19 @@ fn fs_matches_model_keeping_every_commit() {
 fn fs_matches_model_with_patches() {
     let base = common::seed("fs_matches_model_with_patches");
     let runs = if std::env::var("ZLOGFS_SEED").is_ok() { 1 } else { 6 };
+    let mut patches = 0;
     for k in 0..runs {
-        run(
+        patches += run(
             base.wrapping_add(k),
             4000,
-            Setup { io_errors: false, chunk: 32 << 10, clean: true, history: false },
+            // Every other run keeps every commit as a point: the cleaner
+            // then moves blocks only points read.
+            Setup { io_errors: false, chunk: 32 << 10, clean: true, history: k % 2 == 1 },
         );
     }
+    // A single run may write none (seed 8033832667062325679 writes none);
+    // six runs without one mean patches went untested.
+    assert!(patches > 0 || runs == 1, "seed {base}: no run wrote a patch");
 }
 
 /// The same model test with I/O errors injected (once or persistent) a
