@@ -124,6 +124,33 @@ fn a_snapshot_reads_as_it_was_and_holds_its_blocks_until_deleted() {
     fsck_clean(&f, "at the end");
 }
 
+/// A view of a snapshot beside the writer (a mount's `.snapshots/NAME`):
+/// it reads as the snapshot through the writer's changes and cleaning,
+/// and once the snapshot is deleted the engine no longer keeps its point,
+/// which is how the view's reader learns that a read may be torn.
+#[test]
+fn a_view_beside_the_writer_reads_the_snapshot_until_it_is_deleted() {
+    let st = fresh();
+    let f = open(&st, None).expect("open");
+    setup(&f);
+    let before = dump(&f);
+    f.snapshot_create("s1").expect("snapshot");
+    let (view, seq) = f.view("s1", 1 << 20).expect("view");
+    assert_eq!(dump(&view), before);
+    change(&f).expect("change");
+    let after = dump(&f);
+    f.clean(&everything(), &|_| {}).expect("clean");
+    assert_eq!(dump(&view), before, "after the writer's changes and cleaning");
+    assert!(view.create(ROOT, b"x", 0o644, 0, 0).is_err(), "a view is read-only");
+    assert!(f.engine().retains(seq));
+    assert!(matches!(f.view("nope", 1 << 20), Err(fs::Error::NotFound(_))));
+    f.snapshot_delete("s1").expect("delete");
+    assert!(!f.engine().retains(seq), "the deleted snapshot's point is let go");
+    drop(view);
+    assert_eq!(dump(&f), after);
+    fsck_clean(&f, "after the delete");
+}
+
 /// Overwrites after a snapshot free the present's old blocks and the log
 /// reuses free segments: the snapshot's blocks must not be among them.
 #[test]

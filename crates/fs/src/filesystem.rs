@@ -2,7 +2,6 @@
 //! sync and close, and making one ([`mkfs`]). The operations are in
 //! [`crate::namespace`], [`crate::files`] and [`crate::xattr`].
 
-use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
@@ -10,13 +9,11 @@ use zlogfs_engine::engine::{self, Engine, Options, WriteBatch};
 use zlogfs_engine::max_block_raw;
 use zlogfs_engine::store::Store;
 
-use crate::buffers::Buffers;
-use crate::cache::BlockCache;
 use crate::error::{Error, Result};
 use crate::group::Group;
 use crate::keys::*;
 use crate::state::State;
-use crate::{lock, worker, Atime, FsOptions, FsStats, MkfsOptions, SyncMode};
+use crate::{lock, worker, FsOptions, FsStats, MkfsOptions, SyncMode};
 
 /// What the file system's handle and its commit thread share.
 pub(crate) struct Inner {
@@ -146,23 +143,7 @@ impl Fs {
             (None, Some(spec)) => Some(crate::snapshot::find_at(&eng, spec)?.seq),
             (None, None) => None,
         };
-        let space_hint = eng.free_bytes().saturating_sub(group.counters().reserved);
-        let st = State {
-            eng: eng.clone(),
-            bufs: Buffers::new(opts.dirty_bytes),
-            group,
-            cache: BlockCache::new(opts.cache_bytes),
-            open: HashMap::new(),
-            atime: if opts.read_only { Atime::Noatime } else { opts.atime },
-            diratime: opts.diratime,
-            read_only: opts.read_only,
-            patches: opts.patches,
-            stats: FsStats::default(),
-            space_hint,
-            cleaning: false,
-            futile_at: None,
-            at,
-        };
+        let st = State::new(eng.clone(), group, &opts, at);
         let inner = Arc::new(Inner { st: Mutex::new(st), stop: Mutex::new(false), wake: Condvar::new() });
         if !opts.read_only {
             let mut st = lock(&inner.st);
@@ -181,6 +162,29 @@ impl Fs {
                 .expect("spawning the commit thread")
         });
         Ok(Fs { inner, eng, worker, sync_mode: opts.sync, invalidator: Default::default() })
+    }
+
+    /// A read-only view of snapshot `name` (a named one or an automatic
+    /// point) sharing this file system's engine, as a mount's
+    /// `.snapshots/NAME` directory reads it: it reads as an open with
+    /// `read_only` and `snapshot: Some(name)` would. With its sequence
+    /// number: a read through the view saw the snapshot whole if
+    /// [`Engine::retains`] that number after it (a delete meanwhile may
+    /// have let its versions and blocks go).
+    pub fn view(&self, name: &str, cache_bytes: usize) -> Result<(Fs, u64)> {
+        let seq = crate::snapshot::find(&self.eng, name)?.seq;
+        let group = Group::open(&self.eng)?;
+        let opts = FsOptions { read_only: true, cache_bytes, dirty_bytes: 0, ..FsOptions::default() };
+        let st = State::new(self.eng.clone(), group, &opts, Some(seq));
+        let inner = Arc::new(Inner { st: Mutex::new(st), stop: Mutex::new(false), wake: Condvar::new() });
+        let fs = Fs {
+            inner,
+            eng: self.eng.clone(),
+            worker: None,
+            sync_mode: opts.sync,
+            invalidator: Default::default(),
+        };
+        Ok((fs, seq))
     }
 
     pub(crate) fn st(&self) -> MutexGuard<'_, State> {

@@ -211,6 +211,16 @@ impl Fs {
         Ok(snap)
     }
 
+    /// The sequence number snapshot `name` reads at; NotFound if there is
+    /// no such snapshot.
+    pub fn snapshot_seq(&self, name: &str) -> Result<u64> {
+        let st = self.st();
+        match st.get(&snapshot_key(name.as_bytes()))? {
+            Some(v) => Ok(Snapshot::decode(&v, &format!("snapshot {name:?}"))?.seq),
+            None => Err(Error::not_found(format!("no snapshot called {name:?} (zlogfs snapshot list)"))),
+        }
+    }
+
     /// The snapshots, by name.
     pub fn snapshots(&self) -> Result<Vec<(String, Snapshot)>> {
         let st = self.st();

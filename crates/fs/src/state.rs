@@ -51,6 +51,28 @@ pub(crate) struct State {
 }
 
 impl State {
+    /// The state of a file system just opened on `eng`, reading at `at`
+    /// (None: the present).
+    pub(crate) fn new(eng: Arc<Engine>, group: Group, opts: &crate::FsOptions, at: Option<u64>) -> State {
+        let space_hint = eng.free_bytes().saturating_sub(group.counters().reserved);
+        State {
+            eng,
+            bufs: Buffers::new(opts.dirty_bytes),
+            group,
+            cache: BlockCache::new(opts.cache_bytes),
+            open: HashMap::new(),
+            atime: if opts.read_only { Atime::Noatime } else { opts.atime },
+            diratime: opts.diratime,
+            read_only: opts.read_only,
+            patches: opts.patches,
+            stats: FsStats::default(),
+            space_hint,
+            cleaning: false,
+            futile_at: None,
+            at,
+        }
+    }
+
     pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         match self.group.get(key) {
             Some(v) => Ok(v.map(|v| v.to_vec())),

@@ -475,6 +475,14 @@ impl Engine {
         *lock(&self.sh.retained) = Some(points);
     }
 
+    /// Whether merges keep what reads at `seq` need: it is a kept point
+    /// (or the kept points are not known yet, and merges keep every
+    /// version). A reader at a kept point that finds it still kept after
+    /// a read knows the read saw that point whole.
+    pub fn retains(&self, seq: u64) -> bool {
+        lock(&self.sh.retained).as_ref().is_none_or(|r| r.binary_search(&seq).is_ok())
+    }
+
     /// Pin the current state for reads at its sequence number.
     pub fn snapshot(&self) -> Snapshot {
         // Read the sequence number under the lock a merge takes to choose
