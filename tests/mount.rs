@@ -841,6 +841,112 @@ fn a_snapshot_taken_on_a_mount_mounts_as_it_was() {
     assert!(child.wait().expect("wait").success());
 }
 
+/// The errno of `r`, a result that must be an error.
+fn errno_of<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
+    r.expect_err("an error").raw_os_error().unwrap_or(0)
+}
+
+/// Names in directory `dir`.
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .expect("read_dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// `DIR/.snapshots/NAME/` on a read-write mount: hidden from the root's
+/// listing (unless `-o snapdir=visible`), read-only, reads each snapshot
+/// as it was (through cleaning), lets a file be copied back, follows
+/// snapshots taken and deleted while mounted.
+#[test]
+fn the_snapshots_directory_reads_the_past_on_a_live_mount() {
+    if !usable() {
+        return;
+    }
+    let d = Dir::new("snapdir");
+    mkfs(&d, "128M");
+    let mnt = d.mnt().to_str().expect("utf8").to_string();
+    let mut child = mount_fg(&d, "");
+    let m = d.mnt();
+    fs::write(m.join("kept"), pattern(200_000, 1)).expect("write");
+    fs::create_dir(m.join("dir")).expect("mkdir");
+    fs::write(m.join("dir/gone"), pattern(5000, 2)).expect("write");
+    std::os::unix::fs::symlink("dir/gone", m.join("link")).expect("symlink");
+    ok(&["snapshot", "create", &mnt, "before"]);
+    fs::write(m.join("kept"), pattern(200_000, 3)).expect("overwrite");
+    fs::remove_file(m.join("dir/gone")).expect("rm");
+    fs::write(m.join("new"), b"new").expect("write");
+
+    let snaps = m.join(".snapshots");
+    assert!(!names(&m).contains(&".snapshots".to_string()), "hidden from the root's listing");
+    assert!(snaps.is_dir(), "but there");
+    assert_eq!(names(&snaps), ["before"]);
+    let past = snaps.join("before");
+    assert_eq!(names(&past), ["dir", "kept", "link"]);
+    assert_eq!(fs::read(past.join("kept")).expect("read"), pattern(200_000, 1), "the old contents");
+    assert_eq!(fs::read(past.join("dir/gone")).expect("read"), pattern(5000, 2), "the deleted file");
+    assert_eq!(fs::read_link(past.join("link")).expect("readlink"), Path::new("dir/gone"));
+    let (now, then) =
+        (fs::metadata(m.join("kept")).expect("stat"), fs::metadata(past.join("kept")).expect("stat"));
+    assert_ne!(now.ino(), then.ino(), "the past has inode numbers of its own");
+    assert_eq!(now.dev(), then.dev());
+    assert_eq!(
+        fs::metadata(past.join("dir/..")).expect("stat").ino(),
+        fs::metadata(&past).expect("stat").ino()
+    );
+
+    // Read-only, and its name is taken.
+    assert_eq!(errno_of(fs::write(past.join("x"), b"x")), libc::EROFS);
+    assert_eq!(errno_of(fs::remove_file(past.join("kept"))), libc::EROFS);
+    assert_eq!(
+        errno_of(
+            fs::OpenOptions::new().write(true).open(past.join("kept")).and_then(|mut f| f.write_all(b"x"))
+        ),
+        libc::EROFS
+    );
+    assert_eq!(errno_of(fs::create_dir(snaps.join("mine"))), libc::EROFS);
+    assert_eq!(errno_of(fs::create_dir(&snaps)), libc::EEXIST);
+    assert_eq!(errno_of(fs::rename(past.join("kept"), m.join("back"))), libc::EXDEV);
+    assert_eq!(errno_of(fs::hard_link(past.join("kept"), m.join("back"))), libc::EXDEV);
+
+    // One file copied back (copy_file_range says EXDEV: a copy by read
+    // and write follows), and cleaning moves what the snapshot reads.
+    fs::copy(past.join("dir/gone"), m.join("dir/gone")).expect("copy back");
+    assert_eq!(fs::read(m.join("dir/gone")).expect("read"), pattern(5000, 2));
+    run_ok(Command::new("cp").arg("-a").arg(past.join("kept")).arg(m.join("kept.old")));
+    assert_eq!(fs::read(m.join("kept.old")).expect("read"), pattern(200_000, 1));
+    ok(&["clean", &mnt, "--max-live", "0.999"]);
+    run_ok(Command::new("sh").arg("-c").arg("echo 3 > /proc/sys/vm/drop_caches"));
+    assert_eq!(fs::read(past.join("kept")).expect("read"), pattern(200_000, 1), "after cleaning");
+
+    // Snapshots taken and deleted while mounted come and go.
+    ok(&["snapshot", "create", &mnt, "after"]);
+    assert_eq!(names(&snaps), ["after", "before"]);
+    assert_eq!(fs::read(snaps.join("after/kept")).expect("read"), pattern(200_000, 3));
+    assert_eq!(fs::read(snaps.join("after/dir/gone")).expect("read"), pattern(5000, 2));
+    ok(&["snapshot", "delete", &mnt, "before"]);
+    std::thread::sleep(Duration::from_millis(1100)); // the kernel's names and attributes expire
+    assert_eq!(names(&snaps), ["after"]);
+    assert!(!past.exists(), "a deleted snapshot is gone");
+    assert_eq!(fs::read(snaps.join("after/kept")).expect("read"), pattern(200_000, 3));
+    unmount(&d);
+    assert!(child.wait().expect("wait").success());
+    fsck_clean(&d);
+
+    // Shown in the listing when asked for; absent when turned off.
+    let mut child = mount_fg(&d, "snapdir=visible");
+    assert!(names(&m).contains(&".snapshots".to_string()), "listed");
+    assert_eq!(names(&snaps), ["after"]);
+    unmount(&d);
+    assert!(child.wait().expect("wait").success());
+    let mut child = mount_fg(&d, "snapdir=off");
+    assert!(!snaps.exists(), "no .snapshots");
+    unmount(&d);
+    assert!(child.wait().expect("wait").success());
+}
+
 /// A full file system: the writer gets ENOSPC (never EIO), deleting works
 /// and gives the space back, compressible data still fits, fsck is clean.
 #[test]

@@ -74,7 +74,10 @@ enum Cmd {
         /// background daemon logs; default the system log),
         /// ro,snapshot=NAME (the named snapshot as it was), ro,at=TIME (the
         /// newest snapshot at or before TIME: ISO 8601, a date, a duration
-        /// ago such as 2h, or a clock token of `zlogfs changes`).
+        /// ago such as 2h, or a clock token of `zlogfs changes`),
+        /// snapdir=hidden|visible|off (DIR/.snapshots/NAME/ reads each
+        /// snapshot read-only; hidden, the default, leaves it out of the
+        /// root's listing).
         /// Every generic option of mount(8) is taken as well: nosuid,
         /// nodev, noexec, nosymfollow go to the kernel; sync and dirsync
         /// make each change (each directory change) durable when it

@@ -767,6 +767,13 @@ impl DirBuf {
         self.push(Some((a, entry_ttl, attr_ttl)), a.ino, off, a.mode, name)
     }
 
+    /// Add a `struct fuse_direntplus` with node id 0: the name alone,
+    /// for the kernel to look up when it is used.
+    pub fn add_plus_unlooked(&mut self, ino: u64, off: u64, mode: u32, name: &[u8]) -> bool {
+        let none = FileAttr::default();
+        self.push(Some((&none, Duration::ZERO, Duration::ZERO)), ino, off, mode, name)
+    }
+
     fn push(
         &mut self,
         plus: Option<(&FileAttr, Duration, Duration)>,

@@ -38,6 +38,7 @@ mod dev;
 pub mod dirlist;
 mod errno;
 mod kmount;
+mod past;
 mod ring;
 
 use std::collections::HashMap;
@@ -52,6 +53,7 @@ use zlogfs_engine::metrics::{self, Histogram};
 
 pub use errno::{engine_errno, errno, is_failure};
 pub use kmount::{MountFlags, Unmounter};
+pub use past::Snapdir;
 
 use self::abi::{fopen, DirBuf, FileAttr, InHeader, Op};
 use crate::dirlist::{Listing, Listings};
@@ -95,6 +97,8 @@ pub struct MountOptions {
     /// How long the `/dev/fuse` reader looks for the next request before
     /// it sleeps, during a burst of requests (zero: never).
     pub spin: Duration,
+    /// The `.snapshots` directory in the root (`-o snapdir=`).
+    pub snapdir: Snapdir,
 }
 
 impl Default for MountOptions {
@@ -110,6 +114,7 @@ impl Default for MountOptions {
             fsname: "zlogfs".into(),
             uring: Uring::Auto,
             spin: SPIN,
+            snapdir: Snapdir::Hidden,
         }
     }
 }
@@ -333,6 +338,8 @@ pub struct ZlogFuse {
     /// while the kernel holds it, as an open descriptor or a working
     /// directory may. (Files are held by their OPENs.)
     held_dirs: Mutex<HashMap<Ino, u64>>,
+    /// The `.snapshots` directory and the snapshots opened through it.
+    past: past::Past,
 }
 
 /// A request's caller as the set-ID rules need it: whether it has
@@ -391,6 +398,20 @@ fn written(r: Result<usize, Error>, reply: Reply) {
     match r {
         Ok(n) => reply.data(&abi::write_out(n as u32)),
         Err(e) => reply.error(reply_errno(e)),
+    }
+}
+
+/// Every entry of directory `ino` of `fs`, in batches.
+fn read_dir(fs: &Fs, ino: Ino) -> Result<Vec<DirEntry>, Error> {
+    let mut all = Vec::new();
+    loop {
+        let after = all.last().map(|e: &DirEntry| e.name.clone());
+        let batch = fs.readdir(ino, after.as_deref(), DIR_BATCH)?;
+        let done = batch.len() < DIR_BATCH;
+        all.extend(batch);
+        if done {
+            return Ok(all);
+        }
     }
 }
 
@@ -454,7 +475,8 @@ impl ZlogFuse {
         let workers = Workers::new(opts.threads);
         let listings = Listings::new(LISTING_BYTES);
         let held_dirs = Mutex::new(HashMap::new());
-        ZlogFuse { fs, opts, workers, listings, no_opendir: n.no_opendir, flags: n.flags, held_dirs }
+        let past = past::Past::new(Arc::clone(&fs), opts.snapdir);
+        ZlogFuse { fs, opts, workers, listings, no_opendir: n.no_opendir, flags: n.flags, held_dirs, past }
     }
 
     /// Whether `ino` has a set-ID bit (only then does a change's caller
@@ -541,20 +563,22 @@ impl ZlogFuse {
         r
     }
 
-    /// The listing of directory `ino`.
+    /// The listing of directory `ino` (with `.snapshots` in the root if
+    /// the mount shows it).
     fn listing(&self, ino: Ino) -> Result<Arc<Listing>, Error> {
         self.listings.get(ino, || {
-            let mut all = Vec::new();
-            loop {
-                let after = all.last().map(|e: &DirEntry| e.name.clone());
-                let batch = self.fs.readdir(ino, after.as_deref(), DIR_BATCH)?;
-                let done = batch.len() < DIR_BATCH;
-                all.extend(batch);
-                if done {
-                    return Ok(all);
-                }
+            let mut all = read_dir(&self.fs, ino)?;
+            if ino == ROOT && self.past.mode() == Snapdir::Visible {
+                all.push(DirEntry { name: past::NAME.to_vec(), ino: past::SNAPDIR, kind: Kind::Dir });
             }
+            Ok(all)
         })
+    }
+
+    /// The listing of directory `ino` of `fs`, cached under node id
+    /// `node`.
+    fn listing_of(&self, fs: &Fs, node: u64, ino: Ino) -> Result<Arc<Listing>, Error> {
+        self.listings.get(node, || read_dir(fs, ino))
     }
 
     /// Entries of directory `ino` after readdir offset `off`, each with its
@@ -597,6 +621,10 @@ impl ZlogFuse {
         let r = self.list(ino, offset, |child, off, kind, name| {
             if !plus {
                 return buf.add(child, off, type_bits(kind), name);
+            }
+            if child == past::SNAPDIR {
+                // Listed, but not looked up: its attributes come by LOOKUP.
+                return buf.add_plus_unlooked(child, off, libc::S_IFDIR, name);
             }
             // An entry removed since it was listed is left out.
             match self.fs.getattr(child) {
@@ -648,6 +676,7 @@ impl Handler for ZlogFuse {
 
     /// One request: a call per operation, so that each reads on its own.
     fn serve(&self, h: &InHeader, op: Op<'_>, reply: Reply) {
+        let Some(reply) = self.serve_past(h, &op, reply) else { return };
         let ino = h.nodeid;
         match op {
             Op::Lookup { name } => self.lookup(ino, name, reply),

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use zlogfs::engine::Options;
-use zlogfs::frontends::fuse::{self, MountOptions, Uring};
+use zlogfs::frontends::fuse::{self, MountOptions, Snapdir, Uring};
 use zlogfs::fs::{Atime, Fs, FsOptions, SyncMode};
 use zlogfs::{control, engine};
 
@@ -85,7 +85,7 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
             return Err(format!(
                 "unknown mount option {opt:?} (known: the generic options of mount(8), and allow_other, \
                  default_permissions, patches, nopatches, uring[=on|off|auto], spin=US, attr_timeout=S, \
-                 entry_timeout=S, negative_timeout=S, threads=N, commit=SECONDS, metrics=HOST:PORT, nbd=PATH, snapshot=NAME, at=TIME, log=LEVEL, logfile=PATH)"
+                 entry_timeout=S, negative_timeout=S, threads=N, commit=SECONDS, metrics=HOST:PORT, nbd=PATH, snapshot=NAME, at=TIME, snapdir=hidden|visible|off, log=LEVEL, logfile=PATH)"
             ));
         }
     }
@@ -94,6 +94,10 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
     }
     if p.at.is_some() && !p.mount.read_only {
         return Err("the past mounts read-only: give -o ro,at=TIME".into());
+    }
+    if p.snapshot.is_some() || p.at.is_some() {
+        // A mount of the past has no past of its own to show.
+        p.mount.snapdir = Snapdir::Off;
     }
     Ok(p)
 }
@@ -153,6 +157,14 @@ impl Parsed {
                 self.commit = if s == 0 { COMMIT } else { Duration::from_secs(s) };
             }
             "nbd" => self.nbd = Some(PathBuf::from(v.ok_or("option nbd needs the path of a Unix socket")?)),
+            "snapdir" => {
+                self.mount.snapdir = match v {
+                    Some("hidden") => Snapdir::Hidden,
+                    Some("visible") => Snapdir::Visible,
+                    Some("off") => Snapdir::Off,
+                    _ => return Err("option snapdir: give hidden, visible or off".into()),
+                }
+            }
             "snapshot" => {
                 self.snapshot = Some(v.ok_or("option snapshot needs a name (zlogfs snapshot list)")?.into())
             }

@@ -1,0 +1,488 @@
+//! The `.snapshots` directory of a mount (issue 28): under the root, and
+//! hidden from its listing unless the mount asks for it, one read-only
+//! directory per snapshot (named ones and automatic points) that reads
+//! as the tree did then, so that a file can be copied back without a
+//! second mount.
+//!
+//! Each snapshot opened here is a view ([`Fs::view`]) sharing the mount's
+//! engine. Node ids tell the trees apart: the live tree's are its inode
+//! numbers (below 2^48); a view's are its number (1 to [`MAX_VIEWS`]) in
+//! the top 16 bits over the inode number; the directory itself is
+//! [`SNAPDIR`]. A read through a view is good only if its snapshot was
+//! kept all through it; when a delete let it go meanwhile, the request
+//! gets ESTALE.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+use zlogfs_fs::{Attr, DirEntry, Error, Fs, Ino, Kind, Time, ROOT};
+
+use crate::abi::{self, fopen, DirBuf, InHeader, Op};
+use crate::dirlist::{self, Listing};
+use crate::{file_attr, type_bits, Reply, ZlogFuse};
+
+/// The directory's name, in the root.
+pub const NAME: &[u8] = b".snapshots";
+
+const SHIFT: u32 = 48;
+const LOW: u64 = (1 << SHIFT) - 1;
+
+/// The node id of the `.snapshots` directory.
+pub const SNAPDIR: u64 = (0xFFFF << SHIFT) | ROOT;
+
+/// Views one mount may open (snapshots deleted and taken again under the
+/// same name count again).
+pub const MAX_VIEWS: u64 = 0xFFFE;
+
+/// Decompressed blocks each view caches.
+const VIEW_CACHE: usize = 16 << 20;
+
+/// Whether and how a mount shows its snapshots (`-o snapdir=`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Snapdir {
+    /// No `.snapshots` directory.
+    Off,
+    /// `ROOT/.snapshots` answers lookups but is not listed (as ZFS's
+    /// `snapdir=hidden`).
+    #[default]
+    Hidden,
+    /// `ROOT/.snapshots` is listed too.
+    Visible,
+}
+
+/// One snapshot opened through the directory.
+pub struct View {
+    /// Its number, the top bits of its node ids.
+    k: u64,
+    /// The sequence number it reads at.
+    seq: u64,
+    pub fs: Fs,
+}
+
+impl View {
+    /// The node id of inode `ino` of this view.
+    pub fn node(&self, ino: Ino) -> Result<u64, i32> {
+        if ino > LOW {
+            // Inode numbers are given in order from 2: never this many.
+            return Err(libc::EOVERFLOW);
+        }
+        Ok((self.k << SHIFT) | ino)
+    }
+
+    /// Whether node id `node` is one of this view's.
+    pub fn owns(&self, node: u64) -> bool {
+        node >> SHIFT == self.k
+    }
+
+    /// `a` with its inode number made this view's node id.
+    pub fn tag(&self, mut a: Attr) -> Result<Attr, i32> {
+        a.ino = self.node(a.ino)?;
+        Ok(a)
+    }
+}
+
+/// What a node id names.
+pub enum Node {
+    /// An inode of the live tree.
+    Live(Ino),
+    /// The `.snapshots` directory.
+    Dir,
+    /// Inode `.1` of a view.
+    View(Arc<View>, Ino),
+    /// A view this mount no longer has (never given out).
+    Stale,
+}
+
+/// The views of a mount.
+pub struct Past {
+    live: Arc<Fs>,
+    mode: Snapdir,
+    views: RwLock<Views>,
+    /// A hash of the snapshot list last seen, and since when.
+    seen: Mutex<Option<(u64, Time)>>,
+}
+
+#[derive(Default)]
+struct Views {
+    /// Views by number less one.
+    list: Vec<Arc<View>>,
+    by_name: HashMap<String, u64>,
+}
+
+impl Past {
+    pub fn new(live: Arc<Fs>, mode: Snapdir) -> Past {
+        Past { live, mode, views: RwLock::new(Views::default()), seen: Mutex::new(None) }
+    }
+
+    pub fn mode(&self) -> Snapdir {
+        self.mode
+    }
+
+    /// What node id `id` names.
+    pub fn node(&self, id: u64) -> Node {
+        if self.mode == Snapdir::Off || id <= LOW {
+            return Node::Live(id);
+        }
+        if id == SNAPDIR {
+            return Node::Dir;
+        }
+        let views = self.views.read().unwrap_or_else(|p| p.into_inner());
+        match views.list.get(((id >> SHIFT) - 1) as usize) {
+            Some(v) => Node::View(v.clone(), id & LOW),
+            None => Node::Stale,
+        }
+    }
+
+    /// Whether `name` in directory `parent` of the live tree is the
+    /// `.snapshots` directory.
+    pub fn is_snapdir(&self, parent: Ino, name: &[u8]) -> bool {
+        self.mode != Snapdir::Off && parent == ROOT && name == NAME
+    }
+
+    /// The attributes of the `.snapshots` directory: the root's owner,
+    /// read and search for all, nothing to write; its modification time
+    /// is when this mount first saw the list of snapshots as it is (the
+    /// kernel keeps a listing while that time stays).
+    pub fn dir_attr(&self) -> Result<Attr, Error> {
+        let root = self.live.getattr(ROOT)?;
+        let mut hash = std::hash::DefaultHasher::new();
+        for (name, snap) in self.live.snapshots()? {
+            std::hash::Hash::hash(&(name, snap.seq), &mut hash);
+        }
+        let hash = std::hash::Hasher::finish(&hash);
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let t = match *seen {
+            Some((h, t)) if h == hash => t,
+            _ => {
+                let t = if seen.is_none() { root.mtime } else { zlogfs_fs::now() };
+                *seen = Some((hash, t));
+                t
+            }
+        };
+        Ok(Attr {
+            ino: SNAPDIR,
+            mode: libc::S_IFDIR | 0o555,
+            nlink: 2,
+            size: 0,
+            blocks: 0,
+            mtime: t,
+            ctime: t,
+            ..root
+        })
+    }
+
+    /// The entries of the `.snapshots` directory, each with an inode
+    /// number of its own (a view's root if it is open, else one above
+    /// every view's).
+    pub fn entries(&self) -> Result<Vec<DirEntry>, Error> {
+        let views = self.views.read().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::new();
+        for (i, (name, _)) in self.live.snapshots()?.into_iter().enumerate() {
+            let ino = match views.by_name.get(&name) {
+                Some(k) => (k << SHIFT) | ROOT,
+                None => SNAPDIR + 1 + i as u64,
+            };
+            out.push(DirEntry { name: name.into_bytes(), ino, kind: Kind::Dir });
+        }
+        Ok(out)
+    }
+
+    /// The view of the snapshot called `name`, opened on first use (and
+    /// again when a snapshot of that name was taken again since).
+    pub fn view(&self, name: &[u8]) -> Result<Arc<View>, Error> {
+        let name = std::str::from_utf8(name)
+            .map_err(|_| Error::NotFound(format!("no snapshot called {}", String::from_utf8_lossy(name))))?;
+        let seq = self.live.snapshot_seq(name)?;
+        {
+            let views = self.views.read().unwrap_or_else(|p| p.into_inner());
+            if let Some(v) = views.by_name.get(name).map(|&k| &views.list[(k - 1) as usize]) {
+                if v.seq == seq {
+                    return Ok(v.clone());
+                }
+            }
+        }
+        let (fs, seq) = self.live.view(name, VIEW_CACHE)?;
+        let mut views = self.views.write().unwrap_or_else(|p| p.into_inner());
+        let k = views.list.len() as u64 + 1;
+        if k > MAX_VIEWS {
+            return Err(Error::NoSpace(format!(
+                "this mount opened {MAX_VIEWS} snapshots through .snapshots; mount again for more"
+            )));
+        }
+        let v = Arc::new(View { k, seq, fs });
+        views.list.push(v.clone());
+        views.by_name.insert(name.to_string(), k);
+        Ok(v)
+    }
+
+    /// `r`, the result of a read through `v`, if the snapshot was kept
+    /// all through it; else ESTALE (it was deleted, and its versions or
+    /// blocks may have gone during the read).
+    pub fn whole<T>(&self, v: &View, r: Result<T, Error>) -> Result<T, i32> {
+        if !self.live.engine().retains(v.seq) {
+            return Err(libc::ESTALE);
+        }
+        r.map_err(crate::reply_errno)
+    }
+}
+
+/// A read through a view, and whether its snapshot was kept all through
+/// it ([`Past::whole`], for jobs on a worker that hold the live tree).
+fn whole_in<T>(live: &Fs, v: &View, r: Result<T, Error>) -> Result<T, i32> {
+    if !live.engine().retains(v.seq) {
+        return Err(libc::ESTALE);
+    }
+    r.map_err(crate::reply_errno)
+}
+
+/// Requests that meet the `.snapshots` directory or a view.
+impl ZlogFuse {
+    /// Serve `op` if it concerns the `.snapshots` directory or a view
+    /// (handing `reply` back if not).
+    pub(crate) fn serve_past(&self, h: &InHeader, op: &Op<'_>, reply: Reply) -> Option<Reply> {
+        if self.past.mode() == Snapdir::Off {
+            return Some(reply);
+        }
+        match self.past.node(h.nodeid) {
+            Node::Live(ino) => match self.live_meets_past(ino, op) {
+                Some(Ok(a)) => self.virtual_entry(Ok(a), reply),
+                Some(Err(e)) => reply.error(e),
+                None => return Some(reply),
+            },
+            Node::Dir => self.serve_snapdir(op, reply),
+            Node::View(v, ino) => self.serve_view(&v, ino, op, reply),
+            Node::Stale => reply.error(libc::ESTALE),
+        }
+        None
+    }
+
+    /// What a request on live inode `ino` gets when it names the
+    /// `.snapshots` directory or a view's node: its entry (a lookup), an
+    /// error, or None (a request for the live tree alone).
+    fn live_meets_past(&self, ino: Ino, op: &Op<'_>) -> Option<Result<Attr, i32>> {
+        let named = |name: &[u8]| self.past.is_snapdir(ino, name);
+        let is_past = |node: u64| !matches!(self.past.node(node), Node::Live(_));
+        match *op {
+            Op::Lookup { name } if named(name) => Some(self.past.dir_attr().map_err(crate::reply_errno)),
+            Op::Mknod { name, .. }
+            | Op::Mkdir { name, .. }
+            | Op::Symlink { name, .. }
+            | Op::Create { name, .. }
+                if named(name) =>
+            {
+                Some(Err(libc::EEXIST))
+            }
+            Op::Unlink { name } | Op::Rmdir { name } if named(name) => Some(Err(libc::EROFS)),
+            Op::Link { ino: target, .. } if is_past(target) => Some(Err(libc::EXDEV)),
+            Op::Link { newname, .. } if named(newname) => Some(Err(libc::EEXIST)),
+            Op::Rename { newdir, .. } if is_past(newdir) => Some(Err(libc::EXDEV)),
+            Op::Rename { name, newdir, newname, .. }
+                if named(name) || self.past.is_snapdir(newdir, newname) =>
+            {
+                Some(Err(libc::EROFS))
+            }
+            Op::CopyFileRange { ino_out, .. } if is_past(ino_out) => Some(Err(libc::EXDEV)),
+            _ => None,
+        }
+    }
+
+    /// An entry reply for a node of the past (the kernel's references to
+    /// them need no count: nothing there is ever removed while held).
+    fn virtual_entry(&self, r: Result<Attr, i32>, reply: Reply) {
+        match r {
+            Ok(a) => reply.data(&self.entry_bytes(&a)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn serve_snapdir(&self, op: &Op<'_>, reply: Reply) {
+        match *op {
+            Op::Lookup { name } => {
+                let r = self.past.view(name).map_err(crate::reply_errno).and_then(|v| {
+                    let a = self.past.whole(&v, v.fs.getattr(ROOT))?;
+                    v.tag(a)
+                });
+                self.virtual_entry(r, reply)
+            }
+            Op::Getattr => self.attr(self.past.dir_attr(), reply),
+            // No caching of the listing: snapshots come and go.
+            Op::Opendir if self.no_opendir => reply.error(libc::ENOSYS),
+            Op::Opendir => {
+                let mut b = Vec::with_capacity(16);
+                abi::put_open(&mut b, 0);
+                reply.data(&b)
+            }
+            Op::Readdir { offset, size, plus } => self.list_snapdir(offset, size, plus, reply),
+            Op::Access | Op::Releasedir | Op::Flush | Op::Fsyncdir { .. } | Op::Interrupt => reply.ok(),
+            Op::Forget { .. } | Op::BatchForget { .. } | Op::Destroy => reply.ok(),
+            Op::Statfs => self.statfs(reply),
+            Op::Getxattr { .. } => reply.error(libc::ENODATA),
+            Op::Listxattr { size } => Self::xattr(&[], size, reply),
+            Op::Unsupported(_) => reply.error(libc::ENOSYS),
+            _ => reply.error(libc::EROFS),
+        }
+    }
+
+    /// The listing of `.snapshots`: its entries name snapshots without
+    /// opening them (a READDIRPLUS entry with node id 0 tells the kernel
+    /// to look the name up when it is used).
+    fn list_snapdir(&self, offset: u64, size: u32, plus: bool, reply: Reply) {
+        let entries = match self.past.entries() {
+            Ok(e) => e,
+            Err(e) => return reply.error(crate::reply_errno(e)),
+        };
+        let listing = Listing::new(entries);
+        let mut buf = DirBuf::new(size);
+        let dots = [(SNAPDIR, dirlist::DOT, &b"."[..]), (ROOT, dirlist::DOTDOT, &b".."[..])];
+        let named = listing.after(offset).iter().map(|e| (e.ino, e.off, &e.name[..]));
+        for (ino, off, name) in dots.into_iter().filter(|d| d.1 > offset).chain(named) {
+            let mode = libc::S_IFDIR;
+            let added = if plus {
+                buf.add_plus_unlooked(ino, off, mode, name)
+            } else {
+                buf.add(ino, off, mode, name)
+            };
+            if !added {
+                break;
+            }
+        }
+        reply.data(&buf.into_bytes())
+    }
+
+    fn serve_view(&self, v: &Arc<View>, ino: Ino, op: &Op<'_>, reply: Reply) {
+        let tagged = |r: Result<Attr, Error>| self.past.whole(v, r).and_then(|a| v.tag(a));
+        match *op {
+            Op::Lookup { name } if ino == ROOT && name == b".." => {
+                self.virtual_entry(self.past.dir_attr().map_err(crate::reply_errno), reply)
+            }
+            Op::Lookup { name } => self.virtual_entry(tagged(v.fs.lookup(ino, name)), reply),
+            Op::Getattr => match tagged(v.fs.getattr(ino)) {
+                Ok(a) => reply.data(&abi::attr_out(&file_attr(&a), self.opts.attr_timeout)),
+                Err(e) => reply.error(e),
+            },
+            Op::Readlink => self.view_reply(v, v.fs.readlink(ino), reply),
+            Op::Open => match self.past.whole(v, v.fs.open_file(ino)) {
+                Ok(_) => {
+                    let mut b = Vec::with_capacity(16);
+                    abi::put_open(&mut b, fopen::KEEP_CACHE);
+                    reply.data(&b)
+                }
+                Err(e) => reply.error(e),
+            },
+            Op::Release => match v.fs.release_file(ino) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(crate::reply_errno(e)),
+            },
+            Op::Read { offset, size } => {
+                let (live, v) = (Arc::clone(&self.fs), Arc::clone(v));
+                self.workers.run(move || match whole_in(&live, &v, v.fs.read(ino, offset, size as usize)) {
+                    Ok(d) => reply.data(&d),
+                    Err(e) => reply.error(e),
+                });
+            }
+            Op::Opendir if self.no_opendir => reply.error(libc::ENOSYS),
+            Op::Opendir => match tagged(v.fs.getattr(ino)) {
+                Ok(a) if a.kind == Kind::Dir => {
+                    let mut b = Vec::with_capacity(16);
+                    abi::put_open(&mut b, fopen::KEEP_CACHE | fopen::CACHE_DIR);
+                    reply.data(&b)
+                }
+                Ok(_) => reply.error(libc::ENOTDIR),
+                Err(e) => reply.error(e),
+            },
+            Op::Readdir { offset, size, plus } => self.list_view(v, ino, offset, size, plus, reply),
+            Op::Access => self.view_reply(v, v.fs.getattr(ino).map(|_| Vec::new()), reply),
+            Op::Getxattr { name, size } => match self.past.whole(v, v.fs.getxattr(ino, name)) {
+                Ok(x) => Self::xattr(&x, size, reply),
+                Err(e) => reply.error(e),
+            },
+            Op::Listxattr { size } => match self.past.whole(v, v.fs.listxattr(ino)) {
+                Ok(names) => Self::xattr(
+                    &names.iter().flat_map(|n| n.iter().chain([&0])).copied().collect::<Vec<u8>>(),
+                    size,
+                    reply,
+                ),
+                Err(e) => reply.error(e),
+            },
+            Op::Lseek { offset, whence } => {
+                let data = match whence as i32 {
+                    libc::SEEK_DATA => true,
+                    libc::SEEK_HOLE => false,
+                    _ => return reply.error(libc::EINVAL),
+                };
+                match self.past.whole(v, v.fs.lseek(ino, offset, data)) {
+                    Ok(o) => reply.data(&abi::lseek_out(o)),
+                    Err(e) => reply.error(e),
+                }
+            }
+            Op::Statfs => self.statfs(reply),
+            Op::Releasedir | Op::Flush | Op::Fsync { .. } | Op::Fsyncdir { .. } | Op::Syncfs => reply.ok(),
+            Op::Forget { .. } | Op::BatchForget { .. } | Op::Interrupt | Op::Destroy => reply.ok(),
+            // Copies and moves out of the past go by read and write.
+            Op::CopyFileRange { .. } => reply.error(libc::EXDEV),
+            Op::Rename { newdir, .. } if !v.owns(newdir) => reply.error(libc::EXDEV),
+            Op::Unsupported(_) => reply.error(libc::ENOSYS),
+            _ => reply.error(libc::EROFS),
+        }
+    }
+
+    /// A data reply for a read through `v`.
+    fn view_reply(&self, v: &View, r: Result<Vec<u8>, Error>, reply: Reply) {
+        match self.past.whole(v, r) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// Entries of directory `ino` of view `v` after readdir offset `off`.
+    fn list_view(&self, v: &View, ino: Ino, offset: u64, size: u32, plus: bool, reply: Reply) {
+        let node = match v.node(ino) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        let parent = if ino == ROOT { Ok(SNAPDIR) } else { tagged_parent(&self.past, v, ino) };
+        let listing = self.past.whole(v, self.listing_of(&v.fs, node, ino));
+        let (parent, listing) = match (parent, listing) {
+            (Ok(p), Ok(l)) => (p, l),
+            (Err(e), _) | (_, Err(e)) => return reply.error(e),
+        };
+        let (et, at) = (self.opts.entry_timeout, self.opts.attr_timeout);
+        let mut buf = DirBuf::new(size);
+        let dots = [(node, dirlist::DOT, &b"."[..]), (parent, dirlist::DOTDOT, &b".."[..])];
+        let dots =
+            dots.into_iter().filter(|d| d.1 > offset).map(|(n, off, name)| (n, off, Kind::Dir, name, true));
+        let named = listing.after(offset).iter().map(|e| (e.ino, e.off, e.kind, &e.name[..], false));
+        for (child, off, kind, name, dot) in dots.chain(named) {
+            // (A READDIRPLUS reply has every entry in its form; the
+            // kernel looks nothing up for "." and "..".)
+            let added = if dot && plus {
+                buf.add_plus_unlooked(child, off, libc::S_IFDIR, name)
+            } else if !plus {
+                match if dot { Ok(child) } else { v.node(child) } {
+                    Ok(n) => buf.add(n, off, type_bits(kind), name),
+                    Err(_) => true,
+                }
+            } else {
+                // An entry the view cannot stat is left out.
+                match v.fs.getattr(child).map_err(crate::reply_errno).and_then(|a| v.tag(a)) {
+                    Ok(a) => buf.add_plus(&file_attr(&a), off, name, et, at),
+                    Err(_) => true,
+                }
+            };
+            if !added {
+                break;
+            }
+        }
+        // The listing is good only if the snapshot was kept through it.
+        match self.past.whole(v, Ok(())) {
+            Ok(()) => reply.data(&buf.into_bytes()),
+            Err(e) => reply.error(e),
+        }
+    }
+}
+
+/// The node id of the parent of directory `ino` of view `v`.
+fn tagged_parent(past: &Past, v: &View, ino: Ino) -> Result<u64, i32> {
+    let a = past.whole(v, v.fs.lookup(ino, b".."))?;
+    v.node(a.ino)
+}
