@@ -32,7 +32,7 @@ echo "| policy | fio write MiB/s | device bytes per user byte | held for history
 echo "|---|---:|---:|---:|---:|---:|"
 for policy in ${POLICIES:-none all:1h,hourly:2d,daily:31d}; do
     rm -f "$work/z.img"
-    "$z" mkfs "$work/z.img" --size 1G --history "$policy" >/dev/null 2>&1
+    "$z" mkfs "$work/z.img" --size ${SIZE:-1G} --history "$policy" >/dev/null 2>&1
     "$z" mount "$work/z.img" "$work/m" -f 2>/dev/null &
     daemon=$!
     for _ in $(seq 100); do mountpoint -q "$work/m" && break; sleep 0.1; done

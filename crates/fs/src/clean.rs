@@ -274,7 +274,7 @@ impl State {
 
     /// [`State::clean_for`], and while that cannot make the room (or
     /// cleaning itself finds none to move into), drop the oldest automatic
-    /// point of history and try again: they go before a writer gets
+    /// points of history and try again: they go before a writer gets
     /// ENOSPC. Named snapshots never do.
     pub(crate) fn make_room(&mut self, need: u64) -> Result<()> {
         loop {
@@ -282,7 +282,7 @@ impl State {
             match r {
                 Ok(()) if need <= self.space_hint => return Ok(()),
                 Ok(()) | Err(Error::NoSpace(_)) => {
-                    if !self.drop_oldest_point()? {
+                    if self.drop_oldest_points(0)? == 0 {
                         return r;
                     }
                     // Its frees count once durable.

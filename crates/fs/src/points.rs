@@ -18,6 +18,9 @@ use crate::Fs;
 /// names users give).
 pub const AUTO: char = '@';
 
+/// Dropping for room takes this share of the automatic points at once.
+const DROP_SHARE: usize = 8;
+
 /// Seconds between thinning passes.
 const THIN_EVERY: i64 = 60;
 
@@ -69,10 +72,11 @@ impl State {
             self.group.set_thinned_at(t.sec);
             self.thin_points(t.sec)?;
         }
-        // Room runs short: the oldest point goes now, while dropping it and
-        // cleaning what it held still find room, rather than at the edge.
-        if self.free_now() < self.headroom() && self.auto_points()?.len() > 1 {
-            self.drop_oldest_point()?;
+        // Room runs short: the oldest points go now, while dropping them
+        // and cleaning what they held still find room, rather than at the
+        // edge.
+        if self.free_now() < self.headroom() {
+            self.drop_oldest_points(1)?;
         }
         Ok(())
     }
@@ -118,16 +122,24 @@ impl State {
         })
     }
 
-    /// Drop the oldest automatic point, for room; whether there was one.
-    pub(crate) fn drop_oldest_point(&mut self) -> Result<bool> {
-        let Some(oldest) = self.auto_points()?.into_iter().next() else { return Ok(false) };
+    /// Drop the oldest automatic points for room, keeping the newest
+    /// `keep`: an eighth of them at a time (at least one), since each
+    /// drop reads every held free once. The number dropped.
+    pub(crate) fn drop_oldest_points(&mut self, keep: usize) -> Result<usize> {
+        let mut points = self.auto_points()?;
+        let n = (points.len() / DROP_SHARE).max(1).min(points.len().saturating_sub(keep));
+        if n == 0 {
+            return Ok(0);
+        }
+        points.truncate(n);
         tracing::info!(
-            "the file system is full: dropping the oldest automatic point of history, {}",
-            String::from_utf8_lossy(&oldest.0[1..])
+            "the file system is short of room: dropping the {n} oldest automatic points of history, {} to {}",
+            String::from_utf8_lossy(&points[0].0[1..]),
+            String::from_utf8_lossy(&points[n - 1].0[1..])
         );
-        self.drop_points(&[oldest])?;
-        self.stats.points_dropped += 1;
-        Ok(true)
+        self.drop_points(&points)?;
+        self.stats.points_dropped += n as u64;
+        Ok(n)
     }
 }
 
