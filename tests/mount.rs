@@ -943,8 +943,18 @@ fn the_snapshots_directory_reads_the_past_on_a_live_mount() {
     assert!(child.wait().expect("wait").success());
     let mut child = mount_fg(&d, "snapdir=off");
     assert!(!snaps.exists(), "no .snapshots");
+    // A real entry of that name is out of reach, and unlisted, while the
+    // directory is on.
+    fs::create_dir(&snaps).expect("a real .snapshots");
+    fs::write(snaps.join("mine"), b"mine").expect("write");
     unmount(&d);
     assert!(child.wait().expect("wait").success());
+    let mut child = mount_fg(&d, "");
+    assert!(!names(&m).contains(&".snapshots".to_string()), "the real one is not listed");
+    assert_eq!(names(&snaps), ["after"], "the virtual one answers");
+    unmount(&d);
+    assert!(child.wait().expect("wait").success());
+    fsck_clean(&d);
 }
 
 /// A full file system: the writer gets ENOSPC (never EIO), deleting works

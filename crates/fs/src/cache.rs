@@ -74,6 +74,15 @@ impl BlockCache {
         }
     }
 
+    /// Forget every block, and move the epoch (reads under way do not
+    /// insert what they read).
+    pub(crate) fn clear(&mut self) {
+        self.map.clear();
+        self.order.clear();
+        self.bytes = 0;
+        self.epoch += 1;
+    }
+
     /// The epoch: a block read while it stays the same is what its
     /// address holds.
     pub(crate) fn epoch(&self) -> u64 {

@@ -168,14 +168,17 @@ impl Fs {
     /// point) sharing this file system's engine, as a mount's
     /// `.snapshots/NAME` directory reads it: it reads as an open with
     /// `read_only` and `snapshot: Some(name)` would. With its sequence
-    /// number: a read through the view saw the snapshot whole if
-    /// [`Engine::retains`] that number after it (a delete meanwhile may
-    /// have let its versions and blocks go).
+    /// number. A read through the view saw the snapshot whole if, after
+    /// it, [`Engine::retains`] that number (a delete lets its versions and
+    /// blocks go) and [`Fs::held_generation`] is what it was before it
+    /// (the cleaner moved no block it reads; when that count moved, drop
+    /// the view's cache and read again).
     pub fn view(&self, name: &str, cache_bytes: usize) -> Result<(Fs, u64)> {
         let seq = crate::snapshot::find(&self.eng, name)?.seq;
         let group = Group::open(&self.eng)?;
         let opts = FsOptions { read_only: true, cache_bytes, dirty_bytes: 0, ..FsOptions::default() };
-        let st = State::new(self.eng.clone(), group, &opts, Some(seq));
+        let mut st = State::new(self.eng.clone(), group, &opts, Some(seq));
+        st.held_gen = self.st().held_gen.clone();
         let inner = Arc::new(Inner { st: Mutex::new(st), stop: Mutex::new(false), wake: Condvar::new() });
         let fs = Fs {
             inner,
@@ -185,6 +188,19 @@ impl Fs {
             invalidator: Default::default(),
         };
         Ok((fs, seq))
+    }
+
+    /// A count that moves on before held blocks (those only snapshots
+    /// read) are moved or released: a read through a [`Fs::view`] that
+    /// saw it stay the same saw no block move under it.
+    pub fn held_generation(&self) -> u64 {
+        self.st().held_gen.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Forget every cached block (a view does when held blocks moved: an
+    /// address it cached may hold another block now).
+    pub fn drop_cache(&self) {
+        self.st().cache.clear();
     }
 
     pub(crate) fn st(&self) -> MutexGuard<'_, State> {

@@ -60,6 +60,7 @@ impl State {
         if blocks.is_empty() {
             return Ok(0);
         }
+        self.held_blocks_move();
         let mut whole = Vec::with_capacity(blocks.len());
         for (&offset, parts) in &blocks {
             let block = self.eng.block_at(seg, offset)?;

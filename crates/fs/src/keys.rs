@@ -179,6 +179,11 @@ pub fn decode_born(v: &[u8], what: &str) -> Result<u64> {
     r.finish()?;
     Ok(born)
 }
+/// The born of held free `k` = `v`; the key is described only if the
+/// value is damaged (held frees are read by the thousand).
+pub fn held_born(k: &[u8], v: &[u8]) -> Result<u64> {
+    decode_born(v, "a held free").or_else(|_| decode_born(v, &describe_key(k)))
+}
 /// (block, died, n) of a held free's key.
 pub fn parse_held_key(k: &[u8]) -> Option<(BlockAddr, u64, u32)> {
     if k.len() != 25 || k[0] != T_HELD {

@@ -125,6 +125,10 @@ impl State {
         // The held records are listed once: no release may run inside this
         // one (a commit takes automatic points and may thin them, a writer
         // short of room drops them; neither runs while cleaning).
+        // Views of the snapshots let go stop trusting their reads before
+        // any block goes.
+        self.eng.withdraw_except(self.group.snapshots());
+        self.held_blocks_move();
         let was = std::mem::replace(&mut self.cleaning, true);
         let r = self.release_held_now();
         self.cleaning = was;
@@ -168,7 +172,7 @@ impl State {
             let Some((a, died, _)) = parse_held_key(&k) else {
                 return Err(Error::corrupt(describe_key(&k), "a malformed held free"));
             };
-            if !self.group.needed(decode_born(&v, &describe_key(&k))?, died) {
+            if !self.group.needed(held_born(&k, &v)?, died) {
                 self.group.release(a);
                 self.del(k);
                 freed += u64::from(a.len);
@@ -259,7 +263,7 @@ impl Fs {
             let Some((a, died, _)) = parse_held_key(&k) else {
                 return Err(Error::corrupt(describe_key(&k), "a malformed held free"));
             };
-            let born = decode_born(&v, &describe_key(&k))?;
+            let born = held_born(&k, &v)?;
             let (from, to) = (seqs.partition_point(|&s| s < born), seqs.partition_point(|&s| s < died));
             if to == from + 1 {
                 only[from] += u64::from(a.len);

@@ -6,6 +6,7 @@
 //! [`crate::clean`], each an `impl State` over these parts.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use zlogfs_engine::engine::Engine;
@@ -48,6 +49,10 @@ pub(crate) struct State {
     /// Reads see the index at this sequence number (a snapshot opened
     /// read-only); None: the present.
     pub(crate) at: Option<u64>,
+    /// Moves on before held blocks are moved or released: shared with
+    /// the views of this file system's snapshots ([`crate::Fs::view`]),
+    /// whose reads and cached blocks are good only while it stays.
+    pub(crate) held_gen: Arc<AtomicU64>,
 }
 
 impl State {
@@ -70,7 +75,14 @@ impl State {
             cleaning: false,
             futile_at: None,
             at,
+            held_gen: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// Held blocks are about to move or be released: views must read
+    /// again what they read meanwhile.
+    pub(crate) fn held_blocks_move(&self) {
+        self.held_gen.fetch_add(1, Ordering::SeqCst);
     }
 
     pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {

@@ -341,7 +341,10 @@ pub enum Op<'a> {
         ino: u64,
         newname: &'a [u8],
     },
-    Open,
+    Open {
+        /// open(2)'s flags.
+        flags: u32,
+    },
     Read {
         offset: u64,
         size: u32,
@@ -477,7 +480,7 @@ impl<'a> Op<'a> {
                 Op::Rename { name, newdir: u64_at(arg, 0)?, newname: cstr(rest)?.0, flags }
             }
             op::LINK => Op::Link { ino: u64_at(arg, 0)?, newname: name()? },
-            op::OPEN => Op::Open,
+            op::OPEN => Op::Open { flags: u32_at(arg, 0)? },
             op::READ => Op::Read { offset: u64_at(arg, 8)?, size: u32_at(arg, 16)? },
             op::WRITE => {
                 let size = u32_at(arg, 16)? as usize;

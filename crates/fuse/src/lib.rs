@@ -568,8 +568,13 @@ impl ZlogFuse {
     fn listing(&self, ino: Ino) -> Result<Arc<Listing>, Error> {
         self.listings.get(ino, || {
             let mut all = read_dir(&self.fs, ino)?;
-            if ino == ROOT && self.past.mode() == Snapdir::Visible {
-                all.push(DirEntry { name: past::NAME.to_vec(), ino: past::SNAPDIR, kind: Kind::Dir });
+            if ino == ROOT && self.past.mode() != Snapdir::Off {
+                // A real entry of that name is out of reach (snapdir=off
+                // reaches it).
+                all.retain(|e| e.name != past::NAME);
+                if self.past.mode() == Snapdir::Visible {
+                    all.push(DirEntry { name: past::NAME.to_vec(), ino: past::SNAPDIR, kind: Kind::Dir });
+                }
             }
             Ok(all)
         })
@@ -700,7 +705,7 @@ impl Handler for ZlogFuse {
                 self.changed(&[ino]);
                 self.entry(r, reply)
             }
-            Op::Open => self.open(ino, reply),
+            Op::Open { .. } => self.open(ino, reply),
             Op::Read { offset, size } => self.read(ino, offset, size, reply),
             Op::Write { offset, data, kill_setid } => self.write(h, offset, data, kill_setid, reply),
             Op::Statfs => self.statfs(reply),

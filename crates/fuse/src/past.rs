@@ -6,13 +6,15 @@
 //!
 //! Each snapshot opened here is a view ([`Fs::view`]) sharing the mount's
 //! engine. Node ids tell the trees apart: the live tree's are its inode
-//! numbers (below 2^48); a view's are its number (1 to [`MAX_VIEWS`]) in
-//! the top 16 bits over the inode number; the directory itself is
-//! [`SNAPDIR`]. A read through a view is good only if its snapshot was
-//! kept all through it; when a delete let it go meanwhile, the request
-//! gets ESTALE.
+//! numbers (below 2^40); a view's are its number (the order this mount
+//! opened it in, 1 to [`MAX_VIEWS`]) in the top 24 bits over the inode
+//! number; the directory itself is [`SNAPDIR`]. A read through a view is
+//! good only if its snapshot was kept all through it (a delete meanwhile
+//! gets the request ESTALE) and no block it reads moved under it (the
+//! cleaner moving held blocks: the view drops its cache and reads again).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use zlogfs_fs::{Attr, DirEntry, Error, Fs, Ino, Kind, Time, ROOT};
@@ -24,18 +26,23 @@ use crate::{file_attr, type_bits, Reply, ZlogFuse};
 /// The directory's name, in the root.
 pub const NAME: &[u8] = b".snapshots";
 
-const SHIFT: u32 = 48;
+const SHIFT: u32 = 40;
 const LOW: u64 = (1 << SHIFT) - 1;
+const TOP: u64 = (1 << (64 - SHIFT)) - 1;
 
 /// The node id of the `.snapshots` directory.
-pub const SNAPDIR: u64 = (0xFFFF << SHIFT) | ROOT;
+pub const SNAPDIR: u64 = (TOP << SHIFT) | ROOT;
 
-/// Views one mount may open (snapshots deleted and taken again under the
-/// same name count again).
-pub const MAX_VIEWS: u64 = 0xFFFE;
+/// Views one mount may open (snapshots taken again under a name count
+/// again).
+pub const MAX_VIEWS: u64 = TOP - 1;
 
 /// Decompressed blocks each view caches.
-const VIEW_CACHE: usize = 16 << 20;
+const VIEW_CACHE: usize = 4 << 20;
+
+/// Reads again through a view whose blocks moved under it, before
+/// giving up with EAGAIN.
+const TRIES: usize = 4;
 
 /// Whether and how a mount shows its snapshots (`-o snapdir=`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -57,6 +64,8 @@ pub struct View {
     /// The sequence number it reads at.
     seq: u64,
     pub fs: Fs,
+    /// The live tree's held generation its cache was filled under.
+    gen: AtomicU64,
 }
 
 impl View {
@@ -81,6 +90,26 @@ impl View {
     }
 }
 
+/// `op`, a read through view `v` of `live`'s snapshot, done so that what
+/// it returns is the snapshot's: ESTALE if the snapshot was let go, read
+/// again (the view's cache dropped) if held blocks moved meanwhile.
+fn read_view<T>(live: &Fs, v: &View, op: impl Fn() -> Result<T, i32>) -> Result<T, i32> {
+    for _ in 0..TRIES {
+        let gen = live.held_generation();
+        if v.gen.swap(gen, Ordering::SeqCst) != gen {
+            v.fs.drop_cache();
+        }
+        let r = op();
+        if !live.engine().retains(v.seq) {
+            return Err(libc::ESTALE);
+        }
+        if live.held_generation() == gen {
+            return r;
+        }
+    }
+    Err(libc::EAGAIN)
+}
+
 /// What a node id names.
 pub enum Node {
     /// An inode of the live tree.
@@ -89,7 +118,7 @@ pub enum Node {
     Dir,
     /// Inode `.1` of a view.
     View(Arc<View>, Ino),
-    /// A view this mount no longer has (never given out).
+    /// A view whose snapshot is gone, or one this mount never opened.
     Stale,
 }
 
@@ -104,8 +133,8 @@ pub struct Past {
 
 #[derive(Default)]
 struct Views {
-    /// Views by number less one.
-    list: Vec<Arc<View>>,
+    /// Views by number less one; None once their snapshot is gone.
+    list: Vec<Option<Arc<View>>>,
     by_name: HashMap<String, u64>,
 }
 
@@ -118,7 +147,8 @@ impl Past {
         self.mode
     }
 
-    /// What node id `id` names.
+    /// What node id `id` names. A view whose snapshot is gone is let go
+    /// here (its node ids stay stale: numbers are never given again).
     pub fn node(&self, id: u64) -> Node {
         if self.mode == Snapdir::Off || id <= LOW {
             return Node::Live(id);
@@ -126,11 +156,21 @@ impl Past {
         if id == SNAPDIR {
             return Node::Dir;
         }
-        let views = self.views.read().unwrap_or_else(|p| p.into_inner());
-        match views.list.get(((id >> SHIFT) - 1) as usize) {
-            Some(v) => Node::View(v.clone(), id & LOW),
-            None => Node::Stale,
+        let i = ((id >> SHIFT) - 1) as usize;
+        let v = {
+            let views = self.views.read().unwrap_or_else(|p| p.into_inner());
+            match views.list.get(i) {
+                Some(Some(v)) => v.clone(),
+                _ => return Node::Stale,
+            }
+        };
+        if !self.live.engine().retains(v.seq) {
+            let mut views = self.views.write().unwrap_or_else(|p| p.into_inner());
+            views.list[i] = None;
+            views.by_name.retain(|_, &mut k| k != v.k);
+            return Node::Stale;
         }
+        Node::View(v, id & LOW)
     }
 
     /// Whether `name` in directory `parent` of the live tree is the
@@ -139,14 +179,13 @@ impl Past {
         self.mode != Snapdir::Off && parent == ROOT && name == NAME
     }
 
-    /// The attributes of the `.snapshots` directory: the root's owner,
-    /// read and search for all, nothing to write; its modification time
-    /// is when this mount first saw the list of snapshots as it is (the
-    /// kernel keeps a listing while that time stays).
-    pub fn dir_attr(&self) -> Result<Attr, Error> {
-        let root = self.live.getattr(ROOT)?;
+    /// The snapshots by name, and when this mount first saw the list as
+    /// it is: the directory's modification time, so that the kernel
+    /// drops a listing it cached when the list changes.
+    fn observe(&self) -> Result<(Vec<String>, Time), Error> {
+        let list = self.live.snapshots()?;
         let mut hash = std::hash::DefaultHasher::new();
-        for (name, snap) in self.live.snapshots()? {
+        for (name, snap) in &list {
             std::hash::Hash::hash(&(name, snap.seq), &mut hash);
         }
         let hash = std::hash::Hasher::finish(&hash);
@@ -154,11 +193,19 @@ impl Past {
         let t = match *seen {
             Some((h, t)) if h == hash => t,
             _ => {
-                let t = if seen.is_none() { root.mtime } else { zlogfs_fs::now() };
+                let t = if seen.is_none() { self.live.getattr(ROOT)?.mtime } else { zlogfs_fs::now() };
                 *seen = Some((hash, t));
                 t
             }
         };
+        Ok((list.into_iter().map(|(n, _)| n).collect(), t))
+    }
+
+    /// The attributes of the `.snapshots` directory: the root's owner,
+    /// read and search for all, nothing to write.
+    pub fn dir_attr(&self) -> Result<Attr, Error> {
+        let root = self.live.getattr(ROOT)?;
+        let (_, t) = self.observe()?;
         Ok(Attr {
             ino: SNAPDIR,
             mode: libc::S_IFDIR | 0o555,
@@ -175,9 +222,10 @@ impl Past {
     /// number of its own (a view's root if it is open, else one above
     /// every view's).
     pub fn entries(&self) -> Result<Vec<DirEntry>, Error> {
+        let (names, _) = self.observe()?;
         let views = self.views.read().unwrap_or_else(|p| p.into_inner());
         let mut out = Vec::new();
-        for (i, (name, _)) in self.live.snapshots()?.into_iter().enumerate() {
+        for (i, name) in names.into_iter().enumerate() {
             let ino = match views.by_name.get(&name) {
                 Some(k) => (k << SHIFT) | ROOT,
                 None => SNAPDIR + 1 + i as u64,
@@ -195,10 +243,9 @@ impl Past {
         let seq = self.live.snapshot_seq(name)?;
         {
             let views = self.views.read().unwrap_or_else(|p| p.into_inner());
-            if let Some(v) = views.by_name.get(name).map(|&k| &views.list[(k - 1) as usize]) {
-                if v.seq == seq {
-                    return Ok(v.clone());
-                }
+            let open = views.by_name.get(name).and_then(|&k| views.list[(k - 1) as usize].as_ref());
+            if let Some(v) = open.filter(|v| v.seq == seq) {
+                return Ok(v.clone());
             }
         }
         let (fs, seq) = self.live.view(name, VIEW_CACHE)?;
@@ -209,30 +256,21 @@ impl Past {
                 "this mount opened {MAX_VIEWS} snapshots through .snapshots; mount again for more"
             )));
         }
-        let v = Arc::new(View { k, seq, fs });
-        views.list.push(v.clone());
+        let v = Arc::new(View { k, seq, fs, gen: AtomicU64::new(self.live.held_generation()) });
+        views.list.push(Some(v.clone()));
         views.by_name.insert(name.to_string(), k);
         Ok(v)
     }
 
-    /// `r`, the result of a read through `v`, if the snapshot was kept
-    /// all through it; else ESTALE (it was deleted, and its versions or
-    /// blocks may have gone during the read).
-    pub fn whole<T>(&self, v: &View, r: Result<T, Error>) -> Result<T, i32> {
-        if !self.live.engine().retains(v.seq) {
-            return Err(libc::ESTALE);
-        }
-        r.map_err(crate::reply_errno)
+    /// `op`, a read through `v` (see [`read_view`]).
+    pub fn read<T>(&self, v: &View, op: impl Fn() -> Result<T, i32>) -> Result<T, i32> {
+        read_view(&self.live, v, op)
     }
 }
 
-/// A read through a view, and whether its snapshot was kept all through
-/// it ([`Past::whole`], for jobs on a worker that hold the live tree).
-fn whole_in<T>(live: &Fs, v: &View, r: Result<T, Error>) -> Result<T, i32> {
-    if !live.engine().retains(v.seq) {
-        return Err(libc::ESTALE);
-    }
-    r.map_err(crate::reply_errno)
+/// An fs error as an errno.
+fn e(err: Error) -> i32 {
+    crate::reply_errno(err)
 }
 
 /// Requests that meet the `.snapshots` directory or a view.
@@ -297,10 +335,11 @@ impl ZlogFuse {
 
     fn serve_snapdir(&self, op: &Op<'_>, reply: Reply) {
         match *op {
+            Op::Lookup { name: b"." } => self.virtual_entry(self.past.dir_attr().map_err(e), reply),
+            Op::Lookup { name: b".." } => self.virtual_entry(self.fs.getattr(ROOT).map_err(e), reply),
             Op::Lookup { name } => {
-                let r = self.past.view(name).map_err(crate::reply_errno).and_then(|v| {
-                    let a = self.past.whole(&v, v.fs.getattr(ROOT))?;
-                    v.tag(a)
+                let r = self.past.view(name).map_err(e).and_then(|v| {
+                    self.past.read(&v, || v.fs.getattr(ROOT).map_err(e)).and_then(|a| v.tag(a))
                 });
                 self.virtual_entry(r, reply)
             }
@@ -328,13 +367,13 @@ impl ZlogFuse {
     /// to look the name up when it is used).
     fn list_snapdir(&self, offset: u64, size: u32, plus: bool, reply: Reply) {
         let entries = match self.past.entries() {
-            Ok(e) => e,
-            Err(e) => return reply.error(crate::reply_errno(e)),
+            Ok(x) => x,
+            Err(err) => return reply.error(e(err)),
         };
         let listing = Listing::new(entries);
         let mut buf = DirBuf::new(size);
         let dots = [(SNAPDIR, dirlist::DOT, &b"."[..]), (ROOT, dirlist::DOTDOT, &b".."[..])];
-        let named = listing.after(offset).iter().map(|e| (e.ino, e.off, &e.name[..]));
+        let named = listing.after(offset).iter().map(|x| (x.ino, x.off, &x.name[..]));
         for (ino, off, name) in dots.into_iter().filter(|d| d.1 > offset).chain(named) {
             let mode = libc::S_IFDIR;
             let added = if plus {
@@ -350,59 +389,76 @@ impl ZlogFuse {
     }
 
     fn serve_view(&self, v: &Arc<View>, ino: Ino, op: &Op<'_>, reply: Reply) {
-        let tagged = |r: Result<Attr, Error>| self.past.whole(v, r).and_then(|a| v.tag(a));
+        let attr =
+            |r: &dyn Fn() -> Result<Attr, Error>| self.past.read(v, || r().map_err(e)).and_then(|a| v.tag(a));
         match *op {
             Op::Lookup { name } if ino == ROOT && name == b".." => {
-                self.virtual_entry(self.past.dir_attr().map_err(crate::reply_errno), reply)
+                self.virtual_entry(self.past.dir_attr().map_err(e), reply)
             }
-            Op::Lookup { name } => self.virtual_entry(tagged(v.fs.lookup(ino, name)), reply),
-            Op::Getattr => match tagged(v.fs.getattr(ino)) {
+            Op::Lookup { name } => self.virtual_entry(attr(&|| v.fs.lookup(ino, name)), reply),
+            Op::Getattr => match attr(&|| v.fs.getattr(ino)) {
                 Ok(a) => reply.data(&abi::attr_out(&file_attr(&a), self.opts.attr_timeout)),
-                Err(e) => reply.error(e),
+                Err(err) => reply.error(err),
             },
-            Op::Readlink => self.view_reply(v, v.fs.readlink(ino), reply),
-            Op::Open => match self.past.whole(v, v.fs.open_file(ino)) {
-                Ok(_) => {
-                    let mut b = Vec::with_capacity(16);
-                    abi::put_open(&mut b, fopen::KEEP_CACHE);
-                    reply.data(&b)
-                }
-                Err(e) => reply.error(e),
+            Op::Readlink => self.view_data(self.past.read(v, || v.fs.readlink(ino).map_err(e)), reply),
+            // Nothing opens the past to write (a shared writable mapping
+            // would change pages the kernel keeps).
+            Op::Open { flags } if flags & libc::O_ACCMODE as u32 != libc::O_RDONLY as u32 => {
+                reply.error(libc::EROFS)
+            }
+            Op::Open { flags } if flags & libc::O_TRUNC as u32 != 0 => reply.error(libc::EROFS),
+            Op::Open { .. } => match self.past.read(v, || v.fs.getattr(ino).map_err(e)) {
+                Ok(_) => match v.fs.open_file(ino) {
+                    Ok(_) => {
+                        let mut b = Vec::with_capacity(16);
+                        abi::put_open(&mut b, fopen::KEEP_CACHE);
+                        reply.data(&b)
+                    }
+                    Err(err) => reply.error(e(err)),
+                },
+                Err(err) => reply.error(err),
             },
             Op::Release => match v.fs.release_file(ino) {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(crate::reply_errno(e)),
+                Err(err) => reply.error(e(err)),
             },
             Op::Read { offset, size } => {
                 let (live, v) = (Arc::clone(&self.fs), Arc::clone(v));
-                self.workers.run(move || match whole_in(&live, &v, v.fs.read(ino, offset, size as usize)) {
-                    Ok(d) => reply.data(&d),
-                    Err(e) => reply.error(e),
+                self.workers.run(move || {
+                    let r = read_view(&live, &v, || v.fs.read(ino, offset, size as usize).map_err(e));
+                    match r {
+                        Ok(d) => reply.data(&d),
+                        Err(err) => reply.error(err),
+                    }
                 });
             }
             Op::Opendir if self.no_opendir => reply.error(libc::ENOSYS),
-            Op::Opendir => match tagged(v.fs.getattr(ino)) {
+            Op::Opendir => match attr(&|| v.fs.getattr(ino)) {
                 Ok(a) if a.kind == Kind::Dir => {
                     let mut b = Vec::with_capacity(16);
                     abi::put_open(&mut b, fopen::KEEP_CACHE | fopen::CACHE_DIR);
                     reply.data(&b)
                 }
                 Ok(_) => reply.error(libc::ENOTDIR),
-                Err(e) => reply.error(e),
+                Err(err) => reply.error(err),
             },
-            Op::Readdir { offset, size, plus } => self.list_view(v, ino, offset, size, plus, reply),
-            Op::Access => self.view_reply(v, v.fs.getattr(ino).map(|_| Vec::new()), reply),
-            Op::Getxattr { name, size } => match self.past.whole(v, v.fs.getxattr(ino, name)) {
+            Op::Readdir { offset, size, plus } => {
+                let r = self.past.read(v, || self.list_view(v, ino, offset, size, plus));
+                self.view_data(r, reply)
+            }
+            Op::Access => {
+                self.view_data(self.past.read(v, || v.fs.getattr(ino).map(|_| Vec::new()).map_err(e)), reply)
+            }
+            Op::Getxattr { name, size } => match self.past.read(v, || v.fs.getxattr(ino, name).map_err(e)) {
                 Ok(x) => Self::xattr(&x, size, reply),
-                Err(e) => reply.error(e),
+                Err(err) => reply.error(err),
             },
-            Op::Listxattr { size } => match self.past.whole(v, v.fs.listxattr(ino)) {
-                Ok(names) => Self::xattr(
-                    &names.iter().flat_map(|n| n.iter().chain([&0])).copied().collect::<Vec<u8>>(),
-                    size,
-                    reply,
-                ),
-                Err(e) => reply.error(e),
+            Op::Listxattr { size } => match self.past.read(v, || v.fs.listxattr(ino).map_err(e)) {
+                Ok(names) => {
+                    let list: Vec<u8> = names.iter().flat_map(|n| n.iter().chain([&0])).copied().collect();
+                    Self::xattr(&list, size, reply)
+                }
+                Err(err) => reply.error(err),
             },
             Op::Lseek { offset, whence } => {
                 let data = match whence as i32 {
@@ -410,9 +466,9 @@ impl ZlogFuse {
                     libc::SEEK_HOLE => false,
                     _ => return reply.error(libc::EINVAL),
                 };
-                match self.past.whole(v, v.fs.lseek(ino, offset, data)) {
+                match self.past.read(v, || v.fs.lseek(ino, offset, data).map_err(e)) {
                     Ok(o) => reply.data(&abi::lseek_out(o)),
-                    Err(e) => reply.error(e),
+                    Err(err) => reply.error(err),
                 }
             }
             Op::Statfs => self.statfs(reply),
@@ -426,45 +482,36 @@ impl ZlogFuse {
         }
     }
 
-    /// A data reply for a read through `v`.
-    fn view_reply(&self, v: &View, r: Result<Vec<u8>, Error>, reply: Reply) {
-        match self.past.whole(v, r) {
+    /// A data reply for a read through a view.
+    fn view_data(&self, r: Result<Vec<u8>, i32>, reply: Reply) {
+        match r {
             Ok(d) => reply.data(&d),
-            Err(e) => reply.error(e),
+            Err(err) => reply.error(err),
         }
     }
 
-    /// Entries of directory `ino` of view `v` after readdir offset `off`.
-    fn list_view(&self, v: &View, ino: Ino, offset: u64, size: u32, plus: bool, reply: Reply) {
-        let node = match v.node(ino) {
-            Ok(n) => n,
-            Err(e) => return reply.error(e),
-        };
-        let parent = if ino == ROOT { Ok(SNAPDIR) } else { tagged_parent(&self.past, v, ino) };
-        let listing = self.past.whole(v, self.listing_of(&v.fs, node, ino));
-        let (parent, listing) = match (parent, listing) {
-            (Ok(p), Ok(l)) => (p, l),
-            (Err(e), _) | (_, Err(e)) => return reply.error(e),
-        };
+    /// The READDIR(PLUS) reply of directory `ino` of view `v` after
+    /// offset `offset`.
+    fn list_view(&self, v: &View, ino: Ino, offset: u64, size: u32, plus: bool) -> Result<Vec<u8>, i32> {
+        let node = v.node(ino)?;
+        let parent = if ino == ROOT { SNAPDIR } else { v.node(v.fs.lookup(ino, b"..").map_err(e)?.ino)? };
+        let listing = self.listing_of(&v.fs, node, ino).map_err(e)?;
         let (et, at) = (self.opts.entry_timeout, self.opts.attr_timeout);
         let mut buf = DirBuf::new(size);
         let dots = [(node, dirlist::DOT, &b"."[..]), (parent, dirlist::DOTDOT, &b".."[..])];
         let dots =
             dots.into_iter().filter(|d| d.1 > offset).map(|(n, off, name)| (n, off, Kind::Dir, name, true));
-        let named = listing.after(offset).iter().map(|e| (e.ino, e.off, e.kind, &e.name[..], false));
+        let named = listing.after(offset).iter().map(|x| (x.ino, x.off, x.kind, &x.name[..], false));
         for (child, off, kind, name, dot) in dots.chain(named) {
             // (A READDIRPLUS reply has every entry in its form; the
             // kernel looks nothing up for "." and "..".)
             let added = if dot && plus {
                 buf.add_plus_unlooked(child, off, libc::S_IFDIR, name)
             } else if !plus {
-                match if dot { Ok(child) } else { v.node(child) } {
-                    Ok(n) => buf.add(n, off, type_bits(kind), name),
-                    Err(_) => true,
-                }
+                buf.add(if dot { child } else { v.node(child)? }, off, type_bits(kind), name)
             } else {
                 // An entry the view cannot stat is left out.
-                match v.fs.getattr(child).map_err(crate::reply_errno).and_then(|a| v.tag(a)) {
+                match v.fs.getattr(child).map_err(e).and_then(|a| v.tag(a)) {
                     Ok(a) => buf.add_plus(&file_attr(&a), off, name, et, at),
                     Err(_) => true,
                 }
@@ -473,16 +520,6 @@ impl ZlogFuse {
                 break;
             }
         }
-        // The listing is good only if the snapshot was kept through it.
-        match self.past.whole(v, Ok(())) {
-            Ok(()) => reply.data(&buf.into_bytes()),
-            Err(e) => reply.error(e),
-        }
+        Ok(buf.into_bytes())
     }
-}
-
-/// The node id of the parent of directory `ino` of view `v`.
-fn tagged_parent(past: &Past, v: &View, ino: Ino) -> Result<u64, i32> {
-    let a = past.whole(v, v.fs.lookup(ino, b".."))?;
-    v.node(a.ino)
 }

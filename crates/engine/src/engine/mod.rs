@@ -129,6 +129,9 @@ struct Shared {
     /// reads may still ask for (ascending); None until the layer above
     /// says, when it keeps history (every version is kept meanwhile).
     retained: Mutex<Option<Vec<u64>>>,
+    /// Kept points being let go ([`Engine::withdraw_except`]): merges
+    /// still keep them, readers may no longer trust reads at them.
+    withdrawn: Mutex<Vec<u64>>,
     bg: (Mutex<BgState>, Condvar),
     /// Damage found at open and worked around (a superblock read from its
     /// copy, a run whose index was rebuilt or that has no filter), until
@@ -472,15 +475,31 @@ impl Engine {
     pub fn set_retained(&self, mut points: Vec<u64>) {
         points.sort_unstable();
         points.dedup();
+        lock(&self.sh.withdrawn).retain(|s| points.binary_search(s).is_err());
         *lock(&self.sh.retained) = Some(points);
     }
 
-    /// Whether merges keep what reads at `seq` need: it is a kept point
-    /// (or the kept points are not known yet, and merges keep every
-    /// version). A reader at a kept point that finds it still kept after
-    /// a read knows the read saw that point whole.
+    /// The kept points not in `keep` are being let go (the layer above
+    /// deletes what they read before it calls [`Engine::set_retained`]
+    /// without them): from now on [`Engine::retains`] says no for them,
+    /// while merges keep them until then.
+    pub fn withdraw_except(&self, keep: &[u64]) {
+        let retained = lock(&self.sh.retained);
+        let mut w = lock(&self.sh.withdrawn);
+        for &s in retained.iter().flatten() {
+            if !keep.contains(&s) && !w.contains(&s) {
+                w.push(s);
+            }
+        }
+    }
+
+    /// Whether reads at `seq` may be trusted: it is a kept point (or the
+    /// kept points are not known yet, and merges keep every version) not
+    /// withdrawn. A reader at a kept point that finds it still kept after
+    /// a read knows the read saw that point's index whole.
     pub fn retains(&self, seq: u64) -> bool {
-        lock(&self.sh.retained).as_ref().is_none_or(|r| r.binary_search(&seq).is_ok())
+        let kept = lock(&self.sh.retained).as_ref().is_none_or(|r| r.binary_search(&seq).is_ok());
+        kept && !lock(&self.sh.withdrawn).contains(&seq)
     }
 
     /// Pin the current state for reads at its sequence number.

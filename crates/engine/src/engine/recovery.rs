@@ -147,6 +147,7 @@ impl Engine {
             failed: AtomicBool::new(false),
             snapshots: Mutex::new(BTreeMap::new()),
             retained: Mutex::new(retained),
+            withdrawn: Mutex::new(Vec::new()),
             bg: (Mutex::new(BgState::default()), Condvar::new()),
             damage: Mutex::new(damage),
         });
