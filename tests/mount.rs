@@ -790,7 +790,8 @@ fn a_snapshot_taken_on_a_mount_mounts_as_it_was() {
         return;
     }
     let d = Dir::new("snapshot");
-    mkfs(&d, "128M");
+    // No automatic points: at= then names the snapshot, the newest point.
+    ok(&["mkfs", d.img().to_str().expect("utf8"), "--size", "128M", "--history", "none"]);
     let (img, mnt) =
         (d.img().to_str().expect("utf8").to_string(), d.mnt().to_str().expect("utf8").to_string());
     let mut child = mount_fg(&d, "");
@@ -856,6 +857,11 @@ fn names(dir: &Path) -> Vec<String> {
     v
 }
 
+/// The named snapshots in `.snapshots` (automatic points start with @).
+fn named(snaps: &Path) -> Vec<String> {
+    names(snaps).into_iter().filter(|n| !n.starts_with('@')).collect()
+}
+
 /// `DIR/.snapshots/NAME/` on a read-write mount: hidden from the root's
 /// listing (unless `-o snapdir=visible`), read-only, reads each snapshot
 /// as it was (through cleaning), lets a file be copied back, follows
@@ -866,7 +872,14 @@ fn the_snapshots_directory_reads_the_past_on_a_live_mount() {
         return;
     }
     let d = Dir::new("snapdir");
-    mkfs(&d, "128M");
+    ok(&[
+        "mkfs",
+        d.img().to_str().expect("utf8"),
+        "--size",
+        "128M",
+        "--history",
+        "all:1h,hourly:2d,daily:31d",
+    ]);
     let mnt = d.mnt().to_str().expect("utf8").to_string();
     let mut child = mount_fg(&d, "");
     let m = d.mnt();
@@ -882,7 +895,7 @@ fn the_snapshots_directory_reads_the_past_on_a_live_mount() {
     let snaps = m.join(".snapshots");
     assert!(!names(&m).contains(&".snapshots".to_string()), "hidden from the root's listing");
     assert!(snaps.is_dir(), "but there");
-    assert_eq!(names(&snaps), ["before"]);
+    assert_eq!(named(&snaps), ["before"]);
     let past = snaps.join("before");
     assert_eq!(names(&past), ["dir", "kept", "link"]);
     assert_eq!(fs::read(past.join("kept")).expect("read"), pattern(200_000, 1), "the old contents");
@@ -923,12 +936,23 @@ fn the_snapshots_directory_reads_the_past_on_a_live_mount() {
 
     // Snapshots taken and deleted while mounted come and go.
     ok(&["snapshot", "create", &mnt, "after"]);
-    assert_eq!(names(&snaps), ["after", "before"]);
+    assert_eq!(named(&snaps), ["after", "before"]);
     assert_eq!(fs::read(snaps.join("after/kept")).expect("read"), pattern(200_000, 3));
     assert_eq!(fs::read(snaps.join("after/dir/gone")).expect("read"), pattern(5000, 2));
+    // Every commit is kept as a point (--history all:1h): the newest
+    // reads as the tree was when it was taken (the last changes were
+    // kept.old and the cleaning, before "after").
+    let points: Vec<String> = names(&snaps).into_iter().filter(|n| n.starts_with('@')).collect();
+    assert!(points.len() >= 2, "automatic points: {points:?}");
+    let newest = points
+        .iter()
+        .max_by_key(|n| n.rsplit('#').next().and_then(|s| s.parse::<u64>().ok()))
+        .expect("a point");
+    assert_eq!(fs::read(snaps.join(newest).join("kept.old")).expect("read"), pattern(200_000, 1));
+    assert!(!snaps.join(&points[0]).join("kept.old").exists(), "the oldest point is from before it");
     ok(&["snapshot", "delete", &mnt, "before"]);
     std::thread::sleep(Duration::from_millis(1100)); // the kernel's names and attributes expire
-    assert_eq!(names(&snaps), ["after"]);
+    assert_eq!(named(&snaps), ["after"]);
     assert!(!past.exists(), "a deleted snapshot is gone");
     assert_eq!(fs::read(snaps.join("after/kept")).expect("read"), pattern(200_000, 3));
     unmount(&d);
@@ -938,7 +962,7 @@ fn the_snapshots_directory_reads_the_past_on_a_live_mount() {
     // Shown in the listing when asked for; absent when turned off.
     let mut child = mount_fg(&d, "snapdir=visible");
     assert!(names(&m).contains(&".snapshots".to_string()), "listed");
-    assert_eq!(names(&snaps), ["after"]);
+    assert_eq!(named(&snaps), ["after"]);
     unmount(&d);
     assert!(child.wait().expect("wait").success());
     let mut child = mount_fg(&d, "snapdir=off");
@@ -951,7 +975,7 @@ fn the_snapshots_directory_reads_the_past_on_a_live_mount() {
     assert!(child.wait().expect("wait").success());
     let mut child = mount_fg(&d, "");
     assert!(!names(&m).contains(&".snapshots".to_string()), "the real one is not listed");
-    assert_eq!(names(&snaps), ["after"], "the virtual one answers");
+    assert_eq!(named(&snaps), ["after"], "the virtual one answers");
     unmount(&d);
     assert!(child.wait().expect("wait").success());
     fsck_clean(&d);

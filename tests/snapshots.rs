@@ -375,6 +375,41 @@ fn automatic_points_make_room_before_enospc_and_named_snapshots_stay() {
     assert!(view.read(a.ino, 0, 1 << 20).expect("read") == noise(1), "the named snapshot's data");
 }
 
+/// Statfs counts what only automatic points hold as free (a writer short
+/// of room drops them first), and what a named snapshot holds as used.
+#[test]
+fn statfs_counts_what_only_automatic_points_hold_as_free() {
+    let st = Arc::new(FaultStore::new(Geometry { segment_size: 256 << 10, segment_count: 64 }));
+    let s: Arc<dyn Store> = st.clone();
+    let history = "all:1h".parse().expect("policy");
+    let o = MkfsOptions { chunk_size: 16 << 10, pack_bytes: 32 << 10, history, ..MkfsOptions::default() };
+    fs::mkfs(s, &o).expect("mkfs");
+    let f = open(&st, None).expect("open");
+    let a = f.create(ROOT, b"a", 0o644, 0, 0).expect("create");
+    let noise = |seed: u64| common::noise(seed, 2 << 20);
+    let free = |f: &Fs| f.statfs().expect("statfs").bfree * 4096;
+    f.write(a.ino, 0, &noise(1)).expect("write");
+    f.sync().expect("sync");
+    let before = free(&f);
+    f.write(a.ino, 0, &noise(2)).expect("overwrite");
+    f.sync().expect("sync");
+    let held = f.held_bytes().expect("held");
+    assert!(held >= 2 << 20, "the overwritten data is held for the points: {held}");
+    std::thread::sleep(std::time::Duration::from_millis(2100)); // statfs counts again
+                                                                // Within the bytes the index and the records took.
+    let slack = 256 << 10;
+    assert!(free(&f) + slack >= before, "held only for points, so free: {before} -> {}", free(&f));
+    // A named snapshot reads the present: what the points hold still
+    // counts free; after one more overwrite, what it holds does not.
+    f.snapshot_create("keep").expect("snapshot");
+    f.write(a.ino, 0, &noise(3)).expect("overwrite");
+    f.sync().expect("sync");
+    std::thread::sleep(std::time::Duration::from_millis(2100)); // statfs counts again
+    let now = free(&f);
+    assert!(now + (2 << 20) <= before + slack, "the snapshot's 2 MiB are used: {before} -> {now}");
+    assert!(now + (4 << 20) > before, "the points' are not: {before} -> {now}");
+}
+
 #[test]
 fn snapshots_are_named_once_and_opened_read_only() {
     let st = fresh();

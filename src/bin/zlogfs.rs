@@ -333,10 +333,12 @@ struct FormatArgs {
     /// zstd:3 stores about 4% less and writes about a third slower.
     #[arg(long, default_value = "zstd:2")]
     codec: CodecSpec,
-    /// Automatic points of history to keep: "none", or ages such as
-    /// "all:1h,hourly:2d,daily:31d" (every commit for an hour, then one
-    /// an hour for two days, then one a day for 31 days). Change it later
-    /// with `zlogfs snapshot policy TARGET SPEC`.
+    /// Automatic points of history to keep: "none" (the default), or
+    /// ages such as "all:1h,hourly:2d,daily:31d" (every commit for an
+    /// hour, then one an hour for two days, then one a day for 31 days).
+    /// What only they hold counts as free space: a writer short of room
+    /// drops the oldest before it gets ENOSPC. Change it later with
+    /// `zlogfs snapshot policy TARGET SPEC`.
     #[arg(long, default_value = "none")]
     history: zfs::history::Policy,
 }

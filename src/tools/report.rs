@@ -59,6 +59,7 @@ pub fn stats(image: &str, fs: &Fs) -> Result<Value> {
         "volumes": volumes,
         "snapshots": snapshots, "automatic_points": points, "history_policy": fs.history_policy().to_string(),
         "points_dropped_for_room": fst.points_dropped, "snapshot_held_bytes": held,
+        "history_purgeable_bytes": fs.purgeable_bytes()?,
     }))
 }
 

@@ -370,11 +370,12 @@ impl Fs {
 
     /// Space and inode counts; free space as if nothing compressed.
     pub fn statfs(&self) -> Result<StatFs> {
-        let st = self.st();
+        let mut st = self.st();
         let bsize = 4096u64;
         let (usable, free) = self.eng.capacity();
-        // What fallocate reserved is taken.
-        let free = free.saturating_sub(st.group.counters().reserved);
+        // What fallocate reserved is taken; what only automatic points of
+        // history hold is free (a writer short of room drops them).
+        let free = free.saturating_sub(st.group.counters().reserved) + st.purgeable()?;
         let (total, free) = (usable / bsize, free / bsize);
         let used_inodes = st.group.cfg().next_ino - 1;
         let ffree = (1u64 << 32).saturating_sub(used_inodes);

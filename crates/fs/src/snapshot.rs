@@ -92,6 +92,10 @@ fn check_name(name: &str) -> Result<()> {
     }
 }
 
+/// How long statfs trusts its count of bytes held only for automatic
+/// points.
+const PURGEABLE_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl State {
     /// At open, before anything is placed: every segment with a born
     /// record that holds nothing now forgets it (freed since it took its
@@ -146,6 +150,43 @@ impl State {
                 Err(e)
             }
         }
+    }
+
+    /// Stored bytes held only for automatic points (no named snapshot
+    /// reads them): what dropping every point would free, which a writer
+    /// short of room does before it gets ENOSPC. Statfs counts them free;
+    /// read again at most every [`PURGEABLE_EVERY`].
+    pub(crate) fn purgeable(&mut self) -> Result<u64> {
+        if self.group.snapshots().is_empty() {
+            return Ok(0);
+        }
+        if let Some((at, n)) = self.purgeable_at {
+            if at.elapsed() < PURGEABLE_EVERY {
+                return Ok(n);
+            }
+        }
+        let (lo, hi) = snapshots_range();
+        let mut named = Vec::new();
+        for (k, v) in self.scan(&lo, &hi, usize::MAX)? {
+            if k.get(1) != Some(&(crate::points::AUTO as u8)) {
+                named.push(Snapshot::decode(&v, &describe_key(&k))?.seq);
+            }
+        }
+        named.sort_unstable();
+        let (lo, hi) = all_held_range();
+        let mut n = 0u64;
+        for (k, v) in self.scan(&lo, &hi, usize::MAX)? {
+            let Some((a, died, _)) = parse_held_key(&k) else {
+                return Err(Error::corrupt(describe_key(&k), "a malformed held free"));
+            };
+            let born = held_born(&k, &v)?;
+            let i = named.partition_point(|&s| s < born);
+            if named.get(i).is_none_or(|&s| s >= died) {
+                n += u64::from(a.len);
+            }
+        }
+        self.purgeable_at = Some((std::time::Instant::now(), n));
+        Ok(n)
     }
 
     /// The snapshot list as committed or pending, whichever holds more (a
@@ -235,6 +276,12 @@ impl Fs {
             out.push((name.clone(), Snapshot::decode(&v, &format!("snapshot {name:?}"))?));
         }
         Ok(out)
+    }
+
+    /// Stored bytes held only for automatic points: what statfs counts
+    /// free (counted at most every two seconds).
+    pub fn purgeable_bytes(&self) -> Result<u64> {
+        self.st().purgeable()
     }
 
     /// Stored bytes held for snapshots: blocks the present no longer uses.

@@ -53,6 +53,9 @@ pub(crate) struct State {
     /// the views of this file system's snapshots ([`crate::Fs::view`]),
     /// whose reads and cached blocks are good only while it stays.
     pub(crate) held_gen: Arc<AtomicU64>,
+    /// Bytes held only for automatic points, and when counted
+    /// ([`State::purgeable`]).
+    pub(crate) purgeable_at: Option<(std::time::Instant, u64)>,
 }
 
 impl State {
@@ -76,6 +79,7 @@ impl State {
             futile_at: None,
             at,
             held_gen: Arc::new(AtomicU64::new(0)),
+            purgeable_at: None,
         }
     }
 

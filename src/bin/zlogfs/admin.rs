@@ -243,11 +243,13 @@ fn print_stats(v: &Value) {
     if n("snapshots") > 0 || n("automatic_points") > 0 {
         println!(
             "history:          {} snapshots, {} automatic points (policy {}), holding {} stored bytes the \
-             present no longer uses",
+             present no longer uses, {} of them only for automatic points (counted free: dropped before \
+             a writer runs out of room)",
             n("snapshots"),
             n("automatic_points"),
             v["history_policy"].as_str().unwrap_or("none"),
-            n("snapshot_held_bytes")
+            n("snapshot_held_bytes"),
+            n("history_purgeable_bytes")
         );
     }
     print_volumes(&v["volumes"]);
