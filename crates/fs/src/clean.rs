@@ -120,6 +120,7 @@ impl Fs {
         if self.st().read_only {
             return Err(Error::read_only("the file system is open read-only: nothing to clean"));
         }
+        self.st().relieve_history()?;
         let mut rep = CleanReport::default();
         let mut tried = HashSet::new();
         loop {
@@ -272,11 +273,29 @@ impl State {
         Ok(())
     }
 
+    /// Below the headroom, automatic points go (an eighth at a time,
+    /// oldest first) until it is reached or none is left: before
+    /// cleaning, which copies the blocks they hold into the room that is
+    /// short.
+    pub(crate) fn relieve_history(&mut self) -> Result<()> {
+        while self.free_now() < self.headroom() && self.drop_oldest_points(0)? > 0 {
+            // Their frees count once durable.
+            self.eng.sync()?;
+            self.space_hint = self.free_now();
+            self.futile_at = None;
+        }
+        Ok(())
+    }
+
     /// [`State::clean_for`], and while that cannot make the room (or
     /// cleaning itself finds none to move into), drop the oldest automatic
     /// points of history and try again: they go before a writer gets
-    /// ENOSPC. Named snapshots never do.
+    /// ENOSPC. Named snapshots never do. Below the headroom, points go
+    /// first ([`State::relieve_history`]).
     pub(crate) fn make_room(&mut self, need: u64) -> Result<()> {
+        if need > self.space_hint {
+            self.relieve_history()?;
+        }
         loop {
             let r = self.clean_for(need);
             match r {

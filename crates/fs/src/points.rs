@@ -83,7 +83,7 @@ impl State {
 
     /// Free log bytes below which automatic points are dropped after a
     /// commit: a sixteenth of the log, at least four segments.
-    fn headroom(&self) -> u64 {
+    pub(crate) fn headroom(&self) -> u64 {
         let g = self.eng.superblock().geometry;
         let seg = u64::from(g.segment_size);
         (u64::from(g.segment_count) * seg / 16).max(4 * seg)
