@@ -18,8 +18,10 @@ pub fn stats(image: &str, fs: &Fs) -> Result<Value> {
     let g = e.superblock().geometry;
     let files = u.tree.files + u.tree.dirs + u.tree.others;
     let ratio = u.tree.logical as f64 / u.tree.physical.max(1) as f64;
-    // Free counts what cleaning can reclaim, as statfs does; how much more
-    // logical data fits is estimated at the ratio seen so far.
+    // Free counts what cleaning can reclaim, as statfs does, but not what
+    // only automatic points hold (statfs counts that free too; it is
+    // history_purgeable_bytes); how much more logical data fits is
+    // estimated at the ratio seen so far.
     let (usable, free_phys) = e.capacity();
     let amp =
         (u.counters.user_bytes > 0).then(|| u.counters.device_bytes as f64 / u.counters.user_bytes as f64);

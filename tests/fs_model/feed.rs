@@ -121,7 +121,10 @@ fn differences(feed: &ChangeFeed, a: &Model, b: &Model) -> Result<(), String> {
         let s = got.remove(&id).unwrap_or_default();
         let shared = na.is_some_and(|n| n.shared) || nb.is_some_and(|n| n.shared);
         if !shared {
-            ensure(!unnamed.contains(&id), || format!("node {id} has no path: {s:?}"))?;
+            ensure(!unnamed.contains(&id), || {
+                let mine: Vec<_> = feed.changes.iter().filter(|c| c.ino == id).collect();
+                format!("node {id} has no path: {s:?}; the feed's entries {mine:?}; links then {sa:?}, now {sb:?}")
+            })?;
             ensure(s == want, || format!("node {id}: the feed says {s:?}, the models {want:?}"))?;
             continue;
         }

@@ -273,12 +273,14 @@ impl State {
         Ok(())
     }
 
-    /// Below the headroom, automatic points go (an eighth at a time,
-    /// oldest first) until it is reached or none is left: before
-    /// cleaning, which copies the blocks they hold into the room that is
-    /// short.
+    /// Below the headroom, or with free segments about gone, automatic
+    /// points go (an eighth at a time, oldest first) until neither holds
+    /// or none is left: before cleaning, which would copy the blocks they
+    /// hold into the room that is short.
     pub(crate) fn relieve_history(&mut self) -> Result<()> {
-        while self.free_now() < self.headroom() && self.drop_oldest_points(0)? > 0 {
+        let seg = u64::from(self.eng.superblock().geometry.segment_size);
+        let tight = |st: &State| st.free_now() < (st.eng.capacity().0 / 32).max(4 * seg);
+        while (self.history_room() < self.headroom() || tight(self)) && self.drop_oldest_points(0)? > 0 {
             // Their frees count once durable.
             self.eng.sync()?;
             self.space_hint = self.free_now();

@@ -375,7 +375,7 @@ impl Fs {
         let (usable, free) = self.eng.capacity();
         // What fallocate reserved is taken; what only automatic points of
         // history hold is free (a writer short of room drops them).
-        let free = free.saturating_sub(st.group.counters().reserved) + st.purgeable()?;
+        let free = (free.saturating_sub(st.group.counters().reserved) + st.purgeable()?).min(usable);
         let (total, free) = (usable / bsize, free / bsize);
         let used_inodes = st.group.cfg().next_ino - 1;
         let ffree = (1u64 << 32).saturating_sub(used_inodes);

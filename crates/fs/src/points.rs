@@ -75,18 +75,27 @@ impl State {
         // Room runs short: the oldest points go now, while dropping them
         // and cleaning what they held still find room, rather than at the
         // edge.
-        if self.free_now() < self.headroom() {
+        if self.history_room() < self.headroom() {
             self.drop_oldest_points(1)?;
         }
         Ok(())
     }
 
-    /// Free log bytes below which automatic points are dropped after a
-    /// commit: a sixteenth of the log, at least four segments.
+    /// Room for history: the log bytes no live block takes (free
+    /// segments and the dead space cleaning gives back), less what
+    /// fallocate reserved. Blocks only points hold count as taken.
+    pub(crate) fn history_room(&self) -> u64 {
+        self.eng.capacity().1.saturating_sub(self.group.counters().reserved)
+    }
+
+    /// Room below which automatic points are dropped: a quarter of the
+    /// log, at least four segments, so that history never makes the
+    /// cleaner work in a log more than three quarters full. (Free
+    /// segments alone would not do: a log that has wrapped keeps few,
+    /// and history would be dropped at every commit.)
     pub(crate) fn headroom(&self) -> u64 {
-        let g = self.eng.superblock().geometry;
-        let seg = u64::from(g.segment_size);
-        (u64::from(g.segment_count) * seg / 16).max(4 * seg)
+        let seg = u64::from(self.eng.superblock().geometry.segment_size);
+        (self.eng.capacity().0 / 4).max(4 * seg)
     }
 
     /// Drop the automatic points the policy does not keep at `now`

@@ -133,6 +133,8 @@ impl State {
         // any block goes.
         self.eng.withdraw_except(self.group.snapshots());
         self.held_blocks_move();
+        // What statfs counts free changes with what is released.
+        self.purgeable_at = None;
         let was = std::mem::replace(&mut self.cleaning, true);
         let r = self.release_held_now();
         self.cleaning = was;

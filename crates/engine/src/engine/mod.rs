@@ -484,13 +484,12 @@ impl Engine {
     /// without them): from now on [`Engine::retains`] says no for them,
     /// while merges keep them until then.
     pub fn withdraw_except(&self, keep: &[u64]) {
+        let keep: std::collections::HashSet<u64> = keep.iter().copied().collect();
         let retained = lock(&self.sh.retained);
         let mut w = lock(&self.sh.withdrawn);
-        for &s in retained.iter().flatten() {
-            if !keep.contains(&s) && !w.contains(&s) {
-                w.push(s);
-            }
-        }
+        w.extend(retained.iter().flatten().filter(|s| !keep.contains(s)));
+        w.sort_unstable();
+        w.dedup();
     }
 
     /// Whether reads at `seq` may be trusted: it is a kept point (or the
@@ -499,7 +498,7 @@ impl Engine {
     /// a read knows the read saw that point's index whole.
     pub fn retains(&self, seq: u64) -> bool {
         let kept = lock(&self.sh.retained).as_ref().is_none_or(|r| r.binary_search(&seq).is_ok());
-        kept && !lock(&self.sh.withdrawn).contains(&seq)
+        kept && lock(&self.sh.withdrawn).binary_search(&seq).is_err()
     }
 
     /// Pin the current state for reads at its sequence number.
