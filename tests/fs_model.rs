@@ -831,7 +831,7 @@ fn run(seed: u64, steps: usize, setup: Setup) -> u64 {
                         let (name, want, seq) = &snaps[r.gen_range(0..snaps.len())];
                         // What changed since, and between it and another.
                         let feed = f.changes(*seq, None).unwrap_or_else(|e| panic!("{ctx}: changes: {e}"));
-                        feed::check(&feed, want, &m, &format!("{ctx}: changes since {name}"));
+                        feed::check(&feed, want, &m, &m, &format!("{ctx}: changes since {name}"));
                         let (other, later, until) = &snaps[r.gen_range(0..snaps.len())];
                         if until >= seq {
                             let feed = f.changes(*seq, Some(*until)).expect("changes");
@@ -839,6 +839,7 @@ fn run(seed: u64, steps: usize, setup: Setup) -> u64 {
                                 &feed,
                                 want,
                                 later,
+                                &m,
                                 &format!("{ctx}: changes from {name} to {other}"),
                             );
                         }
@@ -950,7 +951,7 @@ fn run(seed: u64, steps: usize, setup: Setup) -> u64 {
     assert!(rep.inodes > 1, "seed {seed}: the final tree is empty");
     for (name, want, seq) in &snaps {
         let feed = f.changes(*seq, None).expect("changes");
-        feed::check(&feed, want, &m, &format!("seed {seed}: changes since {name} at the end"));
+        feed::check(&feed, want, &m, &m, &format!("seed {seed}: changes since {name} at the end"));
     }
     if !snaps.is_empty() {
         f.close().expect("close");

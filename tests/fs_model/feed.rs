@@ -46,13 +46,15 @@ struct Seen {
     meta: bool,
 }
 
-/// Check `feed` (from the point of `a` to that of `b`) against the
-/// models' difference. Exact for nodes that never had a second link; for
-/// those that had, which of several names the feed gives is free (the
-/// file system only knows the first directory of a file's links), so
-/// only that every path it gives is one of the node's is checked.
-pub fn check(feed: &ChangeFeed, a: &Model, b: &Model, ctx: &str) {
-    if let Err(e) = differences(feed, a, b) {
+/// Check `feed` (from the point of `a` to that of `b`, read when the
+/// tree was `now`) against the models' difference. Exact for nodes that
+/// never had a second link up to `now`; for those that had, which of
+/// several names the feed gives is free, or none (the file system only
+/// knows the first directory of a file's links, and the feed names a
+/// link at an earlier point from the present one and the events since),
+/// so only that every path it gives is one of the node's is checked.
+pub fn check(feed: &ChangeFeed, a: &Model, b: &Model, now: &Model, ctx: &str) {
+    if let Err(e) = differences(feed, a, b, now) {
         panic!("{ctx}: {e}");
     }
 }
@@ -67,13 +69,13 @@ pub fn settle(f: &zlogfs::fs::Fs, history: &[Model], m: Model, snaps: &[(String,
     let fits = |h: &Model| {
         snaps
             .iter()
-            .all(|(_, a, seq)| f.changes(*seq, None).is_ok_and(|feed| differences(&feed, a, h).is_ok()))
+            .all(|(_, a, seq)| f.changes(*seq, None).is_ok_and(|feed| differences(&feed, a, h, h).is_ok()))
     };
     history.iter().rev().find(|h| h.dump() == dump && h.next == m.next && fits(h)).cloned().unwrap_or(m)
 }
 
 /// Where `feed` and the models' difference disagree.
-fn differences(feed: &ChangeFeed, a: &Model, b: &Model) -> Result<(), String> {
+fn differences(feed: &ChangeFeed, a: &Model, b: &Model, now: &Model) -> Result<(), String> {
     ensure(!feed.fresh_instance, || "a fresh instance where the records are kept".into())?;
     let mut got: BTreeMap<u64, Seen> = BTreeMap::new();
     // Entries without a path (allowed for nodes that had a second link).
@@ -119,7 +121,7 @@ fn differences(feed: &ChangeFeed, a: &Model, b: &Model) -> Result<(), String> {
             meta: (meta && (kept || (!gone.is_empty() && !new.is_empty()))),
         };
         let s = got.remove(&id).unwrap_or_default();
-        let shared = na.is_some_and(|n| n.shared) || nb.is_some_and(|n| n.shared);
+        let shared = [na, nb, now.nodes.get(&id)].into_iter().flatten().any(|n| n.shared);
         if !shared {
             ensure(!unnamed.contains(&id), || {
                 let mine: Vec<_> = feed.changes.iter().filter(|c| c.ino == id).collect();
