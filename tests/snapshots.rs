@@ -15,10 +15,16 @@ use zlogfs::store::{CrashMode, FaultConfig, FaultStore, Geometry, Store};
 type Tree = BTreeMap<String, Vec<u8>>;
 
 fn fresh() -> Arc<FaultStore> {
+    fresh_with("none")
+}
+
+/// A fresh image whose automatic points follow `history`.
+fn fresh_with(history: &str) -> Arc<FaultStore> {
     let st = Arc::new(FaultStore::new(Geometry { segment_size: 256 << 10, segment_count: 64 }));
     let s: Arc<dyn Store> = st.clone();
-    fs::mkfs(s, &MkfsOptions { chunk_size: 16 << 10, pack_bytes: 32 << 10, ..MkfsOptions::default() })
-        .expect("mkfs");
+    let history = history.parse().expect("policy");
+    let o = MkfsOptions { chunk_size: 16 << 10, pack_bytes: 32 << 10, history, ..MkfsOptions::default() };
+    fs::mkfs(s, &o).expect("mkfs");
     st
 }
 
@@ -349,11 +355,7 @@ fn the_past_opens_at_a_time_or_a_clock_token() {
 /// snapshot never does, and fsck stays clean.
 #[test]
 fn automatic_points_make_room_before_enospc_and_named_snapshots_stay() {
-    let st = Arc::new(FaultStore::new(Geometry { segment_size: 256 << 10, segment_count: 64 }));
-    let s: Arc<dyn Store> = st.clone();
-    let history = "all:1h,hourly:2d,daily:31d".parse().expect("policy");
-    let o = MkfsOptions { chunk_size: 16 << 10, pack_bytes: 32 << 10, history, ..MkfsOptions::default() };
-    fs::mkfs(s, &o).expect("mkfs");
+    let st = fresh_with("all:1h,hourly:2d,daily:31d");
     let f = open(&st, None).expect("open");
     let a = f.create(ROOT, b"a", 0o644, 0, 0).expect("create");
     let noise = |seed: u64| common::noise(seed, 1 << 20);
@@ -379,11 +381,7 @@ fn automatic_points_make_room_before_enospc_and_named_snapshots_stay() {
 /// of room drops them first), and what a named snapshot holds as used.
 #[test]
 fn statfs_counts_what_only_automatic_points_hold_as_free() {
-    let st = Arc::new(FaultStore::new(Geometry { segment_size: 256 << 10, segment_count: 64 }));
-    let s: Arc<dyn Store> = st.clone();
-    let history = "all:1h".parse().expect("policy");
-    let o = MkfsOptions { chunk_size: 16 << 10, pack_bytes: 32 << 10, history, ..MkfsOptions::default() };
-    fs::mkfs(s, &o).expect("mkfs");
+    let st = fresh_with("all:1h");
     let f = open(&st, None).expect("open");
     let a = f.create(ROOT, b"a", 0o644, 0, 0).expect("create");
     let noise = |seed: u64| common::noise(seed, 2 << 20);

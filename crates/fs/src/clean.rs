@@ -273,14 +273,14 @@ impl State {
         Ok(())
     }
 
-    /// Below the headroom, or with free segments about gone, automatic
+    /// Short of room for history, or with free segments about gone, automatic
     /// points go (an eighth at a time, oldest first) until neither holds
     /// or none is left: before cleaning, which would copy the blocks they
     /// hold into the room that is short.
     pub(crate) fn relieve_history(&mut self) -> Result<()> {
         let seg = u64::from(self.eng.superblock().geometry.segment_size);
         let tight = |st: &State| st.free_now() < (st.eng.capacity().0 / 32).max(4 * seg);
-        while (self.history_room() < self.headroom() || tight(self)) && self.drop_oldest_points(0)? > 0 {
+        while (self.short_of_history_room() || tight(self)) && self.drop_oldest_points(0)? > 0 {
             // Their frees count once durable.
             self.eng.sync()?;
             self.space_hint = self.free_now();
@@ -292,7 +292,7 @@ impl State {
     /// [`State::clean_for`], and while that cannot make the room (or
     /// cleaning itself finds none to move into), drop the oldest automatic
     /// points of history and try again: they go before a writer gets
-    /// ENOSPC. Named snapshots never do. Below the headroom, points go
+    /// ENOSPC. Named snapshots never do. Short of room, points go
     /// first ([`State::relieve_history`]).
     pub(crate) fn make_room(&mut self, need: u64) -> Result<()> {
         if need > self.space_hint {

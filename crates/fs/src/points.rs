@@ -75,27 +75,23 @@ impl State {
         // Room runs short: the oldest points go now, while dropping them
         // and cleaning what they held still find room, rather than at the
         // edge.
-        if self.history_room() < self.headroom() {
+        if self.short_of_history_room() {
             self.drop_oldest_points(1)?;
         }
         Ok(())
     }
 
-    /// Room for history: the log bytes no live block takes (free
-    /// segments and the dead space cleaning gives back), less what
-    /// fallocate reserved. Blocks only points hold count as taken.
-    pub(crate) fn history_room(&self) -> u64 {
-        self.eng.capacity().1.saturating_sub(self.group.counters().reserved)
-    }
-
-    /// Room below which automatic points are dropped: a quarter of the
-    /// log, at least four segments, so that history never makes the
-    /// cleaner work in a log more than three quarters full. (Free
-    /// segments alone would not do: a log that has wrapped keeps few,
-    /// and history would be dropped at every commit.)
-    pub(crate) fn headroom(&self) -> u64 {
+    /// Whether history's room is short: the log bytes no live block
+    /// takes (free segments and the dead space cleaning gives back), less
+    /// what fallocate reserved, are under a quarter of the log (at least
+    /// four segments), so that history never makes the cleaner work in a
+    /// log more than three quarters full. Blocks only points hold count
+    /// as taken. (Free segments alone would not do: a log that has
+    /// wrapped keeps few, and history would be dropped at every commit.)
+    pub(crate) fn short_of_history_room(&self) -> bool {
         let seg = u64::from(self.eng.superblock().geometry.segment_size);
-        (self.eng.capacity().0 / 4).max(4 * seg)
+        let (usable, free) = self.eng.capacity();
+        free.saturating_sub(self.group.counters().reserved) < (usable / 4).max(4 * seg)
     }
 
     /// Drop the automatic points the policy does not keep at `now`

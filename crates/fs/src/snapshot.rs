@@ -92,6 +92,10 @@ fn check_name(name: &str) -> Result<()> {
     }
 }
 
+/// A held free: its key, the part of a block it holds, its block's born,
+/// and when it was freed.
+pub(crate) type HeldFree = (Vec<u8>, zlogfs_engine::BlockAddr, u64, u64);
+
 /// How long statfs trusts its count of bytes held only for automatic
 /// points.
 const PURGEABLE_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
@@ -175,13 +179,8 @@ impl State {
             }
         }
         named.sort_unstable();
-        let (lo, hi) = all_held_range();
         let mut n = 0u64;
-        for (k, v) in self.scan(&lo, &hi, usize::MAX)? {
-            let Some((a, died, _)) = parse_held_key(&k) else {
-                return Err(Error::corrupt(describe_key(&k), "a malformed held free"));
-            };
-            let born = held_born(&k, &v)?;
+        for (_, a, born, died) in self.held_frees()? {
             let i = named.partition_point(|&s| s < born);
             if named.get(i).is_none_or(|&s| s >= died) {
                 n += u64::from(a.len);
@@ -207,15 +206,24 @@ impl State {
         Ok(())
     }
 
-    fn release_held_now(&mut self) -> Result<u64> {
+    /// Every held free, as (key, block part, born, died).
+    pub(crate) fn held_frees(&self) -> Result<Vec<HeldFree>> {
         let (lo, hi) = all_held_range();
-        let held = self.scan(&lo, &hi, usize::MAX)?;
-        let mut freed = 0u64;
-        for (n, (k, v)) in held.into_iter().enumerate() {
+        let mut out = Vec::new();
+        for (k, v) in self.scan(&lo, &hi, usize::MAX)? {
             let Some((a, died, _)) = parse_held_key(&k) else {
                 return Err(Error::corrupt(describe_key(&k), "a malformed held free"));
             };
-            if !self.group.needed(held_born(&k, &v)?, died) {
+            let born = held_born(&k, &v)?;
+            out.push((k, a, born, died));
+        }
+        Ok(out)
+    }
+
+    fn release_held_now(&mut self) -> Result<u64> {
+        let mut freed = 0u64;
+        for (n, (k, a, born, died)) in self.held_frees()?.into_iter().enumerate() {
+            if !self.group.needed(born, died) {
                 self.group.release(a);
                 self.del(k);
                 freed += u64::from(a.len);
@@ -306,13 +314,7 @@ impl Fs {
         snaps.sort_by_key(|(_, s)| s.seq);
         let seqs: Vec<u64> = snaps.iter().map(|(_, s)| s.seq).collect();
         let mut only = vec![0u64; seqs.len()];
-        let st = self.st();
-        let (lo, hi) = all_held_range();
-        for (k, v) in st.scan(&lo, &hi, usize::MAX)? {
-            let Some((a, died, _)) = parse_held_key(&k) else {
-                return Err(Error::corrupt(describe_key(&k), "a malformed held free"));
-            };
-            let born = held_born(&k, &v)?;
+        for (_, a, born, died) in self.st().held_frees()? {
             let (from, to) = (seqs.partition_point(|&s| s < born), seqs.partition_point(|&s| s < died));
             if to == from + 1 {
                 only[from] += u64::from(a.len);
