@@ -377,6 +377,49 @@ fn automatic_points_make_room_before_enospc_and_named_snapshots_stay() {
     assert!(view.read(a.ino, 0, 1 << 20).expect("read") == noise(1), "the named snapshot's data");
 }
 
+/// A log filled by named snapshots' blocks: overwrites until ENOSPC,
+/// then `clean` moves what it has room to move and ends with its report
+/// (a `stopped` reason when the log ran out of room part way), never an
+/// error; every snapshot reads as it was and fsck stays clean.
+#[test]
+fn clean_on_a_log_full_of_snapshots_stops_with_its_report() {
+    let st = fresh();
+    let f = open(&st, None).expect("open");
+    let a = f.create(ROOT, b"a", 0o644, 0, 0).expect("create");
+    let noise = |seed: u64| common::noise(seed, 192 << 10);
+    let mut kept = Vec::new();
+    for round in 0..200u64 {
+        let at = (round % 5) * (96 << 10);
+        match f.write(a.ino, at, &noise(round)).and_then(|_| f.sync()) {
+            Ok(()) => {}
+            Err(fs::Error::NoSpace(_)) => break,
+            Err(e) => panic!("round {round}: {e}"),
+        }
+        if round % 3 == 2 {
+            continue; // dead space for the cleaner to find
+        }
+        let name = format!("s{round}");
+        match f.snapshot_create(&name) {
+            Ok(_) => kept.push((name, f.read(a.ino, 0, 1 << 20).expect("read"))),
+            Err(fs::Error::NoSpace(_)) => break,
+            Err(e) => panic!("snapshot {name}: {e}"),
+        }
+    }
+    assert!(kept.len() > 10, "the snapshots filled the log: {}", kept.len());
+    let mut stopped = 0;
+    for pass in 0..3 {
+        let rep = f.clean(&everything(), &|_| {}).unwrap_or_else(|e| panic!("clean pass {pass}: {e}"));
+        stopped += usize::from(rep.stopped.is_some());
+    }
+    fsck_clean(&f, "after cleaning a full log");
+    f.close().expect("close");
+    for (name, want) in &kept {
+        let view = open(&st, Some(name)).expect("open the snapshot");
+        assert!(view.read(a.ino, 0, 1 << 20).expect("read") == *want, "snapshot {name} reads as it was");
+    }
+    eprintln!("{} snapshots; {stopped} of 3 passes stopped for room", kept.len());
+}
+
 /// Statfs counts what only automatic points hold as free (a writer short
 /// of room drops them first), and what a named snapshot holds as used.
 #[test]

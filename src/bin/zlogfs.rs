@@ -333,13 +333,13 @@ struct FormatArgs {
     /// zstd:3 stores about 4% less and writes about a third slower.
     #[arg(long, default_value = "zstd:2")]
     codec: CodecSpec,
-    /// Automatic points of history to keep: "none" (the default), or
-    /// ages such as "all:1h,hourly:2d,daily:31d" (every commit for an
-    /// hour, then one an hour for two days, then one a day for 31 days).
+    /// Automatic points of history to keep: ages such as the default
+    /// "all:1h,hourly:2d,daily:31d" (every commit for an hour, then one
+    /// an hour for two days, then one a day for 31 days), or "none".
     /// What only they hold counts as free space: a writer short of room
     /// drops the oldest before it gets ENOSPC. Change it later with
     /// `zlogfs snapshot policy TARGET SPEC`.
-    #[arg(long, default_value = "none")]
+    #[arg(long, default_value = "all:1h,hourly:2d,daily:31d")]
     history: zfs::history::Policy,
 }
 

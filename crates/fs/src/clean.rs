@@ -67,6 +67,9 @@ pub struct CleanReport {
     pub flushes: u32,
     /// Segments left as they were, and why.
     pub skipped: Vec<(u32, String)>,
+    /// Why the pass ended before it had cleaned every segment it would
+    /// have: the log had no room left to move live data into.
+    pub stopped: Option<String>,
 }
 
 impl CleanReport {
@@ -77,6 +80,7 @@ impl CleanReport {
             "moved_bytes": self.moved_bytes, "leaked_bytes": self.leaked_bytes,
             "rounds": self.rounds, "flushes": self.flushes,
             "skipped": self.skipped.iter().map(|(s, why)| serde_json::json!({"segment": s, "why": why})).collect::<Vec<_>>(),
+            "stopped": self.stopped,
         })
     }
 }
@@ -124,7 +128,17 @@ impl Fs {
         let mut rep = CleanReport::default();
         let mut tried = HashSet::new();
         loop {
-            let r = self.st().clean_round(opts, &mut rep, &mut tried)?;
+            let r = match self.st().clean_round(opts, &mut rep, &mut tried) {
+                // A full log: what was cleaned so far stands, and the
+                // report says why the pass ended (the writers' own
+                // commits make room for them as they need it).
+                Err(Error::NoSpace(why)) => {
+                    tracing::info!("cleaning stopped: {why}");
+                    rep.stopped = Some(format!("no room left in the log to move live data into: {why}"));
+                    false
+                }
+                r => r?,
+            };
             progress(&rep);
             if !r {
                 self.sync()?;
@@ -329,7 +343,8 @@ impl State {
             return Ok(false);
         }
         // As many victims as the room the cleaner may use can take (their
-        // live data may grow a little when repacked), at least one.
+        // live data may grow a little when repacked); one that does not
+        // fit is passed over (moving it would fail half way).
         let budget = self.eng.room_bytes(Room::Relieve) * 7 / 8;
         let mut victims = Vec::new();
         let mut take = 0u64;
@@ -337,8 +352,8 @@ impl State {
             if tried.contains(&v.seg) || victims.len() == left.min(ROUND) {
                 continue;
             }
-            if !victims.is_empty() && take + u64::from(v.live) > budget {
-                break;
+            if take + u64::from(v.live) > budget {
+                continue;
             }
             take += u64::from(v.live);
             victims.push(v);
@@ -349,14 +364,18 @@ impl State {
         // What is stored again may be more than what counted: a chunk
         // recompressed, or blocks stored as patches compress worse than
         // their base did. So past the first victim, what was really moved
-        // decides whether the next one still fits, at twice its count.
+        // decides whether the next one still fits, at twice its count,
+        // and so does the room really left (the index and the journal
+        // take some of it as the round commits; what is buffered will).
         // (Patched own bases, which count only what their patches do not
         // replace, are not moved whole but stored as patches: what shows.)
         let worst = 2;
         let start = rep.moved_bytes;
         let mut ok = Vec::new();
         for (n, v) in victims.iter().enumerate() {
-            if n > 0 && rep.moved_bytes - start + u64::from(v.live) * worst > budget {
+            let left = (self.eng.room_bytes(Room::Relieve) * 7 / 8).saturating_sub(self.bufs.bytes() as u64);
+            let need = u64::from(v.live) * worst;
+            if n > 0 && (rep.moved_bytes - start + need > budget || need > left) {
                 break;
             }
             let seg = v.seg;

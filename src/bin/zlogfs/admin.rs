@@ -438,6 +438,9 @@ pub fn clean(target: &Path, segments: Option<usize>, max_live: f64, json: bool) 
         for s in rep["skipped"].as_array().into_iter().flatten() {
             println!("skipped segment {}: {}", s["segment"], s["why"].as_str().unwrap_or(""));
         }
+        if let Some(why) = rep["stopped"].as_str() {
+            println!("cleaning stopped early: {why}; delete files or snapshots to make room");
+        }
     });
     Ok(ExitCode::SUCCESS)
 }
