@@ -36,4 +36,4 @@ pub use engine::{mkfs, Engine, Op, Options, Snapshot, WriteBatch};
 pub use error::{Error, Result};
 pub use index::{MAX_KEY, MAX_VALUE};
 pub use log::format::{validate_geometry, BlockAddr, BlockKind, DEFAULT_SEGMENT_SIZE};
-pub use log::max_block_raw;
+pub use log::{max_block_raw, Tier};

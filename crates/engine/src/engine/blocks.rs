@@ -7,7 +7,7 @@ use crate::bytes::Reader;
 use crate::codec::CodecSpec;
 use crate::error::{Error, Result};
 use crate::log::format::*;
-use crate::log::{self, max_block_raw, NewBlock};
+use crate::log::{self, max_block_raw, NewBlock, Tier};
 
 use super::{lock, Engine, Room};
 
@@ -23,12 +23,20 @@ pub struct BlockWrite<'a> {
     /// The same owner, codec and bytes encoded already
     /// ([`Engine::encode_data`]), or None to compress it now.
     pub ready: Option<EncodedBlock>,
+    /// The head of the log it goes to (with two devices, which one).
+    pub tier: Tier,
 }
 
 impl<'a> BlockWrite<'a> {
     /// A block of `owner`, to compress with `spec`.
     pub fn new(owner: u64, spec: CodecSpec, raw: &'a [u8]) -> BlockWrite<'a> {
-        BlockWrite { owner, spec, raw, ready: None }
+        BlockWrite { owner, spec, raw, ready: None, tier: Tier::Fast }
+    }
+
+    /// The block, to go to the head of `tier`.
+    pub fn on(mut self, tier: Tier) -> BlockWrite<'a> {
+        self.tier = tier;
+        self
     }
 }
 
@@ -53,8 +61,8 @@ impl Engine {
         let blocks: Vec<NewBlock> = blocks
             .into_par_iter()
             .map(|b| match b.ready {
-                Some(EncodedBlock(e)) => e,
-                None => NewBlock::encode(BlockKind::Data, b.owner, b.spec, b.raw),
+                Some(EncodedBlock(e)) => e.on(b.tier),
+                None => NewBlock::encode(BlockKind::Data, b.owner, b.spec, b.raw).on(b.tier),
             })
             .collect();
         self.relieve(blocks.iter().map(|b| b.bytes().len()).sum())?;
@@ -83,7 +91,8 @@ impl Engine {
                 Some(b) => b,
                 None => log::read_sealed(self.sh.store.as_ref(), a)?,
             };
-            blocks.push(NewBlock::verbatim(BlockKind::Data, 0, sealed, a)?);
+            let tier = lock(&self.sh.core).log.tier_of(a.seg);
+            blocks.push(NewBlock::verbatim(BlockKind::Data, 0, sealed, a)?.on(tier));
         }
         self.relieve(blocks.iter().map(|b| b.bytes().len()).sum())?;
         let mut core = lock(&self.sh.core);

@@ -77,10 +77,9 @@ impl Engine {
     pub fn pick_victims(&self, max: usize, max_live: f64) -> Vec<Victim> {
         let core = lock(&self.sh.core);
         let g = self.sh.sb.geometry;
-        let pos = core.log.pos();
-        let now = pos.batch_seq;
+        let now = core.log.pos().batch_seq;
         let mut v: Vec<Victim> = (0..g.segment_count)
-            .filter(|&s| s != pos.seg && s != pos.next_seg && !core.log.is_free(s))
+            .filter(|&s| !core.log.is_head(s) && !core.log.is_free(s))
             .filter_map(|s| {
                 let u = core.log.usage[s as usize];
                 let frac = f64::from(u.live) / f64::from(g.segment_size);
@@ -107,9 +106,8 @@ impl Engine {
     pub fn dead_bytes(&self) -> u64 {
         let core = lock(&self.sh.core);
         let g = self.sh.sb.geometry;
-        let pos = core.log.pos();
         (0..g.segment_count)
-            .filter(|&s| s != pos.seg && !core.log.is_free(s))
+            .filter(|&s| !core.log.is_head(s) && !core.log.is_free(s))
             .map(|s| u64::from(g.segment_size.saturating_sub(core.log.usage[s as usize].live)))
             .sum()
     }
@@ -123,8 +121,7 @@ impl Engine {
         let g = self.sh.sb.geometry;
         let last = {
             let core = lock(&self.sh.core);
-            let pos = core.log.pos();
-            if seg >= g.segment_count || seg == pos.seg || seg == pos.next_seg || core.log.is_free(seg) {
+            if seg >= g.segment_count || core.log.is_head(seg) || core.log.is_free(seg) {
                 return Err(Error::Invalid(format!(
                     "segment {seg} is not a segment in use behind the log head"
                 )));

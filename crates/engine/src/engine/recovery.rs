@@ -27,18 +27,32 @@ pub fn mkfs(store: Arc<dyn Store>) -> Result<Superblock> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
+    let fast = store.fast_segments();
     let sb = Superblock {
         version: FORMAT_VERSION,
         compat: 0,
-        incompat: 0,
+        incompat: if fast.is_some() { INCOMPAT_TWO_DEVICES } else { 0 },
         ro_compat: 0,
         uuid,
         geometry,
         created_ns,
+        fast_segments: fast.unwrap_or(0),
+        role: if fast.is_some() { Role::Fast } else { Role::Single },
+        partner: store.names().map(|n| n.1).unwrap_or_default(),
     };
-    let start = LogPos { seg: 0, offset: 0, batch_seq: 1, prev_crc: 0, next_seg: NO_SEGMENT };
+    if let Some(f) = fast {
+        if f < 4 || f + 4 > geometry.segment_count {
+            return Err(Error::Invalid(format!(
+                "{f} segments on the fast device and {} on the bulk device: each needs at least 4",
+                geometry.segment_count - f
+            )));
+        }
+    }
+    let alt = fast.map(|f| HeadPos { seg: f, offset: 0, next_seg: NO_SEGMENT });
+    let start = LogPos { seg: 0, offset: 0, batch_seq: 1, prev_crc: 0, next_seg: NO_SEGMENT, alt };
     let usage = vec![SegUsage::default(); geometry.segment_count as usize];
-    let mut log = LogWriter::new(store.clone(), sb.log_id(), start, usage, Options::default().journal_codec);
+    let codec = Options::default().journal_codec;
+    let mut log = LogWriter::new(store.clone(), sb.log_id(), start, usage, codec, sb.fast_segments());
     let body = CheckpointBody {
         number: 0,
         flushed_seq: 0,
@@ -65,6 +79,34 @@ pub fn mkfs(store: Arc<dyn Store>) -> Result<Superblock> {
     wr(MetaSlot::Super, &sb.encode())?;
     store.sync().map_err(|e| Error::io("syncing the new image", e))?;
     Ok(sb)
+}
+
+/// An image of two devices is opened through both, and one device alone.
+fn check_devices(sb: &Superblock, store: &dyn Store) -> Result<()> {
+    let two = |what: &str| {
+        Error::Invalid(format!(
+            "{what}: this image keeps its metadata and small files on a fast device{}; give it \
+             with --fast PATH (or mount -o fast=PATH)",
+            if sb.partner.is_empty() { String::new() } else { format!(" (last at {})", sb.partner) }
+        ))
+    };
+    match (sb.role, store.fast_segments()) {
+        (Role::Single, None) => Ok(()),
+        (Role::Fast, Some(f)) if f == sb.fast_segments => Ok(()),
+        (Role::Bulk, None) => Err(two("this is the bulk device of two")),
+        (Role::Fast, None) => Err(Error::Invalid(format!(
+            "this is the fast device of a two-device image: open its bulk device{} with --fast \
+             pointing here",
+            if sb.partner.is_empty() { String::new() } else { format!(" ({})", sb.partner) }
+        ))),
+        (r, f) => Err(Error::Invalid(format!(
+            "the image's superblock ({}, {} segments on the fast device) does not match the \
+             devices given ({} fast segments)",
+            r.name(),
+            sb.fast_segments,
+            f.unwrap_or(0)
+        ))),
+    }
 }
 
 /// Read and check the superblock: the primary, or its copy when the
@@ -102,6 +144,7 @@ impl Engine {
         let store: Arc<dyn Store> = Arc::new(crate::store::Metered(store));
         let (sb, sb_note) = read_superblock_noting(store.as_ref())?;
         let mut damage: Vec<String> = sb_note.into_iter().collect();
+        check_devices(&sb, store.as_ref())?;
         if sb.geometry != store.geometry() {
             return Err(Error::Invalid(format!(
                 "the store's geometry {:?} differs from the superblock's {:?}",
@@ -112,7 +155,14 @@ impl Engine {
         let ckpt = load_checkpoint(store.as_ref(), &sb)?;
         let runs = open_runs(store.as_ref(), &sb, &ckpt.body, &mut damage)?;
         let r = roll_forward(store.as_ref(), &sb, &ckpt)?;
-        let mut log = LogWriter::new(store.clone(), sb.log_id(), r.end, r.usage, opts.journal_codec);
+        let mut log = LogWriter::new(
+            store.clone(),
+            sb.log_id(),
+            r.end,
+            r.usage,
+            opts.journal_codec,
+            sb.fast_segments(),
+        );
         log.journal_blocks = r.journal_blocks;
         let (slot, body) = (&ckpt.slot, &ckpt.body);
         let other_replay = ckpt.other.as_ref().map(|o| o.replay.batch_seq);

@@ -11,8 +11,11 @@ use crate::store::{Geometry, META_SLOT_SIZE, SECTOR_SIZE};
 
 /// The on-disk format version this build writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
-/// Incompatible feature bits this build understands (none yet).
-pub const INCOMPAT_KNOWN: u64 = 0;
+/// Incompatible feature: the image is two stores, a fast one (the
+/// superblock's `fast_segments` first segments) and a bulk one.
+pub const INCOMPAT_TWO_DEVICES: u64 = 1;
+/// Incompatible feature bits this build understands.
+pub const INCOMPAT_KNOWN: u64 = INCOMPAT_TWO_DEVICES;
 /// Read-only-compatible feature bits this build understands (none yet).
 pub const RO_COMPAT_KNOWN: u64 = 0;
 
@@ -66,7 +69,51 @@ pub struct Superblock {
     pub geometry: Geometry,
     /// When mkfs ran, nanoseconds since the Unix epoch.
     pub created_ns: u64,
+    /// Of two devices: segments `0..fast_segments` are the fast device's,
+    /// the rest the bulk device's; 0 for one device.
+    pub fast_segments: u32,
+    /// Which device of the image this superblock was read from.
+    pub role: Role,
+    /// Of two devices: the path the other device had when this one was
+    /// last written (a hint to find it; its own superblock decides).
+    pub partner: String,
 }
+
+/// Which device of an image a superblock describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Role {
+    /// The only device.
+    #[default]
+    Single,
+    /// The fast device of two: the metadata slots, the journal, the index.
+    Fast,
+    /// The bulk device of two: large files' data.
+    Bulk,
+}
+
+impl Role {
+    fn code(self) -> u32 {
+        match self {
+            Role::Single => 0,
+            Role::Fast => 1,
+            Role::Bulk => 2,
+        }
+    }
+    fn from_code(c: u32) -> Option<Role> {
+        [Role::Single, Role::Fast, Role::Bulk].into_iter().find(|r| r.code() == c)
+    }
+    /// Its name for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Single => "the only device",
+            Role::Fast => "the fast device",
+            Role::Bulk => "the bulk device",
+        }
+    }
+}
+
+/// Longest partner path a superblock records.
+pub const MAX_PARTNER_PATH: usize = 2048;
 
 impl Superblock {
     /// Encode into a metadata slot.
@@ -82,6 +129,14 @@ impl Superblock {
         v.put_u32(self.geometry.segment_size); // 56
         v.put_u32(self.geometry.segment_count); // 60
         v.put_u64(self.created_ns); // 64
+        if self.incompat & INCOMPAT_TWO_DEVICES != 0 {
+            v.put_u32(self.fast_segments); // 72
+            v.put_u32(self.role.code()); // 76
+            let p = self.partner.as_bytes();
+            let p = &p[..p.len().min(MAX_PARTNER_PATH)];
+            v.put_u32(p.len() as u32); // 80
+            v.extend_from_slice(p); // 84
+        }
         seal_slot(v)
     }
 
@@ -126,7 +181,44 @@ impl Superblock {
         let created_ns = r.u64()?;
         let geometry = Geometry { segment_size, segment_count };
         validate_geometry(geometry).map_err(|e| Error::corrupt("superblock", e))?;
-        Ok(Superblock { version, compat, incompat, ro_compat, uuid, geometry, created_ns })
+        let (mut fast_segments, mut role, mut partner) = (0, Role::Single, String::new());
+        if incompat & INCOMPAT_TWO_DEVICES != 0 {
+            fast_segments = r.u32()?;
+            role = Role::from_code(r.u32()?)
+                .ok_or_else(|| Error::corrupt("superblock", "unknown device role"))?;
+            let n = r.u32()? as usize;
+            if n > MAX_PARTNER_PATH {
+                return Err(Error::corrupt("superblock", "partner path too long"));
+            }
+            partner = String::from_utf8_lossy(r.bytes(n)?).into_owned();
+            if role == Role::Single || fast_segments < 4 || fast_segments + 4 > segment_count {
+                return Err(Error::corrupt(
+                    "superblock",
+                    format!("{fast_segments} of {segment_count} segments on the fast device"),
+                ));
+            }
+        }
+        Ok(Superblock {
+            version,
+            compat,
+            incompat,
+            ro_compat,
+            uuid,
+            geometry,
+            created_ns,
+            fast_segments,
+            role,
+            partner,
+        })
+    }
+
+    /// Segments on the fast device (all for one device).
+    pub fn fast_segments(&self) -> u32 {
+        if self.fast_segments == 0 {
+            self.geometry.segment_count
+        } else {
+            self.fast_segments
+        }
     }
 
     /// The first 8 bytes of the uuid, carried by every batch header.
@@ -188,6 +280,21 @@ pub struct LogPos {
     pub prev_crc: u32,
     /// Segment the log continues in when this one is full.
     pub next_seg: u32,
+    /// Of two devices: where the second head (the bulk device's data)
+    /// writes its next batch; the chain goes on at either head.
+    pub alt: Option<HeadPos>,
+}
+
+/// Where one head of the log writes next: segment, offset, and the
+/// segment it continues in (named by its last batch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeadPos {
+    /// Segment.
+    pub seg: u32,
+    /// Offset in the segment (a multiple of [`BATCH_ALIGN`]).
+    pub offset: u32,
+    /// Segment it continues in when this one is full.
+    pub next_seg: u32,
 }
 
 impl LogPos {
@@ -205,6 +312,7 @@ impl LogPos {
             batch_seq: r.u64()?,
             prev_crc: r.u32()?,
             next_seg: r.u32()?,
+            alt: None,
         })
     }
 }
@@ -236,6 +344,12 @@ impl CheckpointSlot {
         self.body.put(&mut v); // 32
         self.replay.put(&mut v); // 44
         self.after_body.put(&mut v); // 68
+        if let Some(a) = self.replay.alt {
+            v.put_u32(1); // 92: the replay start's second head
+            v.put_u32(a.seg); // 96
+            v.put_u32(a.offset); // 100
+            v.put_u32(a.next_seg); // 104
+        }
         seal_slot(v)
     }
 
@@ -253,8 +367,11 @@ impl CheckpointSlot {
         let number = r.u64()?;
         let uuid = r.array::<16>()?;
         let body = BlockAddr::get(&mut r)?;
-        let replay = LogPos::get(&mut r)?;
+        let mut replay = LogPos::get(&mut r)?;
         let after_body = LogPos::get(&mut r)?;
+        if r.u32()? == 1 {
+            replay.alt = Some(HeadPos { seg: r.u32()?, offset: r.u32()?, next_seg: r.u32()? });
+        }
         Ok(Some(CheckpointSlot { number, uuid, body, replay, after_body }))
     }
 }
@@ -444,6 +561,10 @@ pub struct BatchHeader {
     /// Highest batch seq known durable when this batch was written: lets
     /// recovery tell a damaged synced batch from a torn tail.
     pub durable_seq: u64,
+    /// `batch_crc` of the batch before it in its segment (0 for the first
+    /// there): with two heads, batches of a segment are not consecutive
+    /// in the chain, and this chains them for a walk of the segment.
+    pub seg_prev_crc: u32,
 }
 
 impl BatchHeader {
@@ -461,7 +582,8 @@ impl BatchHeader {
         v.put_u32(self.next_seg); // 40
         v.put_u32(self.epoch); // 44
         v.put_u64(self.durable_seq); // 48
-        v.put_u64(0); // 56 reserved
+        v.put_u32(self.seg_prev_crc); // 56
+        v.put_u32(0); // 60 reserved
         let mut out = [0u8; BATCH_HEADER_SIZE];
         out.copy_from_slice(&v);
         out
@@ -484,6 +606,7 @@ impl BatchHeader {
         let next_seg = r.u32()?;
         let epoch = r.u32()?;
         let durable_seq = r.u64()?;
+        let seg_prev_crc = r.u32()?;
         Ok(Some(BatchHeader {
             batch_crc,
             log_id,
@@ -495,6 +618,7 @@ impl BatchHeader {
             next_seg,
             epoch,
             durable_seq,
+            seg_prev_crc,
         }))
     }
 }
@@ -585,6 +709,9 @@ mod tests {
             uuid: *b"0123456789abcdef",
             geometry: Geometry { segment_size: DEFAULT_SEGMENT_SIZE, segment_count: 16 },
             created_ns: 1_700_000_000_000_000_000,
+            fast_segments: 0,
+            role: Role::Single,
+            partner: String::new(),
         }
     }
 
@@ -593,7 +720,7 @@ mod tests {
     }
 
     fn slot() -> CheckpointSlot {
-        let pos = LogPos { seg: 1, offset: 512, batch_seq: 7, prev_crc: 0xdead_beef, next_seg: 2 };
+        let pos = LogPos { seg: 1, offset: 512, batch_seq: 7, prev_crc: 0xdead_beef, next_seg: 2, alt: None };
         CheckpointSlot {
             number: 3,
             uuid: *b"0123456789abcdef",
@@ -615,6 +742,7 @@ mod tests {
             next_seg: 5,
             epoch: 0xfeed_face,
             durable_seq: 8,
+            seg_prev_crc: 0,
         }
     }
 
@@ -687,6 +815,7 @@ mod tests {
             next_seg: 3,
             epoch: 1,
             durable_seq: 10,
+            seg_prev_crc: 0,
         };
         assert_eq!(BatchHeader::decode(&h.encode()).unwrap(), Some(h));
         let mut out = Vec::new();

@@ -47,6 +47,8 @@ pub struct NewBlock {
     codec: u8,
     /// Block header (crc included) and payload, ready to copy into a batch.
     sealed: Vec<u8>,
+    /// The head it goes to.
+    pub tier: Tier,
 }
 
 impl NewBlock {
@@ -66,7 +68,7 @@ impl NewBlock {
             stored_len: enc.data.len() as u32,
         }
         .seal(&enc.data, &mut sealed);
-        NewBlock { kind, owner, raw_len: raw.len() as u32, codec: enc.codec as u8, sealed }
+        NewBlock { kind, owner, raw_len: raw.len() as u32, codec: enc.codec as u8, sealed, tier: Tier::Fast }
     }
 
     /// A block as stored (`sealed`: header and payload, read from `addr`),
@@ -80,7 +82,13 @@ impl NewBlock {
                 format!("holds kind {} where a {} block was expected", h.kind, kind.name()),
             ));
         }
-        Ok(NewBlock { kind, owner, raw_len: h.raw_len, codec: h.codec, sealed })
+        Ok(NewBlock { kind, owner, raw_len: h.raw_len, codec: h.codec, sealed, tier: Tier::Fast })
+    }
+
+    /// The block, to go to the head of `tier`.
+    pub fn on(mut self, tier: Tier) -> NewBlock {
+        self.tier = tier;
+        self
     }
     /// The block as it will be stored: header (crc included) and payload.
     pub fn bytes(&self) -> &[u8] {
@@ -121,16 +129,69 @@ impl Pending {
     }
 }
 
+/// Which head of the log a block goes to. With one device both are the
+/// same; with two, `Fast` is the fast device's (journal, index,
+/// checkpoints, metadata and small files) and `Bulk` the bulk device's
+/// (full chunks of large files). A head whose device is full spills to
+/// the other device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Tier {
+    /// The fast device.
+    #[default]
+    Fast,
+    /// The bulk device.
+    Bulk,
+}
+
+/// One head of the log: where its next batch goes, and that batch.
+struct Head {
+    seg: u32,
+    offset: u32,
+    /// Segment the head continues in when `seg` is full.
+    next_seg: u32,
+    /// The last batch written into `seg` named `next_seg`.
+    next_named: bool,
+    /// `batch_crc` of the last batch written in `seg` (0: none yet).
+    seg_prev_crc: u32,
+    pending: Pending,
+}
+
+impl Head {
+    fn at(seg: u32, offset: u32, next_seg: u32) -> Head {
+        Head {
+            seg,
+            offset,
+            next_seg,
+            next_named: next_seg != NO_SEGMENT,
+            seg_prev_crc: 0,
+            pending: Pending::new(),
+        }
+    }
+    fn pos(&self) -> HeadPos {
+        HeadPos { seg: self.seg, offset: self.offset, next_seg: self.next_seg }
+    }
+}
+
 /// The writing end of the log. Owned by the engine under its lock.
+///
+/// One chain of batches (consecutive sequence numbers, each naming the
+/// crc of the one before) written at one head, or with two devices at
+/// two: head 0 on the fast device, head 1 on the bulk device, each
+/// appending to its own segment. A batch with journal records is written
+/// only after the other head's pending batch (whose blocks they may
+/// name), so a crash that loses a batch loses every later one: recovery
+/// follows the chain at whichever head holds the next batch.
 pub struct LogWriter {
     store: Arc<dyn Store>,
     geometry: Geometry,
     log_id: u64,
-    /// Where the pending batch will be written.
-    pos: LogPos,
-    /// The last batch written into `pos.seg` named `pos.next_seg`.
-    next_named: bool,
-    pending: Pending,
+    heads: Vec<Head>,
+    /// Segments `0..fast_segments` are the fast device's.
+    fast_segments: u32,
+    /// Sequence number of the next batch written, at either head.
+    batch_seq: u64,
+    /// `batch_crc` of the last batch written.
+    prev_crc: u32,
     /// Codec for journal blocks.
     journal_codec: CodecSpec,
     /// Per-segment usage.
@@ -187,22 +248,30 @@ impl Room {
 const MAX_BATCH: usize = 1 << 20;
 
 impl LogWriter {
-    /// A writer that continues the log at `pos` (from recovery or mkfs).
+    /// A writer that continues the log at `pos` (from recovery or mkfs);
+    /// with two devices (`fast_segments` below the segment count),
+    /// `pos.alt` is the bulk head's place.
     pub fn new(
         store: Arc<dyn Store>,
         log_id: u64,
         pos: LogPos,
         usage: Vec<SegUsage>,
         journal_codec: CodecSpec,
+        fast_segments: u32,
     ) -> LogWriter {
         let geometry = store.geometry();
+        let mut heads = vec![Head::at(pos.seg, pos.offset, pos.next_seg)];
+        if let Some(a) = pos.alt {
+            heads.push(Head::at(a.seg, a.offset, a.next_seg));
+        }
         LogWriter {
             store,
             geometry,
             log_id,
-            next_named: pos.next_seg != NO_SEGMENT,
-            pos,
-            pending: Pending::new(),
+            heads,
+            fast_segments: fast_segments.min(geometry.segment_count),
+            batch_seq: pos.batch_seq,
+            prev_crc: pos.prev_crc,
             journal_codec,
             usage,
             durable_batch: pos.batch_seq.saturating_sub(1),
@@ -216,9 +285,22 @@ impl LogWriter {
         }
     }
 
-    /// Where the pending batch will go.
+    /// Where the next batch will go: at either head.
     pub fn pos(&self) -> LogPos {
-        self.pos
+        let h = &self.heads[0];
+        LogPos {
+            seg: h.seg,
+            offset: h.offset,
+            batch_seq: self.batch_seq,
+            prev_crc: self.prev_crc,
+            next_seg: h.next_seg,
+            alt: self.heads.get(1).map(Head::pos),
+        }
+    }
+
+    /// Whether a head writes in `seg` or goes on there.
+    pub fn is_head(&self, seg: u32) -> bool {
+        self.heads.iter().any(|h| h.seg == seg || h.next_seg == seg)
     }
 
     fn check_ok(&self) -> Result<()> {
@@ -231,7 +313,7 @@ impl LogWriter {
     /// Segments that hold nothing live and are not needed by recovery.
     pub fn is_free(&self, seg: u32) -> bool {
         let u = self.usage[seg as usize];
-        seg != self.pos.seg && seg != self.pos.next_seg && u.live == 0 && !self.recovery_reads(seg)
+        !self.is_head(seg) && u.live == 0 && !self.recovery_reads(seg)
     }
 
     /// Whether recovery may read segment `seg`: it was written at or after
@@ -246,17 +328,26 @@ impl LogWriter {
         (0..self.geometry.segment_count).filter(|&s| self.is_free(s)).count() as u32
     }
 
+    /// Segments of the fast device (all of them with one device).
+    pub fn fast_segments(&self) -> u32 {
+        self.fast_segments
+    }
+
+    /// The device segment `seg` is on.
+    pub fn tier_of(&self, seg: u32) -> Tier {
+        if seg < self.fast_segments {
+            Tier::Fast
+        } else {
+            Tier::Bulk
+        }
+    }
+
     /// Segments that hold nothing live but are still kept for recovery,
     /// because their journal batches are newer than the replay start:
     /// a memtable flush and two checkpoints free them.
     pub fn pinned_segments(&self) -> u32 {
         (0..self.geometry.segment_count)
-            .filter(|&s| {
-                s != self.pos.seg
-                    && s != self.pos.next_seg
-                    && self.usage[s as usize].live == 0
-                    && self.recovery_reads(s)
-            })
+            .filter(|&s| !self.is_head(s) && self.usage[s as usize].live == 0 && self.recovery_reads(s))
             .count() as u32
     }
 
@@ -265,24 +356,48 @@ impl LogWriter {
         self.reserve_segments + 2 + self.geometry.segment_count / 16
     }
 
-    fn choose_next(&mut self, room: Room) -> Result<()> {
-        if self.pos.next_seg != NO_SEGMENT {
+    /// The head blocks of `tier` go to.
+    fn head_of(&self, tier: Tier) -> usize {
+        usize::from(tier == Tier::Bulk && self.heads.len() > 1)
+    }
+
+    /// The segments of head `h`'s own device.
+    fn home(&self, h: usize) -> std::ops::Range<u32> {
+        if h == 0 {
+            0..self.fast_segments
+        } else {
+            self.fast_segments..self.geometry.segment_count
+        }
+    }
+
+    /// Choose head `h`'s next segment: a free one on its own device, or
+    /// (spilling) on the other one.
+    fn choose_next(&mut self, h: usize, room: Room) -> Result<()> {
+        if self.heads[h].next_seg != NO_SEGMENT {
             return Ok(());
         }
-        let free: Vec<u32> = (0..self.geometry.segment_count).filter(|&s| self.is_free(s)).take(64).collect();
         let need = room.need(self.reserve_segments) as usize;
-        if free.len() < need {
-            return Err(Error::NoSpace(format!(
+        let free = (0..self.geometry.segment_count).filter(|&s| self.is_free(s)).take(need.max(1)).count();
+        let home = self.home(h);
+        let pick = home
+            .clone()
+            .find(|&s| self.is_free(s))
+            .or_else(|| (0..self.geometry.segment_count).find(|&s| !home.contains(&s) && self.is_free(s)));
+        match pick {
+            Some(seg) if free >= need => {
+                let head = &mut self.heads[h];
+                head.next_seg = seg;
+                head.next_named = false;
+                Ok(())
+            }
+            _ => Err(Error::NoSpace(format!(
                 "no free segment left in the log ({} segments of {} bytes, {} free, {} reserved)",
                 self.geometry.segment_count,
                 self.geometry.segment_size,
                 self.free_segments(),
                 self.reserve_segments
-            )));
+            ))),
         }
-        self.pos.next_seg = free[0];
-        self.next_named = false;
-        Ok(())
     }
 
     /// NoSpace unless `n` blocks of `bytes` in all fit in the room a
@@ -305,11 +420,19 @@ impl LogWriter {
     /// write of class `room` may still place: the rest of the current
     /// segment and the free segments it may take. Conservative: each
     /// segment is counted less room for the batch headers, summaries and
-    /// alignment of the batches it will hold.
+    /// alignment of the batches it will hold, and with two heads the
+    /// rest of the segment is the head with less.
     pub fn room_for(&self, room: Room) -> usize {
         let usable = self.usable_per_segment();
-        let here = self.seg_room().saturating_sub(self.pending.projected(0, 0) + 2 * BATCH_ALIGN as usize);
-        let free = self.free_segments() as usize + usize::from(self.pos.next_seg != NO_SEGMENT);
+        let here = (0..self.heads.len())
+            .map(|h| {
+                self.seg_room(h)
+                    .saturating_sub(self.heads[h].pending.projected(0, 0) + 2 * BATCH_ALIGN as usize)
+            })
+            .min()
+            .unwrap_or(0);
+        let named = self.heads.iter().filter(|h| h.next_seg != NO_SEGMENT).count();
+        let free = self.free_segments() as usize + named;
         let spare = free.saturating_sub(room.need(self.reserve_segments) as usize - 1);
         here + spare * usable
     }
@@ -321,25 +444,28 @@ impl LogWriter {
         seg.saturating_sub(seg / 16 + 2 * BATCH_ALIGN as usize)
     }
 
-    fn seg_room(&self) -> usize {
-        (self.geometry.segment_size - self.pos.offset) as usize
+    fn seg_room(&self, h: usize) -> usize {
+        (self.geometry.segment_size - self.heads[h].offset) as usize
     }
 
-    /// Make room for `blocks` more blocks of `bytes` in the pending batch,
-    /// writing it out or moving to the next segment as needed.
-    fn make_room(&mut self, blocks: usize, bytes: usize, room: Room) -> Result<()> {
-        if self.pending.projected(blocks, bytes) <= self.seg_room()
-            && self.pending.projected(blocks, bytes) <= MAX_BATCH.max(bytes + 4096)
-        {
+    /// Make room at head `h` for `blocks` more blocks of `bytes` in its
+    /// pending batch, writing it out or moving to the next segment as
+    /// needed.
+    fn make_room(&mut self, h: usize, blocks: usize, bytes: usize, room: Room) -> Result<()> {
+        let fits = |w: &LogWriter| {
+            let p = w.heads[h].pending.projected(blocks, bytes);
+            p <= w.seg_room(h) && p <= MAX_BATCH.max(bytes + 4096)
+        };
+        if fits(self) {
             return Ok(());
         }
-        if !self.pending.is_empty() {
-            self.write_pending(room)?;
+        if !self.heads[h].pending.is_empty() {
+            self.write_head(h, room)?;
         }
-        if self.pending.projected(blocks, bytes) > self.seg_room() {
-            self.advance(room)?;
+        if self.heads[h].pending.projected(blocks, bytes) > self.seg_room(h) {
+            self.advance(h, room)?;
         }
-        if self.pending.projected(blocks, bytes) > self.seg_room() {
+        if self.heads[h].pending.projected(blocks, bytes) > self.seg_room(h) {
             return Err(Error::Invalid(format!(
                 "{bytes} bytes do not fit in a {}-byte segment",
                 self.geometry.segment_size
@@ -348,26 +474,29 @@ impl LogWriter {
         Ok(())
     }
 
-    /// Move the tail to the next segment (naming it in a batch first).
-    fn advance(&mut self, room: Room) -> Result<()> {
-        self.choose_next(room)?;
-        if !self.next_named {
+    /// Move head `h` to its next segment (naming it in a batch first).
+    fn advance(&mut self, h: usize, room: Room) -> Result<()> {
+        self.choose_next(h, room)?;
+        if !self.heads[h].next_named {
             // An empty batch whose header names the next segment, so that
             // recovery can follow the log there.
-            if self.seg_room() < BATCH_HEADER_SIZE + BATCH_ALIGN as usize {
+            if self.seg_room(h) < BATCH_HEADER_SIZE + BATCH_ALIGN as usize {
                 return Err(Error::NoSpace("log segment ended without a successor".into()));
             }
-            self.write_pending(room)?;
+            self.write_head(h, room)?;
         }
-        self.pos.seg = self.pos.next_seg;
-        self.pos.offset = 0;
-        self.pos.next_seg = NO_SEGMENT;
-        self.next_named = false;
+        let head = &mut self.heads[h];
+        head.seg = head.next_seg;
+        head.offset = 0;
+        head.next_seg = NO_SEGMENT;
+        head.next_named = false;
+        head.seg_prev_crc = 0;
         Ok(())
     }
 
-    /// Place encoded blocks in the pending batch; returns their addresses.
-    /// `room` says how much of the reserve the blocks may use.
+    /// Place encoded blocks in the pending batches (of the heads their
+    /// tiers say); returns their addresses. `room` says how much of the
+    /// reserve the blocks may use.
     ///
     /// The blocks are placed all or none: when the log cannot take them
     /// all, NoSpace comes before any is placed. (Placed blocks are live
@@ -386,21 +515,23 @@ impl LogWriter {
                     b.raw_len
                 )));
             }
+            let h = self.head_of(b.tier);
             let len = b.stored_len();
-            self.make_room(1, len + 8, room)?;
-            addrs.push(self.place(b));
+            self.make_room(h, 1, len + 8, room)?;
+            addrs.push(self.place(h, b));
         }
         Ok(addrs)
     }
 
-    fn place(&mut self, b: NewBlock) -> BlockAddr {
+    fn place(&mut self, h: usize, b: NewBlock) -> BlockAddr {
+        let head = &mut self.heads[h];
         // Blocks start 8-byte aligned inside the batch.
-        let pad = (8 - self.pending.buf.len() % 8) % 8;
-        self.pending.buf.resize(self.pending.buf.len() + pad, 0);
-        let off = self.pending.buf.len();
+        let pad = (8 - head.pending.buf.len() % 8) % 8;
+        head.pending.buf.resize(head.pending.buf.len() + pad, 0);
+        let off = head.pending.buf.len();
         let len = b.sealed.len();
-        self.pending.buf.extend_from_slice(&b.sealed);
-        self.pending.entries.push(SummaryEntry {
+        head.pending.buf.extend_from_slice(&b.sealed);
+        head.pending.entries.push(SummaryEntry {
             kind: b.kind as u8,
             codec: b.codec,
             offset: off as u32,
@@ -408,66 +539,85 @@ impl LogWriter {
             raw_len: b.raw_len,
             owner: b.owner,
         });
-        BlockAddr { seg: self.pos.seg, offset: self.pos.offset + off as u32, len: len as u32 }
+        BlockAddr { seg: head.seg, offset: head.offset + off as u32, len: len as u32 }
     }
 
-    /// Append one journal record (already encoded) to the pending batch.
+    /// Append one journal record (already encoded) to the pending batch
+    /// of the fast head.
     pub fn add_journal(&mut self, record: &[u8], first_seq: u64, room: Room) -> Result<()> {
         self.check_ok()?;
         let max = max_block_raw(self.geometry);
-        if self.pending.journal.len() + record.len() > max {
+        if self.heads[0].pending.journal.len() + record.len() > max {
             if record.len() > max {
                 return Err(Error::Invalid(format!(
                     "commit of {} bytes exceeds the journal limit of {max}",
                     record.len()
                 )));
             }
-            self.write_pending(room)?;
+            self.write_head(0, room)?;
         }
         // Room for the record in the journal block, stored raw at worst.
         // The block's header, alignment padding and summary entry are
         // always reserved: make_room may write the batch out, leaving this
         // record the first of a new journal block.
-        self.make_room(0, record.len() + BLOCK_HEADER_SIZE + 8 + SUMMARY_ENTRY_SIZE, room)?;
-        if self.pending.journal.is_empty() {
-            self.pending.journal_owner = first_seq;
+        self.make_room(0, 0, record.len() + BLOCK_HEADER_SIZE + 8 + SUMMARY_ENTRY_SIZE, room)?;
+        let p = &mut self.heads[0].pending;
+        if p.journal.is_empty() {
+            p.journal_owner = first_seq;
         }
-        self.pending.journal.extend_from_slice(record);
+        p.journal.extend_from_slice(record);
         Ok(())
     }
 
     /// True when nothing waits to be written.
     pub fn pending_empty(&self) -> bool {
-        self.pending.is_empty()
+        self.heads.iter().all(|h| h.pending.is_empty())
     }
 
-    /// If `addr` lies in the pending batch, its bytes.
+    /// If `addr` lies in a pending batch, its bytes.
     pub fn read_pending(&self, addr: BlockAddr) -> Option<Vec<u8>> {
-        if addr.seg != self.pos.seg || addr.offset < self.pos.offset {
-            return None;
-        }
-        let start = (addr.offset - self.pos.offset) as usize;
-        self.pending.buf.get(start..start + addr.len as usize).map(|b| b.to_vec())
+        let h = self.heads.iter().find(|h| addr.seg == h.seg && addr.offset >= h.offset)?;
+        let start = (addr.offset - h.offset) as usize;
+        h.pending.buf.get(start..start + addr.len as usize).map(|b| b.to_vec())
     }
 
-    /// Write the pending batch to the store (not synced). Writes an empty
-    /// batch when nothing is pending (used to name the next segment).
+    /// Write the pending batches to the store (not synced), the bulk
+    /// head's first. Writes an empty batch at the fast head when nothing
+    /// is pending (used to name the next segment).
     pub fn write_pending(&mut self, room: Room) -> Result<()> {
+        if self.heads[0].pending.is_empty() && self.heads.get(1).is_some_and(|h| !h.pending.is_empty()) {
+            return self.write_head(1, room);
+        }
+        self.write_head(0, room)
+    }
+
+    /// Write head `h`'s pending batch (an empty one when nothing is
+    /// pending). The fast head's batch may hold journal records naming
+    /// blocks of the bulk head's pending batch: that one goes first.
+    fn write_head(&mut self, h: usize, room: Room) -> Result<()> {
         self.check_ok()?;
-        if !self.pending.journal.is_empty() {
-            let j = std::mem::take(&mut self.pending.journal);
-            let b = NewBlock::encode(BlockKind::Journal, self.pending.journal_owner, self.journal_codec, &j);
-            let addr = self.place(b);
-            self.journal_blocks.push((self.pos.batch_seq, addr.seg, addr.len));
+        if h == 0 && self.heads.len() > 1 && !self.heads[1].pending.is_empty() {
+            self.write_head(1, room)?;
+        }
+        if !self.heads[h].pending.journal.is_empty() {
+            let p = &mut self.heads[h].pending;
+            let j = std::mem::take(&mut p.journal);
+            let b = NewBlock::encode(BlockKind::Journal, p.journal_owner, self.journal_codec, &j);
+            let addr = self.place(h, b);
+            self.journal_blocks.push((self.batch_seq, addr.seg, addr.len));
         }
         // Name the successor segment in every batch once there is one.
-        if self.pos.next_seg == NO_SEGMENT {
+        if self.heads[h].next_seg == NO_SEGMENT {
             // Best effort: a full device is reported when the segment ends.
-            if let Err(e) = self.choose_next(room) {
+            if let Err(e) = self.choose_next(h, room) {
                 tracing::debug!("no successor segment named yet: {e}");
             }
         }
-        let mut p = std::mem::replace(&mut self.pending, Pending::new());
+        let (seq, prev_crc, durable, epoch, log_id) =
+            (self.batch_seq, self.prev_crc, self.durable_batch, self.epoch, self.log_id);
+        let seg_size = self.geometry.segment_size as usize;
+        let head = &mut self.heads[h];
+        let mut p = std::mem::replace(&mut head.pending, Pending::new());
         let summary_off = p.buf.len();
         for e in &p.entries {
             e.put(&mut p.buf);
@@ -475,52 +625,53 @@ impl LogWriter {
         let total_len = p.buf.len();
         // Pair assertion with make_room: a batch never crosses its segment.
         assert!(
-            self.pos.offset as usize + total_len <= self.geometry.segment_size as usize,
+            head.offset as usize + total_len <= seg_size,
             "batch of {total_len} bytes at offset {} overruns segment {}",
-            self.pos.offset,
-            self.pos.seg
+            head.offset,
+            head.seg
         );
-        let mut h = BatchHeader {
+        let mut hd = BatchHeader {
             batch_crc: 0,
-            log_id: self.log_id,
-            seq: self.pos.batch_seq,
-            prev_crc: self.pos.prev_crc,
+            log_id,
+            seq,
+            prev_crc,
             total_len: total_len as u32,
             summary_off: summary_off as u32,
             summary_count: p.entries.len() as u32,
-            next_seg: self.pos.next_seg,
-            epoch: self.epoch,
-            durable_seq: self.durable_batch,
+            next_seg: head.next_seg,
+            epoch,
+            durable_seq: durable,
+            seg_prev_crc: head.seg_prev_crc,
         };
-        p.buf[..BATCH_HEADER_SIZE].copy_from_slice(&h.encode());
-        h.batch_crc = crc(&p.buf[8..total_len]);
-        p.buf[4..8].copy_from_slice(&h.batch_crc.to_le_bytes());
+        p.buf[..BATCH_HEADER_SIZE].copy_from_slice(&hd.encode());
+        hd.batch_crc = crc(&p.buf[8..total_len]);
+        p.buf[4..8].copy_from_slice(&hd.batch_crc.to_le_bytes());
         let padded = align_up(total_len as u32) as usize;
-        p.buf.resize(padded.min(self.seg_room()), 0);
-        if let Err(e) = self.store.write(self.pos.seg, self.pos.offset, &p.buf) {
+        p.buf.resize(padded.min(seg_size - head.offset as usize), 0);
+        if let Err(e) = self.store.write(head.seg, head.offset, &p.buf) {
+            let (seg, offset) = (head.seg, head.offset);
             self.failed = true;
-            return Err(Error::io(
-                format!("writing batch {} to segment {} at {}", h.seq, self.pos.seg, self.pos.offset),
-                e,
-            ));
+            return Err(Error::io(format!("writing batch {seq} to segment {seg} at {offset}"), e));
         }
+        head.next_named = head.next_seg != NO_SEGMENT;
+        head.offset += p.buf.len() as u32;
+        head.seg_prev_crc = hd.batch_crc;
+        let seg = head.seg;
         self.device_bytes += p.buf.len() as u64;
-        let u = &mut self.usage[self.pos.seg as usize];
-        u.last_batch = h.seq;
+        let u = &mut self.usage[seg as usize];
+        u.last_batch = seq;
         for e in &p.entries {
             self.kind_bytes[usize::from(e.kind & 7)] += u64::from(e.len);
             u.live = u.live.saturating_add(e.len);
         }
-        self.next_named = self.pos.next_seg != NO_SEGMENT;
-        self.pos.offset += p.buf.len() as u32;
-        self.pos.batch_seq += 1;
-        self.pos.prev_crc = h.batch_crc;
+        self.batch_seq += 1;
+        self.prev_crc = hd.batch_crc;
         Ok(())
     }
 
     /// Write out what is pending and make everything durable.
     pub fn sync(&mut self) -> Result<()> {
-        if !self.pending.is_empty() {
+        if !self.pending_empty() {
             self.write_pending(Room::User)?;
         }
         self.sync_store()
@@ -533,7 +684,7 @@ impl LogWriter {
             self.failed = true;
             return Err(Error::io("syncing the device", e));
         }
-        self.durable_batch = self.pos.batch_seq - 1;
+        self.durable_batch = self.batch_seq - 1;
         Ok(())
     }
 
@@ -585,7 +736,11 @@ pub fn walk_segment(
         let whole = h.log_id == log_id
             && (h.total_len as usize) >= BATCH_HEADER_SIZE
             && off + h.total_len as usize <= buf.len()
-            && prev.is_none_or(|(s, c)| h.seq == s + 1 && h.prev_crc == c)
+            && prev.is_none_or(|(s, c)| {
+                // The chain's next batch, or (two heads) a later one that
+                // names this one as the one before it in the segment.
+                (h.seq == s + 1 && h.prev_crc == c) || (h.seq > s && h.seg_prev_crc == c && c != 0)
+            })
             && (salvage || crc(&buf[off + 8..off + h.total_len as usize]) == h.batch_crc);
         if !whole {
             break;
@@ -694,8 +849,16 @@ fn read_batch(store: &dyn Store, log_id: u64, pos: LogPos, buf: &mut Vec<u8>) ->
     Ok(Some(h))
 }
 
+/// Where the batch after one at a head may be: right after it, or at
+/// the start of the segment its head named next.
+fn continuations(h: HeadPos, seg_count: u32) -> impl Iterator<Item = (u32, u32)> {
+    let next = (h.next_seg != NO_SEGMENT && h.next_seg < seg_count).then_some((h.next_seg, 0));
+    std::iter::once((h.seg, h.offset)).chain(next)
+}
+
 /// Walk the log from `start`, calling `visit` for every batch of the chain,
 /// and return the position after the last one (where writing continues).
+/// With two heads, each next batch is looked for at both.
 ///
 /// The walk ends at the first position holding no valid continuation: the
 /// torn or unwritten tail. If a later batch shows that the batch at the end
@@ -710,27 +873,32 @@ pub fn scan(
     let mut pos = start;
     let mut buf = Vec::new();
     let seg_count = store.geometry().segment_count;
+    let main = |p: &LogPos| HeadPos { seg: p.seg, offset: p.offset, next_seg: p.next_seg };
     loop {
-        let mut h = read_batch(store, log_id, pos, &mut buf)?;
-        if h.is_none() && pos.next_seg != NO_SEGMENT && pos.next_seg < seg_count {
-            let moved = LogPos { seg: pos.next_seg, offset: 0, next_seg: NO_SEGMENT, ..pos };
-            h = read_batch(store, log_id, moved, &mut buf)?;
-            if h.is_some() {
-                pos = moved;
+        let heads: Vec<(bool, HeadPos)> =
+            std::iter::once((false, main(&pos))).chain(pos.alt.map(|a| (true, a))).collect();
+        let mut found = None;
+        'look: for (alt, head) in heads {
+            for (seg, offset) in continuations(head, seg_count) {
+                let at = LogPos { seg, offset, ..pos };
+                if let Some(h) = read_batch(store, log_id, at, &mut buf)? {
+                    found = Some((alt, at, h));
+                    break 'look;
+                }
             }
         }
-        let Some(h) = h else { break };
-        let what = format!("summary of batch {} in segment {} at {}", h.seq, pos.seg, pos.offset);
+        let Some((alt, at, h)) = found else { break };
+        let what = format!("summary of batch {} in segment {} at {}", h.seq, at.seg, at.offset);
         let entries = SummaryEntry::decode_all(&buf, &h, &what)?;
-        visit(&ScannedBatch { pos, header: h, bytes: &buf, entries })?;
-        let next_off = align_up(pos.offset + h.total_len);
-        pos = LogPos {
-            seg: pos.seg,
-            offset: next_off,
-            batch_seq: h.seq + 1,
-            prev_crc: h.batch_crc,
-            next_seg: h.next_seg,
-        };
+        visit(&ScannedBatch { pos: at, header: h, bytes: &buf, entries })?;
+        let head = HeadPos { seg: at.seg, offset: align_up(at.offset + h.total_len), next_seg: h.next_seg };
+        if alt {
+            pos.alt = Some(head);
+        } else {
+            (pos.seg, pos.offset, pos.next_seg) = (head.seg, head.offset, head.next_seg);
+        }
+        pos.batch_seq = h.seq + 1;
+        pos.prev_crc = h.batch_crc;
     }
     check_not_damaged(store, log_id, pos)?;
     Ok(pos)
@@ -740,9 +908,13 @@ pub fn scan(
 /// position had been synced: evidence of damage rather than a torn tail.
 fn check_not_damaged(store: &dyn Store, log_id: u64, end: LogPos) -> Result<()> {
     let g = store.geometry();
-    let mut places = vec![(end.seg, end.offset + BATCH_ALIGN)];
-    if end.next_seg != NO_SEGMENT && end.next_seg < g.segment_count {
-        places.push((end.next_seg, 0));
+    let main = HeadPos { seg: end.seg, offset: end.offset, next_seg: end.next_seg };
+    let mut places = Vec::new();
+    for head in std::iter::once(main).chain(end.alt) {
+        places.push((head.seg, head.offset + BATCH_ALIGN));
+        if head.next_seg != NO_SEGMENT && head.next_seg < g.segment_count {
+            places.push((head.next_seg, 0));
+        }
     }
     for (seg, from) in places {
         if from as usize + BATCH_HEADER_SIZE > g.segment_size as usize {
@@ -782,10 +954,74 @@ mod tests {
     use crate::store::MemStore;
 
     fn writer() -> LogWriter {
-        let g = Geometry { segment_size: MIN_SEGMENT_SIZE, segment_count: 8 };
+        writer_of(8, None)
+    }
+
+    /// A writer on `count` segments; with `fast`, the first `fast` are a
+    /// fast device's and the bulk head starts after them.
+    fn writer_of(count: u32, fast: Option<u32>) -> LogWriter {
+        let g = Geometry { segment_size: MIN_SEGMENT_SIZE, segment_count: count };
         let store: Arc<dyn Store> = Arc::new(MemStore::new(g));
-        let pos = LogPos { seg: 0, offset: 0, batch_seq: 1, prev_crc: 0, next_seg: NO_SEGMENT };
-        LogWriter::new(store, 7, pos, vec![SegUsage::default(); 8], CodecSpec::new(codec::CodecId::None, 0))
+        let alt = fast.map(|f| HeadPos { seg: f, offset: 0, next_seg: NO_SEGMENT });
+        let pos = LogPos { seg: 0, offset: 0, batch_seq: 1, prev_crc: 0, next_seg: NO_SEGMENT, alt };
+        let usage = vec![SegUsage::default(); count as usize];
+        LogWriter::new(store, 7, pos, usage, CodecSpec::new(codec::CodecId::None, 0), fast.unwrap_or(count))
+    }
+
+    fn start(w: &LogWriter) -> LogPos {
+        let alt = w.heads.get(1).map(|_| HeadPos { seg: w.fast_segments, offset: 0, next_seg: NO_SEGMENT });
+        LogPos { seg: 0, offset: 0, batch_seq: 1, prev_crc: 0, next_seg: NO_SEGMENT, alt }
+    }
+
+    /// Two heads: data blocks to the bulk segments, journal records to the
+    /// fast ones, one chain that a scan follows across both (and across
+    /// the segments each moves to), a walk of each segment listing exactly
+    /// the blocks written there.
+    #[test]
+    fn two_heads_make_one_chain() {
+        let mut w = writer_of(24, Some(6));
+        let mut placed: Vec<BlockAddr> = Vec::new();
+        for i in 0..400u64 {
+            let raw = vec![i as u8; 3000 + (i as usize % 7) * 500];
+            let tier = if i % 3 == 0 { Tier::Fast } else { Tier::Bulk };
+            let b =
+                NewBlock::encode(BlockKind::Data, i, CodecSpec::new(codec::CodecId::None, 0), &raw).on(tier);
+            let a = w.add_blocks(vec![b], Room::User).unwrap()[0];
+            assert_eq!(a.seg >= 6, tier == Tier::Bulk, "block {i} at {a}");
+            placed.push(a);
+            w.add_journal(&[i as u8; 200], i, Room::User).unwrap();
+        }
+        w.sync().unwrap();
+        let end = w.pos();
+        assert!(end.alt.is_some_and(|a| a.seg > 6) && end.seg > 0, "both heads moved on: {end:?}");
+        let mut seen = Vec::new();
+        let got = scan(w.store().as_ref(), 7, start(&w), |b| {
+            for i in 0..b.entries.len() {
+                if b.entries[i].kind == BlockKind::Data as u8 {
+                    seen.push(b.addr(i));
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(got, end, "the scan ends where the writer goes on");
+        seen.sort();
+        let mut want = placed.clone();
+        want.sort();
+        assert_eq!(seen, want, "the scan saw every block, at both heads");
+        // A walk of each segment: only its own batches, though the chain
+        // interleaves them with the other head's.
+        for seg in 0..24u32 {
+            let mut buf = vec![0u8; MIN_SEGMENT_SIZE as usize];
+            w.store().read(seg, 0, &mut buf).unwrap();
+            let mut n = 0;
+            walk_segment(&buf, 7, false, &|o| format!("{seg}:{o}"), |b| {
+                n += b.entries.iter().filter(|e| e.kind == BlockKind::Data as u8).count();
+                true
+            })
+            .unwrap();
+            assert_eq!(n, placed.iter().filter(|a| a.seg == seg).count(), "segment {seg}");
+        }
     }
 
     /// Regression: a journal record that arrives when the pending batch no
@@ -819,7 +1055,7 @@ mod tests {
         w.sync().unwrap();
         let end = w.pos();
         assert!(end.seg >= 2, "the workload must span segments");
-        let start = LogPos { seg: 0, offset: 0, batch_seq: 1, prev_crc: 0, next_seg: NO_SEGMENT };
+        let start = start(&w);
         let mut batches = 0;
         let got = scan(w.store().as_ref(), 7, start, |_| {
             batches += 1;

@@ -50,4 +50,12 @@ impl Store for Metered {
     fn discard(&self, seg: u32) -> io::Result<()> {
         self.0.discard(seg)
     }
+
+    fn fast_segments(&self) -> Option<u32> {
+        self.0.fast_segments()
+    }
+
+    fn names(&self) -> Option<(String, String)> {
+        self.0.names()
+    }
 }

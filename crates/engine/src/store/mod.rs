@@ -20,12 +20,14 @@ mod fault;
 mod file;
 mod mem;
 mod metered;
+mod two;
 
 #[cfg(any(test, feature = "testing"))]
 pub use fault::{CrashMode, FaultConfig, FaultStore, OpKind, Target};
 pub use file::FileStore;
 pub use mem::MemStore;
 pub(crate) use metered::Metered;
+pub use two::TwoStore;
 
 /// Size of one metadata slot.
 pub const META_SLOT_SIZE: usize = 4096;
@@ -101,6 +103,15 @@ pub trait Store: Send + Sync {
     /// The engine no longer needs segment `seg`; it may be rewritten from
     /// offset 0. A hint: an implementation may do nothing.
     fn discard(&self, seg: u32) -> io::Result<()>;
+    /// Of an image of two stores ([`TwoStore`]): the segments of the fast
+    /// one (they come first). None for one store.
+    fn fast_segments(&self) -> Option<u32> {
+        None
+    }
+    /// Of an image of two stores: the paths of the fast and the bulk one.
+    fn names(&self) -> Option<(String, String)> {
+        None
+    }
 }
 
 fn check_range(g: Geometry, seg: u32, offset: u32, len: usize) -> io::Result<()> {

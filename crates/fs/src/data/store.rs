@@ -19,7 +19,7 @@ use std::collections::HashMap;
 
 use zlogfs_engine::codec::CodecSpec;
 use zlogfs_engine::engine::{BlockWrite, Room};
-use zlogfs_engine::BlockAddr;
+use zlogfs_engine::{BlockAddr, Tier};
 
 use crate::buffers::{Buf, Chunks};
 use crate::error::{Error, Result};
@@ -46,6 +46,8 @@ struct Piece {
     stamp: Option<u64>,
     /// The file's chunk size.
     chunk: u32,
+    /// The device it goes to, of two.
+    tier: Tier,
 }
 
 /// A buffer ready to be planned: what step 1 learnt of it.
@@ -110,6 +112,10 @@ struct StoreFailed {
     back: Option<Chunks>,
 }
 
+/// Files larger than this keep their own chunks on the bulk device of
+/// two (the rest of the image's data stays on the fast one).
+pub const SMALL_FILE_MAX: u64 = 64 << 10;
+
 /// Sizes the plan needs from the config record.
 struct Layout {
     inline_max: u64,
@@ -136,7 +142,21 @@ fn plan_store(loaded: Vec<Loaded>, l: &Layout) -> StorePlan {
         let len = data.len();
         let stamp = (!c.was_partial).then_some(stamp);
         let zero = data.is_empty() || is_zero(&data);
-        let p = Piece { ino: c.ino, idx: c.idx, data, spec: c.spec, counted, len, patch: None, stamp, chunk };
+        // With two devices, large files' own chunks go to the bulk one;
+        // small files, packs and patches stay on the fast one.
+        let tier = if c.size > SMALL_FILE_MAX { Tier::Bulk } else { Tier::Fast };
+        let p = Piece {
+            ino: c.ino,
+            idx: c.idx,
+            data,
+            spec: c.spec,
+            counted,
+            len,
+            patch: None,
+            stamp,
+            chunk,
+            tier,
+        };
         if zero {
             plan.holes.push(p);
         } else if c.idx == 0 && c.size <= l.inline_max {
@@ -179,6 +199,7 @@ fn plan_patches(
                 patch: Some(one),
                 stamp: None,
                 chunk: cs,
+                tier: Tier::Fast,
             });
             // The chunk's count is settled once.
             counted = len;
@@ -318,7 +339,13 @@ impl State {
             .own
             .iter()
             .zip(ready)
-            .map(|(p, ready)| BlockWrite { owner: p.ino, spec: p.spec, raw: &p.data[..], ready })
+            .map(|(p, ready)| BlockWrite {
+                owner: p.ino,
+                spec: p.spec,
+                raw: &p.data[..],
+                ready,
+                tier: p.tier,
+            })
             .collect();
         reqs.extend(plan.packs.iter().map(|k| BlockWrite::new(0, k.spec, &k.raw[..])));
         if reqs.is_empty() {

@@ -1,0 +1,345 @@
+//! An image of two stores (issue 29): the journal, the index and small
+//! files on a fast store, large files' chunks on a bulk one. Placement by
+//! class; power cuts to either store or both, at random points, give a
+//! prefix of what was done since the last sync; a store that fails while
+//! the other works latches the file system and loses nothing synced; a
+//! full fast store spills to the bulk one; a wrong or missing partner is
+//! refused with a message that says which.
+//!
+//! Replay a failure with the seed it prints: `ZLOGFS_SEED=n cargo test
+//! --test two_devices`.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use zlogfs::fs::{self, Fs, FsOptions, MkfsOptions, ROOT};
+use zlogfs::store::{CrashMode, FaultConfig, FaultStore, Geometry, Store, TwoStore};
+
+const SEG: u32 = 256 << 10;
+
+/// The two stores of an image and the store that joins them.
+struct Rig {
+    fast: Arc<FaultStore>,
+    bulk: Arc<FaultStore>,
+}
+
+impl Rig {
+    fn new(fast_segs: u32, bulk_segs: u32) -> Rig {
+        let rig = Rig {
+            fast: Arc::new(FaultStore::new(Geometry { segment_size: SEG, segment_count: fast_segs })),
+            bulk: Arc::new(FaultStore::new(Geometry { segment_size: SEG, segment_count: bulk_segs })),
+        };
+        let o = MkfsOptions {
+            chunk_size: 32 << 10,
+            pack_bytes: 32 << 10,
+            history: fs::history::Policy::NONE,
+            ..MkfsOptions::default()
+        };
+        fs::mkfs(rig.store(false), &o).expect("mkfs on two stores");
+        rig
+    }
+
+    fn store(&self, check: bool) -> Arc<dyn Store> {
+        let names = ("fast.img".to_string(), "bulk.img".to_string());
+        let two = TwoStore::new(self.fast.clone(), self.bulk.clone(), names, check).expect("two stores");
+        Arc::new(two)
+    }
+
+    fn open(&self) -> fs::Result<Fs> {
+        // Small groups: commits (and batches written, not synced) between
+        // the syncs.
+        let opts = FsOptions {
+            engine: common::small_opts(),
+            commit_interval: None,
+            dirty_bytes: 128 << 10,
+            ..FsOptions::default()
+        };
+        Fs::open(self.store(true), opts)
+    }
+}
+
+type Tree = BTreeMap<String, Vec<u8>>;
+
+fn dump(f: &Fs) -> Tree {
+    let mut t = Tree::new();
+    for e in f.readdir(ROOT, None, usize::MAX).expect("readdir") {
+        t.insert(String::from_utf8_lossy(&e.name).into_owned(), f.read(e.ino, 0, 1 << 24).expect("read"));
+    }
+    t
+}
+
+fn fsck_clean(f: &Fs, ctx: &str) {
+    let rep = f.check(&|_, _| {}).expect("fsck");
+    assert!(rep.problems.is_empty(), "{ctx}: fsck: {:?}", rep.problems);
+}
+
+/// Bytes that compress about as well as real data does (a little).
+fn data(seed: u64, len: usize) -> Vec<u8> {
+    let mut r = StdRng::seed_from_u64(seed);
+    (0..len).map(|i| if i % 3 == 0 { r.gen() } else { (i / 7) as u8 }).collect()
+}
+
+/// Bytes written to a store's segments (its metadata slots aside).
+fn segment_bytes(s: &FaultStore) -> u64 {
+    s.written_segments().iter().map(|&(_, n)| u64::from(n)).sum()
+}
+
+#[test]
+fn large_files_go_to_the_bulk_store_and_the_rest_to_the_fast_one() {
+    let rig = Rig::new(16, 48);
+    let f = rig.open().expect("open");
+    let (fast0, bulk0) = (segment_bytes(&rig.fast), segment_bytes(&rig.bulk));
+    let mut want = Tree::new();
+    for i in 0..40u64 {
+        let name = format!("small{i}");
+        let d = data(i, 2000 + i as usize * 50);
+        let a = f.create(ROOT, name.as_bytes(), 0o644, 0, 0).expect("create");
+        f.write(a.ino, 0, &d).expect("write");
+        want.insert(name, d);
+    }
+    f.sync().expect("sync");
+    let small_fast = segment_bytes(&rig.fast) - fast0;
+    assert_eq!(segment_bytes(&rig.bulk), bulk0, "small files wrote nothing to the bulk store");
+    for i in 0..3u64 {
+        let name = format!("large{i}");
+        let d = data(100 + i, 3 << 20);
+        let a = f.create(ROOT, name.as_bytes(), 0o644, 0, 0).expect("create");
+        f.write(a.ino, 0, &d).expect("write");
+        want.insert(name, d);
+    }
+    f.sync().expect("sync");
+    let bulk = segment_bytes(&rig.bulk) - bulk0;
+    let fast = segment_bytes(&rig.fast) - fast0 - small_fast;
+    assert!(bulk > 3 << 20, "the large files' chunks are on the bulk store: {bulk} bytes");
+    assert!(fast < bulk / 8, "the fast store took their records only: {fast} bytes against {bulk}");
+    fsck_clean(&f, "after the writes");
+    f.close().expect("close");
+    let f = rig.open().expect("reopen");
+    assert!(dump(&f) == want, "the tree reads back after a reopen");
+}
+
+#[test]
+fn a_wrong_or_missing_partner_is_refused() {
+    let rig = Rig::new(8, 16);
+    let other = Rig::new(8, 16);
+    // The bulk store alone.
+    let alone: Arc<dyn Store> = rig.bulk.clone();
+    let e = Fs::open(alone, FsOptions::default()).err().expect("the bulk store alone is refused").to_string();
+    assert!(e.contains("fast device") && e.contains("fast.img"), "{e}");
+    // The fast store alone.
+    let alone: Arc<dyn Store> = rig.fast.clone();
+    let e = Fs::open(alone, FsOptions::default()).err().expect("the fast store alone is refused").to_string();
+    assert!(e.contains("fast device of a two-device image"), "{e}");
+    // Another image's fast store.
+    let names = ("other-fast.img".to_string(), "bulk.img".to_string());
+    let e =
+        TwoStore::new(other.fast.clone(), rig.bulk.clone(), names, true).err().expect("refused").to_string();
+    assert!(e.contains("another image"), "{e}");
+    // The two swapped.
+    let names = ("bulk.img".to_string(), "fast.img".to_string());
+    let e = TwoStore::new(rig.bulk.clone(), rig.fast.clone(), names.clone(), true).err().expect("refused");
+    assert!(e.to_string().contains("not the bulk device"), "{e}");
+    // The right pair opens.
+    rig.open().expect("the right pair");
+}
+
+/// A store's power cut: which stores lose what they had not synced.
+#[derive(Debug, Clone, Copy)]
+enum Cut {
+    Fast,
+    Bulk,
+    Both,
+}
+
+/// Random writes, overwrites and deletes of small and large files with
+/// syncs between; power cuts to the fast store, the bulk store or both
+/// (the other keeping every write it had), and stores that die part way
+/// while the other works: each recovery is a state since the last sync,
+/// fsck is clean, and work goes on.
+#[test]
+fn power_cuts_to_either_store_give_a_prefix() {
+    let seed = common::seed("two_devices");
+    let mut r = StdRng::seed_from_u64(seed);
+    let rig = Rig::new(24, 40);
+    let mut f = rig.open().expect("open");
+    let mut model = Tree::new();
+    let mut history = vec![model.clone()];
+    // (operations done, power cuts, of those that lost something, writes
+    // refused by a dead store)
+    let mut tally = (0u32, 0u32, 0u32, 0u32);
+    for step in 0..400u32 {
+        let ctx = format!("seed {seed} step {step}");
+        let name = format!("f{}", r.gen_range(0..12));
+        let ok = match r.gen_range(0..12) {
+            0..=7 => {
+                let len =
+                    if r.gen_bool(0.4) { r.gen_range(100_000..400_000) } else { r.gen_range(1..20_000) };
+                let d = data(r.gen(), len);
+                let w = || -> fs::Result<()> {
+                    let ino = match f.lookup(ROOT, name.as_bytes()) {
+                        Ok(a) => {
+                            f.unlink(ROOT, name.as_bytes())?;
+                            let _ = a;
+                            f.create(ROOT, name.as_bytes(), 0o644, 0, 0)?.ino
+                        }
+                        Err(_) => f.create(ROOT, name.as_bytes(), 0o644, 0, 0)?.ino,
+                    };
+                    f.write(ino, 0, &d)?;
+                    Ok(())
+                };
+                let ok = w().is_ok();
+                if ok {
+                    model.insert(name, d);
+                }
+                ok
+            }
+            8 => match f.unlink(ROOT, name.as_bytes()) {
+                Ok(()) => {
+                    assert!(model.remove(&name).is_some(), "{ctx}: {name} was not there");
+                    true
+                }
+                Err(fs::Error::NotFound(_)) => {
+                    assert!(!model.contains_key(&name), "{ctx}: {name} is there");
+                    false
+                }
+                Err(e) => panic!("{ctx}: unlink {name}: {e}"),
+            },
+            9 | 10 => {
+                let ok = f.sync().is_ok();
+                if ok {
+                    history = vec![model.clone()];
+                }
+                ok
+            }
+            _ => {
+                // A power cut now, or a store that dies a few operations on.
+                let cut = [Cut::Fast, Cut::Bulk, Cut::Both][r.gen_range(0..3)];
+                if r.gen_bool(0.5) {
+                    let dying = if matches!(cut, Cut::Bulk) { &rig.bulk } else { &rig.fast };
+                    dying.set_faults(FaultConfig {
+                        dead_after: Some(r.gen_range(0..40)),
+                        ..FaultConfig::default()
+                    });
+                    // Work until the file system latches (or the store lives).
+                    for k in 0..30u64 {
+                        let a = f.create(ROOT, format!("late{k}").as_bytes(), 0o644, 0, 0);
+                        let ok = a
+                            .and_then(|a| f.write(a.ino, 0, &data(k, 150_000)))
+                            .and_then(|_| f.sync())
+                            .is_ok();
+                        if !ok {
+                            // It failed, but may have been made durable
+                            // before what failed after it.
+                            let mut maybe = model.clone();
+                            maybe.insert(format!("late{k}"), data(k, 150_000));
+                            history.push(maybe);
+                            tally.3 += 1;
+                            break;
+                        }
+                        model.insert(format!("late{k}"), data(k, 150_000));
+                        history = vec![model.clone()];
+                    }
+                }
+                drop(f);
+                let mode =
+                    [CrashMode::DropUnsynced, CrashMode::TearLast, CrashMode::Reorder][r.gen_range(0..3)];
+                let s = r.gen();
+                match cut {
+                    Cut::Fast => {
+                        rig.bulk.sync().expect("the bulk store keeps its writes");
+                        rig.fast.power_cut(mode, s);
+                        rig.bulk.power_cut(mode, s);
+                    }
+                    Cut::Bulk => {
+                        rig.fast.sync().expect("the fast store keeps its writes");
+                        rig.bulk.power_cut(mode, s);
+                        rig.fast.power_cut(mode, s);
+                    }
+                    Cut::Both => {
+                        rig.fast.power_cut(mode, s);
+                        rig.bulk.power_cut(mode, s);
+                    }
+                }
+                f = rig.open().unwrap_or_else(|e| panic!("{ctx}: reopen after {cut:?} {mode:?}: {e}"));
+                let got = dump(&f);
+                if std::env::var("DBG").is_ok() {
+                    let show = |t: &Tree| {
+                        t.iter().map(|(k, v)| format!("{k}:{}", v.len())).collect::<Vec<_>>().join(" ")
+                    };
+                    eprintln!("got   {}", show(&got));
+                    for h in &history {
+                        eprintln!("state {}", show(h));
+                    }
+                }
+                let at = history.iter().rposition(|h| *h == got).unwrap_or_else(|| {
+                    panic!("{ctx}: after a power cut ({cut:?}, {mode:?}) the tree matches no state since the last sync")
+                });
+                fsck_clean(&f, &ctx);
+                tally.1 += 1;
+                tally.2 += u32::from(at + 1 < history.len());
+                model = history[at].clone();
+                history = vec![model.clone()];
+                continue;
+            }
+        };
+        if ok {
+            tally.0 += 1;
+            history.push(model.clone());
+        }
+    }
+    eprintln!(
+        "{} operations, {} power cuts ({} lost unsynced work), {} stores died",
+        tally.0, tally.1, tally.2, tally.3
+    );
+    assert!(tally.1 >= 10 && tally.2 >= 1 && tally.3 >= 1, "the run cut power and lost work: {tally:?}");
+    f.sync().expect("sync");
+    fsck_clean(&f, "at the end");
+    assert!(dump(&f) == model, "the tree at the end");
+}
+
+/// A fast store much smaller than the small files written: they spill to
+/// the bulk store, no write gets ENOSPC while it has room, and deleting
+/// and cleaning make room on the fast store again.
+#[test]
+fn a_full_fast_store_spills_to_the_bulk_store() {
+    let rig = Rig::new(6, 58);
+    let f = rig.open().expect("open");
+    let mut want = Tree::new();
+    for i in 0..600u64 {
+        let name = format!("s{i}");
+        let d = data(i, 9000);
+        let a = f.create(ROOT, name.as_bytes(), 0o644, 0, 0).unwrap_or_else(|e| panic!("create {i}: {e}"));
+        f.write(a.ino, 0, &d).unwrap_or_else(|e| panic!("write {i}: {e}"));
+        want.insert(name, d);
+        if i % 50 == 49 {
+            f.sync().unwrap_or_else(|e| panic!("sync after {i}: {e}"));
+        }
+    }
+    f.sync().expect("sync");
+    assert!(segment_bytes(&rig.bulk) > 2 << 20, "small files spilled to the bulk store");
+    fsck_clean(&f, "after spilling");
+    for i in (0..600u64).step_by(2) {
+        f.unlink(ROOT, format!("s{i}").as_bytes()).expect("unlink");
+        want.remove(&format!("s{i}"));
+    }
+    f.sync().expect("sync");
+    let rep =
+        f.clean(&fs::CleanOptions { max_live: 0.9, ..fs::CleanOptions::default() }, &|_| {}).expect("clean");
+    assert!(rep.freed > 0, "cleaning freed segments: {rep:?}");
+    for i in 0..100u64 {
+        let name = format!("again{i}");
+        let d = data(1000 + i, 9000);
+        let a = f.create(ROOT, name.as_bytes(), 0o644, 0, 0).expect("create after cleaning");
+        f.write(a.ino, 0, &d).expect("write after cleaning");
+        want.insert(name, d);
+    }
+    f.sync().expect("sync");
+    fsck_clean(&f, "after deleting, cleaning and writing again");
+    f.close().expect("close");
+    let f = rig.open().expect("reopen");
+    assert!(dump(&f) == want, "the tree reads back");
+}
