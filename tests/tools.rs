@@ -323,3 +323,57 @@ fn the_history_policy_from_the_command_line() {
     assert!(fsck.contains("clean"), "{fsck}");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// Two devices from the command line (issue 29): mkfs BULK --fast FAST,
+/// import and export through both (the fast device found from the path
+/// the bulk device recorded, or given), stats per device, fsck; each
+/// device alone, another image's fast device, and --fast on a one-device
+/// image are refused with a message that says what to do.
+#[test]
+fn two_devices_from_the_command_line() {
+    let w = work("two");
+    let (bulk, fast, other) = (w.join("bulk.img"), w.join("fast.img"), w.join("other.img"));
+    let src = w.join("src");
+    std::fs::create_dir_all(src.join("d")).expect("mkdir");
+    std::fs::write(src.join("small"), b"a small file").expect("write");
+    let big: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    std::fs::write(src.join("d/big"), &big).expect("write");
+    let fast_arg = format!("--fast={}", fast.display());
+    ok(&[s("mkfs".as_ref()), s(&bulk), fast_arg.as_ref(), s("--size=64M".as_ref())]);
+    ok(&[s("import".as_ref()), s(&src), s(&bulk)]);
+    let stats: serde_json::Value =
+        serde_json::from_str(&ok(&[s("stats".as_ref()), s(&bulk), s("--json".as_ref())])).expect("json");
+    let devs = stats["devices"].as_array().expect("devices");
+    assert_eq!(devs.len(), 2, "{devs:?}");
+    assert_eq!((devs[0]["role"].as_str(), devs[1]["role"].as_str()), (Some("fast"), Some("bulk")));
+    let live = |d: &serde_json::Value| d["live_bytes"].as_u64().expect("live");
+    assert!(
+        live(&devs[1]) > 2_000_000 && live(&devs[0]) < live(&devs[1]) / 4,
+        "the big file is on the bulk device: {devs:?}"
+    );
+    let out = w.join("out");
+    ok(&[s("export".as_ref()), s(&bulk), s(&out), fast_arg.as_ref()]);
+    assert_eq!(std::fs::read(out.join("d/big")).expect("read"), big);
+    assert_eq!(std::fs::read(out.join("small")).expect("read"), b"a small file");
+    let fsck = ok(&[s("fsck".as_ref()), s(&bulk)]);
+    assert!(fsck.contains("clean"), "{fsck}");
+    // Refusals.
+    let err = |args: &[&OsStr]| {
+        let o = zlogfs(args);
+        assert!(!o.status.success(), "zlogfs {args:?} succeeded");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let e = err(&[s("ls".as_ref()), s(&fast)]);
+    assert!(e.contains("fast device of a two-device image") && e.contains("bulk.img"), "{e}");
+    ok(&[s("mkfs".as_ref()), s(&other), s("--size=16M".as_ref())]);
+    let e = err(&[s("ls".as_ref()), s(&bulk), format!("--fast={}", other.display()).as_ref()]);
+    assert!(e.contains("not a fast device"), "{e}");
+    let e = err(&[s("ls".as_ref()), s(&other), fast_arg.as_ref()]);
+    assert!(e.contains("a one-device image"), "{e}");
+    std::fs::rename(&fast, w.join("moved.img")).expect("rename");
+    let e = err(&[s("ls".as_ref()), s(&bulk)]);
+    assert!(e.contains("its fast device") && e.contains("fast.img"), "{e}");
+    let moved = format!("--fast={}", w.join("moved.img").display());
+    ok(&[s("ls".as_ref()), s(&bulk), moved.as_ref()]);
+    let _ = std::fs::remove_dir_all(&w);
+}

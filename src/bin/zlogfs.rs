@@ -13,8 +13,9 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use zlogfs::codec::CodecSpec;
 use zlogfs::fs::{self as zfs, Fs, FsOptions, Kind, MkfsOptions};
-use zlogfs::store::{FileStore, Geometry, Store, META_AREA_SIZE};
+use zlogfs::store::{self, FileStore, Geometry, Store, TwoStore, META_AREA_SIZE};
 use zlogfs::tools;
+use zlogfs::Role;
 use zlogfs::{engine, Options};
 use zlogfs::{validate_geometry, DEFAULT_SEGMENT_SIZE};
 
@@ -34,6 +35,12 @@ mod nbd;
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// The fast device of an image of two (made with `mkfs BULK --fast
+    /// FAST`): metadata and small files live there, large files on the
+    /// image given (the bulk device). Default: the path recorded when it
+    /// was last opened. With mkfs, the fast device to make.
+    #[arg(long, global = true, value_name = "PATH")]
+    fast: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -341,6 +348,10 @@ struct FormatArgs {
     /// `zlogfs snapshot policy TARGET SPEC`.
     #[arg(long, default_value = "all:1h,hourly:2d,daily:31d")]
     history: zfs::history::Policy,
+    /// With --fast: size of a new fast device file (ignored for a block
+    /// device). Default: an eighth of --size.
+    #[arg(long, value_parser = parse_size)]
+    fast_size: Option<u64>,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -380,6 +391,9 @@ fn main() -> ExitCode {
         return finish(mount::helper(&argv[1..]));
     }
     let cli = Cli::parse();
+    if let Some(f) = &cli.fast {
+        let _ = FAST.set(absolute(f));
+    }
     if !matches!(cli.cmd, Cmd::Mount { .. }) {
         if let Err(e) = logging::init(None, logging::Sink::Stderr) {
             return finish(Err(e));
@@ -431,31 +445,48 @@ fn finish(r: Res) -> ExitCode {
 
 type Res = Result<ExitCode, String>;
 
-fn mkfs(image: &Path, f: &FormatArgs, force: bool) -> Result<(), String> {
-    let is_dev = std::fs::metadata(image)
+/// The size of the image mkfs makes at `path`: a block device's own, else
+/// `size`; refused when `path` is a directory, or exists without `force`.
+fn target_size(path: &Path, size: u64, force: bool) -> Result<u64, String> {
+    let is_dev = std::fs::metadata(path)
         .map(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()))
         .unwrap_or(false);
-    if image.is_dir() {
+    if path.is_dir() {
         return Err(format!(
             "{} is a directory: give an image file (it is created) or a block device",
-            image.display()
+            path.display()
         ));
     }
-    if image.exists() && !force {
-        return Err(format!("{} already exists; pass --force to overwrite it", image.display()));
+    if path.exists() && !force {
+        return Err(format!("{} already exists; pass --force to overwrite it", path.display()));
     }
-    let size = if is_dev {
-        FileStore::len_bytes(image).map_err(|e| format!("cannot size {}: {e}", image.display()))?
+    if is_dev {
+        FileStore::len_bytes(path).map_err(|e| format!("cannot size {}: {e}", path.display()))
     } else {
-        f.size
+        Ok(size)
+    }
+}
+
+fn mkfs(image: &Path, f: &FormatArgs, force: bool) -> Result<(), String> {
+    let size = target_size(image, f.size, force)?;
+    let fast = FAST.get();
+    let fast_size = match fast {
+        Some(p) => Some(target_size(p, f.fast_size.unwrap_or(size / 8), force)?),
+        None if f.fast_size.is_some() => {
+            return Err("--fast-size is the size of the --fast PATH device".into())
+        }
+        None => None,
     };
     let segment_size = match f.segment_size {
         Some(s) => u32::try_from(s).map_err(|_| "segment size too large".to_string())?,
         None if size < 1 << 30 => 1 << 20,
         None => DEFAULT_SEGMENT_SIZE,
     };
-    let segment_count = size.saturating_sub(META_AREA_SIZE) / u64::from(segment_size);
-    let geometry = Geometry { segment_size, segment_count: u32::try_from(segment_count).unwrap_or(u32::MAX) };
+    let segments = |bytes: u64| {
+        let n = bytes.saturating_sub(META_AREA_SIZE) / u64::from(segment_size);
+        Geometry { segment_size, segment_count: u32::try_from(n).unwrap_or(u32::MAX) }
+    };
+    let geometry = segments(size);
     validate_geometry(geometry).map_err(|e| format!("cannot make an image of {size} bytes: {e}"))?;
     let small = |v: u64, what: &str| u32::try_from(v).map_err(|_| format!("{what} {v} is too large"));
     let o = MkfsOptions {
@@ -467,17 +498,44 @@ fn mkfs(image: &Path, f: &FormatArgs, force: bool) -> Result<(), String> {
         root_gid: nix::unistd::getgid().as_raw(),
         history: f.history,
     };
-    let store =
-        FileStore::create(image, geometry).map_err(|e| format!("cannot create {}: {e}", image.display()))?;
-    let store: Arc<dyn Store> = Arc::new(store);
+    let create = |p: &Path, g: Geometry| {
+        FileStore::create(p, g).map_err(|e| format!("cannot create {}: {e}", p.display()))
+    };
+    let store: Arc<dyn Store> = match (fast, fast_size) {
+        (Some(fp), Some(fsize)) => {
+            let fg = segments(fsize);
+            if fg.segment_count < 4 {
+                return Err(format!(
+                    "the fast device of {fsize} bytes holds {} segments of {segment_size} bytes; it needs \
+                     at least 4 (--fast-size {})",
+                    fg.segment_count,
+                    META_AREA_SIZE + 4 * u64::from(segment_size)
+                ));
+            }
+            let (bulk, fst) = (create(image, geometry)?, create(fp, fg)?);
+            let names = (absolute(fp).display().to_string(), absolute(image).display().to_string());
+            let two =
+                TwoStore::new(Arc::new(fst), Arc::new(bulk), names, false).map_err(|e| e.to_string())?;
+            eprintln!(
+                "fast device {}: {} segments ({} MiB): metadata, small files (up to {} KiB), packs",
+                fp.display(),
+                fg.segment_count,
+                fg.capacity() >> 20,
+                zfs::SMALL_FILE_MAX >> 10
+            );
+            Arc::new(two)
+        }
+        _ => Arc::new(create(image, geometry)?),
+    };
     zfs::mkfs(store.clone(), &o).map_err(|e| format!("{}: {e}", image.display()))?;
     let sb = engine::read_superblock(store.as_ref()).map_err(|e| e.to_string())?;
+    let g = store.geometry();
     eprintln!(
         "created {}: {} segments of {} KiB ({} MiB), chunks of {} KiB, codec {}, history {}, uuid {}",
         image.display(),
-        geometry.segment_count,
-        geometry.segment_size / 1024,
-        geometry.capacity() >> 20,
+        g.segment_count,
+        g.segment_size / 1024,
+        g.capacity() >> 20,
         o.chunk_size / 1024,
         o.codec,
         o.history,
@@ -486,16 +544,75 @@ fn mkfs(image: &Path, f: &FormatArgs, force: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// Open an image file for writing, taking its lock. A process that has it
-/// open gets a few seconds to let go: `fusermount3 -u` returns before the
-/// daemon has finished closing the image, and a command run right after
-/// it should not fail for that.
-fn open_store(image: &Path) -> Result<FileStore, String> {
-    wait_for_lock(image, || FileStore::open(image))
+/// The fast device named by `--fast` (for every command).
+static FAST: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// `p` made absolute (a daemon works from `/`; a superblock records it).
+fn absolute(p: &Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// The store of `image`, its file locked (shared when `read_only`; a
+/// process that has it open gets a few seconds to let go: `fusermount3
+/// -u` returns before the daemon has finished closing the image, and a
+/// command run right after it should not fail for that): its file, or, when its superblock says it is the bulk
+/// device of two, joined with its fast device (`fast`, else `--fast`,
+/// else the path its superblock recorded).
+pub(crate) fn open_image(
+    image: &Path,
+    read_only: bool,
+    fast: Option<&Path>,
+) -> Result<Arc<dyn Store>, String> {
+    let open = |p: &Path| {
+        if read_only {
+            wait_for_lock(p, || FileStore::open_read_only(p))
+        } else {
+            wait_for_lock(p, || FileStore::open(p))
+        }
+    };
+    let at = |e: String| format!("{}: {e}", image.display());
+    let f = open(image)?;
+    let sb = engine::read_superblock(&f).map_err(|e| at(e.to_string()))?;
+    let fast = fast.or(FAST.get().map(PathBuf::as_path));
+    match sb.role {
+        Role::Single => {
+            if let Some(p) = fast {
+                return Err(at(format!(
+                    "a one-device image: --fast {} is for images made with `zlogfs mkfs --fast`",
+                    p.display()
+                )));
+            }
+            Ok(Arc::new(f.with_geometry(sb.geometry).map_err(|e| at(e.to_string()))?))
+        }
+        Role::Fast => Err(at(format!(
+            "this is the fast device of a two-device image: give its bulk device{} instead, with --fast {}",
+            if sb.partner.is_empty() { String::new() } else { format!(" ({})", sb.partner) },
+            image.display()
+        ))),
+        Role::Bulk => {
+            let path = match fast {
+                Some(p) => p.to_path_buf(),
+                None if !sb.partner.is_empty() => PathBuf::from(&sb.partner),
+                None => {
+                    return Err(at("the bulk device of two: give its fast device with --fast PATH".into()))
+                }
+            };
+            let ff = open(&path).map_err(|e| at(format!("its fast device: {e}")))?;
+            let names = (absolute(&path).display().to_string(), absolute(image).display().to_string());
+            store::check_pair(&ff, &f, &names).map_err(|e| at(e.to_string()))?;
+            let g = |n: u32| Geometry { segment_size: sb.geometry.segment_size, segment_count: n };
+            let fast_segs = sb.fast_segments;
+            let ff = ff.with_geometry(g(fast_segs)).map_err(|e| format!("{}: {e}", path.display()))?;
+            let f =
+                f.with_geometry(g(sb.geometry.segment_count - fast_segs)).map_err(|e| at(e.to_string()))?;
+            let two = TwoStore::new(Arc::new(ff), Arc::new(f), names, true).map_err(|e| at(e.to_string()))?;
+            Ok(Arc::new(two))
+        }
+    }
 }
 
 /// `open` an image, waiting a few seconds for another process to let go of
-/// it (see [`open_store`]).
+/// it (see [`open_image`]).
 fn wait_for_lock(image: &Path, open: impl Fn() -> std::io::Result<FileStore>) -> Result<FileStore, String> {
     use std::time::{Duration, Instant};
     let start = Instant::now();
@@ -537,9 +654,7 @@ fn wait_for_lock(image: &Path, open: impl Fn() -> std::io::Result<FileStore>) ->
 /// shared lock, so that it works on an image the caller may not write (mode
 /// 0444, immutable, a read-only medium) and beside other readers.
 fn open_fs_ro(image: &Path) -> Result<Fs, String> {
-    let f = wait_for_lock(image, || FileStore::open_read_only(image))?;
-    let sb = engine::read_superblock(&f).map_err(|e| format!("{}: {e}", image.display()))?;
-    let f = f.with_geometry(sb.geometry).map_err(|e| format!("{}: {e}", image.display()))?;
+    let f = open_image(image, true, None)?;
     let opts = FsOptions {
         engine: Options { background: false, ..Options::default() },
         commit_interval: None,
@@ -547,20 +662,18 @@ fn open_fs_ro(image: &Path) -> Result<Fs, String> {
         read_only: true,
         ..FsOptions::default()
     };
-    Fs::open(Arc::new(f), opts).map_err(|e: zfs::Error| format!("{}: {e}", image.display()))
+    Fs::open(f, opts).map_err(|e: zfs::Error| format!("{}: {e}", image.display()))
 }
 
 fn open_fs(image: &Path, atime: zfs::Atime) -> Result<Fs, String> {
-    let f = open_store(image)?;
-    let sb = engine::read_superblock(&f).map_err(|e| format!("{}: {e}", image.display()))?;
-    let f = f.with_geometry(sb.geometry).map_err(|e| format!("{}: {e}", image.display()))?;
+    let f = open_image(image, false, None)?;
     let opts = FsOptions {
         engine: Options { background: false, ..Options::default() },
         commit_interval: None,
         atime,
         ..FsOptions::default()
     };
-    Fs::open(Arc::new(f), opts).map_err(|e: zfs::Error| format!("{}: {e}", image.display()))
+    Fs::open(f, opts).map_err(|e: zfs::Error| format!("{}: {e}", image.display()))
 }
 
 fn close(fs: Fs, image: &Path) -> Result<(), String> {

@@ -62,7 +62,32 @@ pub fn stats(image: &str, fs: &Fs) -> Result<Value> {
         "snapshots": snapshots, "automatic_points": points, "history_policy": fs.history_policy().to_string(),
         "points_dropped_for_room": fst.points_dropped, "snapshot_held_bytes": held,
         "history_purgeable_bytes": fs.purgeable_bytes()?,
+        "devices": devices(&s, g.segment_size, e.store_names()),
     }))
+}
+
+/// Each device's share (one entry for an image of one device): its role,
+/// path when known, capacity, live and free bytes, and the stored bytes
+/// of each class of block written to it since open.
+fn devices(s: &zlogfs_engine::engine::EngineStats, seg: u32, names: Option<(String, String)>) -> Vec<Value> {
+    let one = |role: &str, path: Option<String>, d: &zlogfs_engine::engine::DeviceStats| {
+        let kinds: serde_json::Map<String, Value> = zlogfs_engine::BlockKind::ALL
+            .iter()
+            .map(|k| (k.name().to_string(), json!(d.kind_bytes[*k as usize])))
+            .collect();
+        json!({
+            "role": role, "path": path, "segments": d.segments, "free_segments": d.free_segments,
+            "capacity_bytes": u64::from(d.segments) * u64::from(seg), "live_bytes": d.live_bytes,
+            "free_bytes": u64::from(d.free_segments) * u64::from(seg), "written_since_open_by_kind": kinds,
+        })
+    };
+    match (&s.bulk, names) {
+        (Some(b), n) => {
+            let (f, bn) = n.map_or((None, None), |(f, b)| (Some(f), Some(b)));
+            vec![one("fast", f, &s.fast), one("bulk", bn, b)]
+        }
+        (None, _) => vec![one("only", None, &s.fast)],
+    }
 }
 
 /// The volumes: regular files with a chunk size of their own (what

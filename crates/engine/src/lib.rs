@@ -35,5 +35,5 @@ pub mod store;
 pub use engine::{mkfs, Engine, Op, Options, Snapshot, WriteBatch};
 pub use error::{Error, Result};
 pub use index::{MAX_KEY, MAX_VALUE};
-pub use log::format::{validate_geometry, BlockAddr, BlockKind, DEFAULT_SEGMENT_SIZE};
+pub use log::format::{validate_geometry, BlockAddr, BlockKind, Role, DEFAULT_SEGMENT_SIZE};
 pub use log::{max_block_raw, Tier};

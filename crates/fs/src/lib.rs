@@ -62,6 +62,7 @@ pub use attr::{XATTR_CHUNK, XATTR_CODEC, XATTR_CREATE, XATTR_KILL_SGID, XATTR_PH
 pub use changes::{ChangeFeed, ChangeOp, FileChange};
 pub use check::{CheckReport, CodecUse, TreeUsage, Usage};
 pub use clean::{CleanOptions, CleanReport};
+pub use data::SMALL_FILE_MAX;
 pub use error::{Error, Result};
 pub use files::MAX_FILE_SIZE;
 pub use filesystem::{mkfs, now, Fs, Invalidator};

@@ -6,13 +6,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 use zlogfs::fs::{self as zfs, Fs};
-use zlogfs::store::FileStore;
 use zlogfs::tools::{self, report};
-use zlogfs::{control, engine, Options};
+use zlogfs::{control, Options};
 
 use super::{close, open_fs, open_fs_ro, Res};
 
@@ -175,6 +173,30 @@ fn print_stats(v: &Value) {
         n("dead_bytes"),
         n("estimated_logical_bytes_that_fit")
     );
+    for d in v["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|_| v["devices"].as_array().is_some_and(|a| a.len() > 1))
+    {
+        let kinds = d["written_since_open_by_kind"].as_object().map(|m| {
+            m.iter()
+                .filter(|(_, b)| b.as_u64() != Some(0))
+                .map(|(k, b)| format!("{k} {b}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        });
+        println!(
+            "{:<18}{} segments, {} free; {} of {} bytes live{}{}",
+            format!("{} device:", d["role"].as_str().unwrap_or("")),
+            d["segments"],
+            d["free_segments"],
+            d["live_bytes"],
+            d["capacity_bytes"],
+            d["path"].as_str().map(|p| format!(" ({p})")).unwrap_or_default(),
+            kinds.filter(|k| !k.is_empty()).map(|k| format!("; written since open: {k}")).unwrap_or_default()
+        );
+    }
     println!(
         "tree:             {} files, {} directories, {} others",
         n("files"),
@@ -448,11 +470,9 @@ pub fn clean(target: &Path, segments: Option<usize>, max_live: f64, json: bool) 
 /// When the file system does not open: what the engine underneath can
 /// still say of damaged index blocks (the records they held), or None.
 fn fsck_engine(image: &Path) -> Option<Vec<String>> {
-    let f = FileStore::open_read_only(image).ok()?;
-    let sb = engine::read_superblock(&f).ok()?;
-    let f = f.with_geometry(sb.geometry).ok()?;
+    let f = super::open_image(image, true, None).ok()?;
     let opts = Options { background: false, read_only: true, ..Options::default() };
-    let eng = zlogfs::Engine::open(Arc::new(f), opts).ok()?;
+    let eng = zlogfs::Engine::open(f, opts).ok()?;
     let bad = eng.verify_runs();
     (!bad.is_empty()).then(|| {
         bad.into_iter()

@@ -8,10 +8,10 @@ use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use zlogfs::control;
 use zlogfs::engine::Options;
 use zlogfs::frontends::fuse::{self, MountOptions, Snapdir, Uring};
 use zlogfs::fs::{Atime, Fs, FsOptions, SyncMode};
-use zlogfs::{control, engine};
 
 use super::logging::{self, Sink};
 use super::Res;
@@ -50,6 +50,8 @@ pub struct Parsed {
     /// `-o ro,at=TIME`: mount the newest kept point at or before TIME (or
     /// the one a clock token names).
     pub at: Option<String>,
+    /// `-o fast=PATH`: the fast device of an image of two.
+    pub fast: Option<PathBuf>,
 }
 
 /// Parse a `-o` list (several `-o` are joined). Every generic option of
@@ -71,6 +73,7 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
         commit: COMMIT,
         metrics: None,
         nbd: None,
+        fast: None,
         snapshot: None,
         at: None,
     };
@@ -157,6 +160,10 @@ impl Parsed {
                 self.commit = if s == 0 { COMMIT } else { Duration::from_secs(s) };
             }
             "nbd" => self.nbd = Some(PathBuf::from(v.ok_or("option nbd needs the path of a Unix socket")?)),
+            "fast" => {
+                let p = v.ok_or("option fast needs the path of the image's fast device")?;
+                self.fast = Some(super::absolute(Path::new(p)));
+            }
             "snapdir" => {
                 self.mount.snapdir = match v {
                     Some("hidden") => Snapdir::Hidden,
@@ -260,13 +267,7 @@ fn preflight(dir: &Path) -> Result<(), String> {
 pub fn open_for_mount(image: &Path, p: &Parsed) -> Result<Fs, String> {
     // Read-only, the image is opened so (with a shared lock): it may be
     // read-only to the caller, and other read-only users may share it.
-    let f = if p.mount.read_only {
-        super::wait_for_lock(image, || zlogfs::store::FileStore::open_read_only(image))?
-    } else {
-        super::open_store(image)?
-    };
-    let sb = engine::read_superblock(&f).map_err(|e| format!("{}: {e}", image.display()))?;
-    let f = f.with_geometry(sb.geometry).map_err(|e| format!("{}: {e}", image.display()))?;
+    let f = super::open_image(image, p.mount.read_only, p.fast.as_deref())?;
     let opts = FsOptions {
         engine: Options::default(),
         atime: p.atime,
@@ -279,7 +280,7 @@ pub fn open_for_mount(image: &Path, p: &Parsed) -> Result<Fs, String> {
         at: p.at.clone(),
         ..FsOptions::default()
     };
-    Fs::open(Arc::new(f), opts).map_err(|e: zlogfs::fs::Error| format!("{}: {e}", image.display()))
+    Fs::open(f, opts).map_err(|e: zlogfs::fs::Error| format!("{}: {e}", image.display()))
 }
 
 /// `zlogfs mount IMAGE DIR [-o OPTS] [-f]`.

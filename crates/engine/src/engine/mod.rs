@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::index::run::{BlockCache, Run};
 use crate::index::{Entry, Memtable, MergeIter, MAX_KEY, MAX_VALUE};
 use crate::log::format::*;
-use crate::log::{LogWriter, SegUsage};
+use crate::log::{LogWriter, SegUsage, Tier};
 use crate::store::Store;
 
 mod background;
@@ -175,6 +175,24 @@ pub struct EngineStats {
     pub checkpoint: u64,
     /// Highest visible sequence number.
     pub seq: u64,
+    /// Of two devices, the fast one's share ([`DeviceStats`]); with one
+    /// device, all of it.
+    pub fast: DeviceStats,
+    /// Of two devices, the bulk one's share; None with one device.
+    pub bulk: Option<DeviceStats>,
+}
+
+/// One device's part of the segment space.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceStats {
+    /// Segments on it.
+    pub segments: u32,
+    /// Of those, free for reuse.
+    pub free_segments: u32,
+    /// Live bytes of blocks on it.
+    pub live_bytes: u64,
+    /// Stored bytes of blocks written to it since open, by block kind.
+    pub kind_bytes: [u64; 8],
 }
 
 /// An open image.
@@ -203,6 +221,11 @@ impl Drop for Snapshot {
 }
 
 impl Engine {
+    /// Of two devices, the paths of the fast and the bulk one.
+    pub fn store_names(&self) -> Option<(String, String)> {
+        self.sh.store.names()
+    }
+
     /// The superblock.
     pub fn superblock(&self) -> &Superblock {
         &self.sh.sb
@@ -557,6 +580,9 @@ impl Engine {
             memtable_entries: ver.active.len() + ver.frozen.iter().map(|f| f.mem.len()).sum::<usize>(),
             checkpoint: core.ckpt.number,
             seq: self.seq(),
+            fast: device_stats(&core.log, Tier::Fast),
+            bulk: (core.log.fast_segments() < self.sh.sb.geometry.segment_count)
+                .then(|| device_stats(&core.log, Tier::Bulk)),
         }
     }
 
@@ -577,5 +603,16 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.stop_worker();
+    }
+}
+
+/// What the log says of the device of `tier`.
+fn device_stats(log: &LogWriter, tier: Tier) -> DeviceStats {
+    let segs: Vec<u32> = (0..log.usage.len() as u32).filter(|&s| log.tier_of(s) == tier).collect();
+    DeviceStats {
+        segments: segs.len() as u32,
+        free_segments: segs.iter().filter(|&&s| log.is_free(s)).count() as u32,
+        live_bytes: segs.iter().map(|&s| u64::from(log.usage[s as usize].live)).sum(),
+        kind_bytes: log.device_kind_bytes[usize::from(tier == Tier::Bulk)],
     }
 }

@@ -209,6 +209,8 @@ pub struct LogWriter {
     pub device_bytes: u64,
     /// Stored bytes of blocks written, by kind (indexed by the kind byte).
     pub kind_bytes: [u64; 8],
+    /// The same, by device (fast, bulk).
+    pub device_kind_bytes: [[u64; 8]; 2],
     /// Journal blocks written since the replay start: (position, seg, len).
     pub journal_blocks: Vec<(u64, u32, u32)>,
     /// Drawn at open; written into every batch header.
@@ -280,6 +282,7 @@ impl LogWriter {
             failed: false,
             device_bytes: 0,
             kind_bytes: [0; 8],
+            device_kind_bytes: [[0; 8]; 2],
             journal_blocks: Vec::new(),
             epoch: rand::random(),
         }
@@ -658,10 +661,12 @@ impl LogWriter {
         head.seg_prev_crc = hd.batch_crc;
         let seg = head.seg;
         self.device_bytes += p.buf.len() as u64;
+        let dev = usize::from(self.tier_of(seg) == Tier::Bulk);
         let u = &mut self.usage[seg as usize];
         u.last_batch = seq;
         for e in &p.entries {
             self.kind_bytes[usize::from(e.kind & 7)] += u64::from(e.len);
+            self.device_kind_bytes[dev][usize::from(e.kind & 7)] += u64::from(e.len);
             u.live = u.live.saturating_add(e.len);
         }
         self.batch_seq += 1;

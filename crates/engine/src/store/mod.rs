@@ -27,7 +27,7 @@ pub use fault::{CrashMode, FaultConfig, FaultStore, OpKind, Target};
 pub use file::FileStore;
 pub use mem::MemStore;
 pub(crate) use metered::Metered;
-pub use two::TwoStore;
+pub use two::{check_pair, TwoStore};
 
 /// Size of one metadata slot.
 pub const META_SLOT_SIZE: usize = 4096;

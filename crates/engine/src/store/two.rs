@@ -65,38 +65,9 @@ impl TwoStore {
     }
 
     fn check_partners(&self) -> Result<()> {
-        let read = |s: &dyn Store, name: &str| -> Result<Superblock> {
-            let mut buf = [0u8; META_SLOT_SIZE];
-            s.read_meta(MetaSlot::Super, &mut buf).map_err(|e| Error::io(format!("reading {name}"), e))?;
-            Superblock::decode(&buf)
-        };
+        let f = check_pair(self.fast.as_ref(), self.bulk.as_ref(), &self.names)?;
         let (fname, bname) = (&self.names.0, &self.names.1);
-        let f = read(self.fast.as_ref(), fname)?;
-        let b = read(self.bulk.as_ref(), bname)?;
-        let hex = |u: &[u8; 16]| u.iter().map(|x| format!("{x:02x}")).collect::<String>();
-        if b.role != Role::Bulk {
-            return Err(Error::Invalid(format!(
-                "{bname} is {} of its image, not the bulk device of two",
-                b.role.name()
-            )));
-        }
-        if f.role != Role::Fast {
-            return Err(Error::Invalid(format!(
-                "{fname} is {} of its image (uuid {}), not a fast device",
-                f.role.name(),
-                hex(&f.uuid)
-            )));
-        }
-        if f.uuid != b.uuid {
-            return Err(Error::Invalid(format!(
-                "{fname} is the fast device of another image (uuid {}; {bname} is {}): give the fast \
-                 device made with it (it was {})",
-                hex(&f.uuid),
-                hex(&b.uuid),
-                if b.partner.is_empty() { "not recorded" } else { &b.partner }
-            )));
-        }
-        if f.fast_segments != self.split || b.geometry != self.geometry || f.geometry != self.geometry {
+        if f.fast_segments != self.split || f.geometry != self.geometry {
             return Err(Error::Invalid(format!(
                 "{fname} and {bname} do not have the sizes their superblocks record ({} of {} segments \
                  on the fast device; here {} of {})",
@@ -173,4 +144,49 @@ impl Store for TwoStore {
     fn names(&self) -> Option<(String, String)> {
         Some(self.names.clone())
     }
+}
+
+/// Check that `fast` and `bulk` are the two devices of one image, each in
+/// its role (`names`: their paths, for the messages); the fast device's
+/// superblock. Reads only their superblocks, so it may come before their
+/// sizes are known.
+pub fn check_pair(fast: &dyn Store, bulk: &dyn Store, names: &(String, String)) -> Result<Superblock> {
+    let read = |s: &dyn Store, name: &str| -> Result<Superblock> {
+        let mut buf = [0u8; META_SLOT_SIZE];
+        s.read_meta(MetaSlot::Super, &mut buf).map_err(|e| Error::io(format!("reading {name}"), e))?;
+        Superblock::decode(&buf).map_err(|e| Error::Invalid(format!("{name}: {e}")))
+    };
+    let (fname, bname) = (&names.0, &names.1);
+    let f = read(fast, fname)?;
+    let b = read(bulk, bname)?;
+    let hex = |u: &[u8; 16]| u.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    if b.role != Role::Bulk {
+        return Err(Error::Invalid(format!(
+            "{bname} is {} of its image, not the bulk device of two",
+            b.role.name()
+        )));
+    }
+    if f.role != Role::Fast {
+        return Err(Error::Invalid(format!(
+            "{fname} is {} of its image (uuid {}), not a fast device",
+            f.role.name(),
+            hex(&f.uuid)
+        )));
+    }
+    if f.uuid != b.uuid {
+        return Err(Error::Invalid(format!(
+            "{fname} is the fast device of another image (uuid {}; {bname} is {}): give the fast \
+                 device made with it (it was {})",
+            hex(&f.uuid),
+            hex(&b.uuid),
+            if b.partner.is_empty() { "not recorded" } else { &b.partner }
+        )));
+    }
+    if f.fast_segments != b.fast_segments || f.geometry != b.geometry {
+        return Err(Error::corrupt(
+            format!("the superblocks of {fname} and {bname}"),
+            "they name the same image but record different sizes",
+        ));
+    }
+    Ok(f)
 }
