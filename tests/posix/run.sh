@@ -13,6 +13,10 @@
 #              overwrites, some O_DIRECT, appends, truncates, deletes), 4
 #              readers and `zlogfs clean` in a loop, at once (stress.py),
 #              with patches and with -o nopatches; fsck after (issue 24)
+#   two        an image of two files (mkfs --fast, issue 29): pjdfstest
+#              (both passes), fsx with 2 seeds, and the stress run on a
+#              fast device small enough that small files spill to the bulk
+#              one while the cleaner runs; fsck after each
 #
 # pjdfstest and fsx run on each transport: FUSE over io_uring (-o uring,
 # which turns the fuse module's enable_uring on) and /dev/fuse
@@ -32,7 +36,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 here=tests/posix
-suites="${POSIX_SUITES:-pjdfstest fsx fio clean stress}"
+suites="${POSIX_SUITES:-pjdfstest fsx fio clean stress two}"
 stress_secs="${STRESS_SECS:-40}"
 fsx_ops="${FSX_OPS:-50000}"
 
@@ -67,6 +71,7 @@ cargo build --release --quiet
 zlogfs="$PWD/target/release/zlogfs"
 work=$(mktemp -d /var/tmp/zlogfs-posix.XXXXXX)
 img="$work/img"
+fast="$work/fast" # the fast device of the two-device suite
 mnt="$work/mnt"
 sec="$work/second" # on the host file system: cross-device for EXDEV
 mkdir -p "$mnt" "$sec"
@@ -92,9 +97,14 @@ ok() { passed=$((passed + 1)); echo "  ok: $*"; }
 bad() { failed=$((failed + 1)); echo "  FAILED: $*"; }
 
 fresh() { # SIZE [mount options]
-    rm -f "$img"
+    rm -f "$img" "$fast"
     "$zlogfs" mkfs "$img" --size "$1" 2>/dev/null
     "$zlogfs" mount ${2:+-o "$2"} "$img" "$mnt"
+}
+fresh_two() { # SIZE FAST-SIZE mount-options: bulk $img, fast $fast
+    rm -f "$img" "$fast"
+    "$zlogfs" mkfs "$img" --fast "$fast" --size "$1" --fast-size "$2" 2>/dev/null
+    "$zlogfs" mount -o "$3,fast=$fast" "$img" "$mnt"
 }
 unmount_and_check() { # what
     umount "$mnt"
@@ -256,6 +266,57 @@ if [[ " $suites " == *" stress "* ]]; then
         fi
         unmount_and_check "the stress run (-o $opt)"
     done
+fi
+
+if [[ " $suites " == *" two "* ]]; then
+    echo "== two devices: pjdfstest, -o allow_other,$first"
+    fresh_two 2G 256M "allow_other,$first"
+    chmod 777 "$mnt"
+    for pass in all erofs; do
+        if [ $pass = all ]; then conf="$PWD/$here/pjdfstest.toml"; pat=(); else conf="$work/pjdfstest-remount.toml"; pat=(erofs); fi
+        sed 's/^allow_remount = .*/allow_remount = true/' "$here/pjdfstest.toml" >"$work/pjdfstest-remount.toml"
+        if (cd "$mnt" && pjdfstest -c "$conf" -p "$mnt" -s "$sec" "${pat[@]}") >"$work/pjd.log" 2>&1; then
+            ok "pjdfstest on two devices ($pass): $(grep -o 'Summary:.*' "$work/pjd.log")"
+        else
+            bad "pjdfstest on two devices ($pass): $(grep -o 'Summary:.*' "$work/pjd.log" || echo 'did not finish')"
+            grep -v -E '^\s+([0-9]+:|at )' "$work/pjd.log" | grep -A4 -E 'FAILED' | head -60
+        fi
+    done
+    unmount_and_check "pjdfstest on two devices"
+    echo "== two devices: fsx, 2 seeds x $fsx_ops operations, -o $first"
+    fresh_two 24G 1G "$first"
+    for seed in 11 12; do
+        if fsx -q -f "$PWD/$here/fsx.toml" -N "$fsx_ops" -S "$seed" -P "$work" "$mnt/fsx$seed" >"$work/fsx.log" 2>&1 \
+            && grep -q 'A-OK' "$work/fsx.log"; then
+            ok "fsx seed $seed on two devices: $(tail -n 1 "$work/fsx.log")"
+        else
+            bad "fsx seed $seed on two devices"
+            tail -n 40 "$work/fsx.log"
+        fi
+    done
+    unmount_and_check "fsx on two devices"
+    echo "== two devices: writers, readers and zlogfs clean, ${stress_secs} s, a 12 MiB fast device, -o $first"
+    fresh_two 256M 12M "$first"
+    seed=$((RANDOM * 32768 + RANDOM))
+    stop="$work/stress.stop"
+    rm -f "$stop"
+    (while [ ! -e "$stop" ]; do "$zlogfs" clean "$mnt" >/dev/null 2>>"$work/cleanloop.err" || true; done) &
+    loop=$!
+    if python3 "$here/stress.py" "$mnt" "$stress_secs" "$seed" 4 4 >"$work/stress.log" 2>&1; then
+        ok "stress.py on two devices, seed $seed"
+    else
+        bad "stress.py on two devices, seed $seed (replay: python3 $here/stress.py MNT $stress_secs $seed)"
+        tail -n 20 "$work/stress.log"
+    fi
+    touch "$stop"
+    wait "$loop"
+    if [ -s "$work/cleanloop.err" ]; then
+        bad "zlogfs clean in the loop said:"
+        sort "$work/cleanloop.err" | uniq -c | head -10
+        rm -f "$work/cleanloop.err"
+    fi
+    "$zlogfs" stats "$mnt" 2>/dev/null | grep -E 'device:' | sed 's/^/    /' || true
+    unmount_and_check "the stress run on two devices"
 fi
 
 echo "posix suites: $passed passed, $failed failed"
