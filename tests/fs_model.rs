@@ -20,7 +20,7 @@ use rand::Rng;
 use zlogfs::codec::{CodecId, CodecSpec};
 use zlogfs::frontends::fuse::errno as fuse_errno;
 use zlogfs::fs::{self, Fs, FsOptions, Ino, Kind, MkfsOptions, SetAttr, ROOT};
-use zlogfs::store::{CrashMode, FaultConfig, FaultStore, Geometry, Store};
+use zlogfs::store::{CrashMode, FaultConfig, FaultStore, Geometry, Store, TwoStore};
 
 fn mkfs_opts(chunk: u32, history: bool) -> MkfsOptions {
     MkfsOptions {
@@ -45,10 +45,67 @@ fn fs_opts() -> FsOptions {
     }
 }
 
-fn fresh(chunk: u32, history: bool) -> Arc<FaultStore> {
-    let st = Arc::new(FaultStore::new(Geometry { segment_size: 512 << 10, segment_count: 96 }));
-    fs::mkfs(st.clone(), &mkfs_opts(chunk, history)).expect("mkfs");
-    st
+/// The stores of a run's image: one, or a fast and a bulk one (issue 29).
+struct Rig {
+    /// The only store, or the fast one.
+    st: Arc<FaultStore>,
+    bulk: Option<Arc<FaultStore>>,
+}
+
+impl Rig {
+    fn store(&self) -> Arc<dyn Store> {
+        match &self.bulk {
+            None => self.st.clone(),
+            Some(b) => {
+                let names = ("fast".to_string(), "bulk".to_string());
+                Arc::new(TwoStore::new(self.st.clone(), b.clone(), names, false).expect("two stores"))
+            }
+        }
+    }
+
+    /// Power cut. On two stores, by `seed`: to both, or to one while the
+    /// other keeps every write it had (its cache reached it).
+    fn power_cut(&self, mode: CrashMode, seed: u64) {
+        if let Some(b) = &self.bulk {
+            let keep = |s: &FaultStore| {
+                // Its writes reach it (faults of the run aside).
+                s.set_faults(FaultConfig::default());
+                s.sync().expect("a store keeps its writes");
+            };
+            match seed % 3 {
+                0 => keep(b),
+                1 => keep(&self.st),
+                _ => {}
+            }
+            b.power_cut(mode, seed);
+        }
+        self.st.power_cut(mode, seed);
+    }
+
+    /// The store a fault goes to: on two, either, by `pick`.
+    fn faulty(&self, pick: bool) -> &Arc<FaultStore> {
+        match &self.bulk {
+            Some(b) if pick => b,
+            _ => &self.st,
+        }
+    }
+}
+
+/// On two stores, files above 4 KiB keep their chunks on the bulk one, so
+/// that the model's files use both.
+fn fresh(chunk: u32, history: bool, two: bool) -> Rig {
+    let g = |n: u32| Geometry { segment_size: 512 << 10, segment_count: n };
+    let rig = if two {
+        Rig { st: Arc::new(FaultStore::new(g(32))), bulk: Some(Arc::new(FaultStore::new(g(64)))) }
+    } else {
+        Rig { st: Arc::new(FaultStore::new(g(96))), bulk: None }
+    };
+    let o = MkfsOptions {
+        small_max: if two { 4096 } else { fs::DEFAULT_SMALL_MAX },
+        ..mkfs_opts(chunk, history)
+    };
+    fs::mkfs(rig.store(), &o).expect("mkfs");
+    rig
 }
 
 /// The newest automatic point, if it is of the commit just made: (name,
@@ -72,14 +129,14 @@ fn forget_lost_points(f: &Fs, points: &mut BTreeMap<String, Model>) {
     points.retain(|n, _| kept.contains(n));
 }
 
-fn open_snapshot(st: &Arc<FaultStore>, name: &str) -> Fs {
-    let s: Arc<dyn Store> = st.clone();
+fn open_snapshot(st: &Rig, name: &str) -> Fs {
+    let s = st.store();
     Fs::open(s, FsOptions { read_only: true, snapshot: Some(name.to_string()), ..fs_opts() })
         .expect("open a snapshot")
 }
 
-fn open(st: &Arc<FaultStore>) -> Fs {
-    let s: Arc<dyn Store> = st.clone();
+fn open(st: &Rig) -> Fs {
+    let s = st.store();
     Fs::open(s, fs_opts()).expect("open")
 }
 
@@ -456,25 +513,12 @@ fn data(r: &mut StdRng, len: usize) -> Vec<u8> {
 /// Power cut, then recovery: the tree must match a state since the last
 /// sync (`history`), and fsck must be clean. Returns the reopened file
 /// system and the model state it matched.
-fn recover(
-    st: &Arc<FaultStore>,
-    f: Fs,
-    history: &[Model],
-    mode: CrashMode,
-    seed: u64,
-    ctx: &str,
-) -> (Fs, Model) {
+fn recover(st: &Rig, f: Fs, history: &[Model], mode: CrashMode, seed: u64, ctx: &str) -> (Fs, Model) {
     drop(f);
     recover_closed(st, history, mode, seed, ctx)
 }
 
-fn recover_closed(
-    st: &Arc<FaultStore>,
-    history: &[Model],
-    mode: CrashMode,
-    seed: u64,
-    ctx: &str,
-) -> (Fs, Model) {
+fn recover_closed(st: &Rig, history: &[Model], mode: CrashMode, seed: u64, ctx: &str) -> (Fs, Model) {
     st.power_cut(mode, seed);
     let f = open(st);
     let got = fs_dump(&f);
@@ -509,6 +553,8 @@ struct Setup {
     clean: bool,
     /// Keep every commit as an automatic point of history.
     history: bool,
+    /// An image of two stores, power cut each or both.
+    two: bool,
 }
 
 /// On images of chunks above 4 KiB, a third of new files and directories
@@ -528,9 +574,9 @@ fn set_chunk(f: &Fs, ino: Ino, chunk: Option<u32>) -> Res {
 
 /// One seeded run; the number of patches its commits wrote.
 fn run(seed: u64, steps: usize, setup: Setup) -> u64 {
-    let Setup { io_errors, chunk, clean, history: keep_points } = setup;
+    let Setup { io_errors, chunk, clean, history: keep_points, two } = setup;
     let mut r = common::rng(seed);
-    let st = fresh(chunk, keep_points);
+    let st = fresh(chunk, keep_points, two);
     let mut f = open(&st);
     let mut m = Model::new();
     // Models after each accepted operation since the last sync.
@@ -785,9 +831,10 @@ fn run(seed: u64, steps: usize, setup: Setup) -> u64 {
                 // for good: it must surface as EIO from whatever meets it
                 // (never a panic), and a power cut after it must recover a
                 // prefix, as after any crash.
-                let at = st.op_count() + r.gen_range(1..60);
+                let faulty = st.faulty(r.gen());
+                let at = faulty.op_count() + r.gen_range(1..60);
                 let persistent = r.gen_bool(0.5);
-                st.set_faults(FaultConfig { fail_at: Some(at), persistent, ..FaultConfig::default() });
+                faulty.set_faults(FaultConfig { fail_at: Some(at), persistent, ..FaultConfig::default() });
                 armed = true;
                 continue;
             }
@@ -888,7 +935,7 @@ fn run(seed: u64, steps: usize, setup: Setup) -> u64 {
                     Ok(()) if armed => {
                         // The fault is still ahead: it may meet the reopen,
                         // which must then fail with EIO, not panic.
-                        let s: Arc<dyn Store> = st.clone();
+                        let s = st.store();
                         history = vec![m.clone()];
                         match Fs::open(s, fs_opts()) {
                             Ok(g) => f = g,
@@ -962,6 +1009,11 @@ fn run(seed: u64, steps: usize, setup: Setup) -> u64 {
         f = open(&st);
     }
     let gone = f.usage().expect("usage").bases_gone;
+    if let Some(b) = &st.bulk {
+        let bytes: u64 = b.written_segments().iter().map(|&(_, n)| u64::from(n)).sum();
+        assert!(bytes > 0, "seed {seed}: nothing was written to the bulk store");
+        eprintln!("seed {seed}: {bytes} bytes in the bulk store's segments");
+    }
     eprintln!(
         "seed {seed}: {steps} steps, {crashes} power cuts, {io_faults} I/O errors met, {patches} patches, \
          {gone} chunks left without a base, {snapshot_steps} snapshot steps ({} snapshots left, \
@@ -979,7 +1031,7 @@ fn fs_matches_model_through_crashes() {
         run(
             base.wrapping_add(k),
             1500,
-            Setup { io_errors: false, chunk: 4096, clean: false, history: false },
+            Setup { io_errors: false, chunk: 4096, clean: false, history: false, two: false },
         );
     }
 }
@@ -991,7 +1043,11 @@ fn fs_matches_model_keeping_every_commit() {
     let base = common::seed("fs_matches_model_keeping_every_commit");
     let runs = if std::env::var("ZLOGFS_SEED").is_ok() { 1 } else { 8 };
     for k in 0..runs {
-        run(base.wrapping_add(k), 1500, Setup { io_errors: false, chunk: 4096, clean: false, history: true });
+        run(
+            base.wrapping_add(k),
+            1500,
+            Setup { io_errors: false, chunk: 4096, clean: false, history: true, two: false },
+        );
     }
 }
 
@@ -1010,7 +1066,7 @@ fn fs_matches_model_with_patches() {
             4000,
             // Every other run keeps every commit as a point: the cleaner
             // then moves blocks only points read.
-            Setup { io_errors: false, chunk: 32 << 10, clean: true, history: k % 2 == 1 },
+            Setup { io_errors: false, chunk: 32 << 10, clean: true, history: k % 2 == 1, two: false },
         );
     }
     // A single run may write none (seed 8033832667062325679 writes none);
@@ -1026,6 +1082,30 @@ fn fs_matches_model_through_io_errors() {
     let base = common::seed("fs_matches_model_through_io_errors");
     let runs = if std::env::var("ZLOGFS_SEED").is_ok() { 1 } else { 6 };
     for k in 0..runs {
-        run(base.wrapping_add(k), 1500, Setup { io_errors: true, chunk: 4096, clean: false, history: false });
+        run(
+            base.wrapping_add(k),
+            1500,
+            Setup { io_errors: true, chunk: 4096, clean: false, history: false, two: false },
+        );
+    }
+}
+
+/// The model test on an image of two stores (issue 29): files above
+/// 4 KiB keep their chunks on the bulk store, the rest and the journal and
+/// index on the fast one. Power cuts go to both stores or to one while the
+/// other keeps every write; runs alternate the cleaner with patches and
+/// history kept, and I/O errors on either store.
+#[test]
+fn fs_matches_model_on_two_devices() {
+    let base = common::seed("fs_matches_model_on_two_devices");
+    let runs = if std::env::var("ZLOGFS_SEED").is_ok() { 1 } else { 6 };
+    for k in 0..runs {
+        // By the seed, so that a replay runs the same setup.
+        let setup = match base.wrapping_add(k) % 3 {
+            0 => Setup { io_errors: false, chunk: 4096, clean: false, history: false, two: true },
+            1 => Setup { io_errors: false, chunk: 32 << 10, clean: true, history: true, two: true },
+            _ => Setup { io_errors: true, chunk: 4096, clean: false, history: false, two: true },
+        };
+        run(base.wrapping_add(k), 1500, setup);
     }
 }

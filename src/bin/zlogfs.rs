@@ -352,6 +352,10 @@ struct FormatArgs {
     /// device). Default: an eighth of --size.
     #[arg(long, value_parser = parse_size)]
     fast_size: Option<u64>,
+    /// With --fast: files larger than this keep their data on the bulk
+    /// device; smaller ones, directories and metadata stay on the fast one.
+    #[arg(long, default_value = "64K", value_parser = parse_size)]
+    small_file_max: u64,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -497,6 +501,7 @@ fn mkfs(image: &Path, f: &FormatArgs, force: bool) -> Result<(), String> {
         root_uid: nix::unistd::getuid().as_raw(),
         root_gid: nix::unistd::getgid().as_raw(),
         history: f.history,
+        small_max: f.small_file_max,
     };
     let create = |p: &Path, g: Geometry| {
         FileStore::create(p, g).map_err(|e| format!("cannot create {}: {e}", p.display()))
@@ -521,7 +526,7 @@ fn mkfs(image: &Path, f: &FormatArgs, force: bool) -> Result<(), String> {
                 fp.display(),
                 fg.segment_count,
                 fg.capacity() >> 20,
-                zfs::SMALL_FILE_MAX >> 10
+                o.small_max >> 10
             );
             Arc::new(two)
         }

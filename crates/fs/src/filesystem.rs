@@ -74,6 +74,7 @@ pub fn mkfs(store: Arc<dyn Store>, o: &MkfsOptions) -> Result<()> {
         base_sec: t.sec,
         next_ino: ROOT + 1,
         next_triple: 1,
+        small_max: o.small_max,
         // A policy record is version 8's.
         version: if o.history.keeps_any() { FS_VERSION } else { 1 },
     };

@@ -454,7 +454,13 @@ pub struct Config {
     /// Record version: 1 until a patched chunk is written, then 3 (2 on
     /// images patched by builds before chunk type 4).
     pub version: u8,
+    /// On two devices, files larger than this keep their own chunks on
+    /// the bulk one ([`DEFAULT_SMALL_MAX`] when the record leaves it out).
+    pub small_max: u64,
 }
+
+/// The default of [`Config::small_max`].
+pub const DEFAULT_SMALL_MAX: u64 = 64 << 10;
 
 impl Config {
     /// Encode.
@@ -468,6 +474,9 @@ impl Config {
         v.put_var(zigzag(self.base_sec));
         v.put_var(self.next_ino);
         v.put_var(u64::from(self.next_triple));
+        if self.small_max != DEFAULT_SMALL_MAX {
+            v.put_var(self.small_max);
+        }
         v
     }
     /// Decode, refusing versions this build does not know.
@@ -488,6 +497,7 @@ impl Config {
         let base_sec = unzigzag(r.var()?);
         let next_ino = r.var()?;
         let next_triple = r.var_max(u64::from(u32::MAX), "triple counter")? as u32;
+        let small_max = if r.is_empty() { DEFAULT_SMALL_MAX } else { r.var_max(1 << 40, "small-file size")? };
         r.finish()?;
         if chunk_size < 4096 || !chunk_size.is_power_of_two() {
             return Err(r.err(format!("chunk size {chunk_size} is not a power of two of at least 4096")));
@@ -501,6 +511,7 @@ impl Config {
             next_ino,
             next_triple,
             version: ver,
+            small_max,
         })
     }
 }
@@ -1387,11 +1398,17 @@ mod tests {
             next_ino: 5,
             next_triple: 2,
             version: 1,
+            small_max: DEFAULT_SMALL_MAX,
         };
         for version in 1..=FS_VERSION {
             let c = Config { version, ..c.clone() };
             assert_eq!(Config::decode(&c.encode()).unwrap(), c);
         }
+        // The small-file size only when it is not the default: records
+        // of images made before it stay the same bytes.
+        let other = Config { small_max: 4096, ..c.clone() };
+        assert_eq!(other.encode().len(), c.encode().len() + 2);
+        assert_eq!(Config::decode(&other.encode()).unwrap(), other);
         let mut v = c.encode();
         v[0] = FS_VERSION + 1;
         let e = Config::decode(&v).unwrap_err().to_string();

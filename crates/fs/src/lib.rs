@@ -62,11 +62,10 @@ pub use attr::{XATTR_CHUNK, XATTR_CODEC, XATTR_CREATE, XATTR_KILL_SGID, XATTR_PH
 pub use changes::{ChangeFeed, ChangeOp, FileChange};
 pub use check::{CheckReport, CodecUse, TreeUsage, Usage};
 pub use clean::{CleanOptions, CleanReport};
-pub use data::SMALL_FILE_MAX;
 pub use error::{Error, Result};
 pub use files::MAX_FILE_SIZE;
 pub use filesystem::{mkfs, now, Fs, Invalidator};
-pub use keys::{Config, Counters, Ino, Inode, Kind, Time, ROOT};
+pub use keys::{Config, Counters, Ino, Inode, Kind, Time, DEFAULT_SMALL_MAX, ROOT};
 pub use namespace::MAX_SYMLINK;
 pub use options::{Atime, FsOptions, MkfsOptions, SyncMode};
 pub use scrub::{ScrubOptions, ScrubReport};

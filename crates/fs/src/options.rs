@@ -24,6 +24,9 @@ pub struct MkfsOptions {
     /// Retention policy of automatic points of history (none: only named
     /// snapshots are kept).
     pub history: crate::history::Policy,
+    /// On two devices, files larger than this keep their own chunks on
+    /// the bulk one.
+    pub small_max: u64,
 }
 
 impl Default for MkfsOptions {
@@ -40,6 +43,7 @@ impl Default for MkfsOptions {
             root_uid: 0,
             root_gid: 0,
             history: crate::history::Policy::NONE,
+            small_max: crate::keys::DEFAULT_SMALL_MAX,
         }
     }
 }

@@ -15,7 +15,6 @@
 mod read;
 pub(crate) use read::extent_blocks;
 mod store;
-pub use store::SMALL_FILE_MAX;
 mod trim;
 mod write;
 

@@ -112,13 +112,12 @@ struct StoreFailed {
     back: Option<Chunks>,
 }
 
-/// Files larger than this keep their own chunks on the bulk device of
-/// two (the rest of the image's data stays on the fast one).
-pub const SMALL_FILE_MAX: u64 = 64 << 10;
-
 /// Sizes the plan needs from the config record.
 struct Layout {
     inline_max: u64,
+    /// Files larger than this keep their own chunks on the bulk device
+    /// of two (the rest of the image's data stays on the fast one).
+    small_max: u64,
     pack_bytes: usize,
 }
 
@@ -144,7 +143,7 @@ fn plan_store(loaded: Vec<Loaded>, l: &Layout) -> StorePlan {
         let zero = data.is_empty() || is_zero(&data);
         // With two devices, large files' own chunks go to the bulk one;
         // small files, packs and patches stay on the fast one.
-        let tier = if c.size > SMALL_FILE_MAX { Tier::Bulk } else { Tier::Fast };
+        let tier = if c.size > l.small_max { Tier::Bulk } else { Tier::Fast };
         let p = Piece {
             ino: c.ino,
             idx: c.idx,
@@ -249,7 +248,11 @@ impl State {
     fn store_chunks(&mut self, chunks: Chunks, room: Room) -> std::result::Result<(), StoreFailed> {
         let loaded = self.load_for_store(chunks)?;
         let cfg = self.group.cfg();
-        let layout = Layout { inline_max: u64::from(cfg.inline_max), pack_bytes: cfg.pack_bytes as usize };
+        let layout = Layout {
+            inline_max: u64::from(cfg.inline_max),
+            small_max: cfg.small_max,
+            pack_bytes: cfg.pack_bytes as usize,
+        };
         let plan = plan_store(loaded, &layout);
         let addrs = match self.write_store(&plan, room) {
             Ok(a) => a,
