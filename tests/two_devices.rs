@@ -343,3 +343,43 @@ fn a_full_fast_store_spills_to_the_bulk_store() {
     let f = rig.open().expect("reopen");
     assert!(dump(&f) == want, "the tree reads back");
 }
+
+/// `user.zlogfs.tier`: a directory's policy is inherited by what is made
+/// in it and puts small files on the bulk store (or a large one on the
+/// fast store); `auto` removes it; a bad value is refused; it survives a
+/// reopen.
+#[test]
+fn a_directory_policy_places_its_files() {
+    let rig = Rig::new(24, 40);
+    let f = rig.open().expect("open");
+    let d = f.mkdir(ROOT, b"cold", 0o755, 0, 0).expect("mkdir");
+    f.setxattr(d.ino, fs::XATTR_TIER, b"bulk", 0).expect("set the policy");
+    assert!(f.setxattr(d.ino, fs::XATTR_TIER, b"warm", 0).is_err(), "only fast, bulk or auto");
+    let bulk0 = segment_bytes(&rig.bulk);
+    let mut files = Vec::new();
+    for i in 0..20u64 {
+        let a = f.create(d.ino, format!("s{i}").as_bytes(), 0o644, 0, 0).expect("create");
+        assert_eq!(f.getxattr(a.ino, fs::XATTR_TIER).expect("inherited"), b"bulk");
+        f.write(a.ino, 0, &data(i, 5000)).expect("write");
+        files.push(a.ino);
+    }
+    f.sync().expect("sync");
+    assert!(segment_bytes(&rig.bulk) > bulk0 + 50_000, "the small files went to the bulk store");
+    // A large file kept on the fast store.
+    let fast0 = segment_bytes(&rig.fast);
+    let big = f.create(ROOT, b"hot", 0o644, 0, 0).expect("create");
+    f.setxattr(big.ino, fs::XATTR_TIER, b"fast", 0).expect("set");
+    let bulk1 = segment_bytes(&rig.bulk);
+    f.write(big.ino, 0, &data(99, 1 << 20)).expect("write");
+    f.sync().expect("sync");
+    assert!(segment_bytes(&rig.fast) > fast0 + (1 << 20) / 2, "the large file went to the fast store");
+    assert!(segment_bytes(&rig.bulk) < bulk1 + (64 << 10), "and not to the bulk store");
+    f.setxattr(d.ino, fs::XATTR_TIER, b"auto", 0).expect("auto");
+    assert!(f.getxattr(d.ino, fs::XATTR_TIER).is_err(), "auto is no policy");
+    fsck_clean(&f, "with policies");
+    f.close().expect("close");
+    let f = rig.open().expect("reopen");
+    assert_eq!(f.getxattr(big.ino, fs::XATTR_TIER).expect("kept"), b"fast");
+    assert_eq!(f.read(files[3], 0, 5000).expect("read"), data(3, 5000));
+    assert_eq!(f.config().version, 9, "the records say a policy may be there");
+}

@@ -181,5 +181,11 @@ pub const XATTR_CODEC: &[u8] = b"user.zlogfs.codec";
 /// trip over it.
 pub const XATTR_CHUNK: &[u8] = b"user.zlogfs.chunk";
 
+/// The xattr holding a file's or directory's device policy on an image
+/// of two devices (inherited by the files and directories made in a
+/// directory): "fast" or "bulk" puts its data there whatever its size;
+/// "auto" (or none) goes by the image's small-file size.
+pub const XATTR_TIER: &[u8] = b"user.zlogfs.tier";
+
 /// The read-only xattr giving a file's stored (compressed) bytes.
 pub const XATTR_PHYSICAL: &[u8] = b"user.zlogfs.physical";

@@ -76,7 +76,7 @@ pub fn mkfs(store: Arc<dyn Store>, o: &MkfsOptions) -> Result<()> {
         next_triple: 1,
         small_max: o.small_max,
         // A policy record is version 8's.
-        version: if o.history.keeps_any() { FS_VERSION } else { 1 },
+        version: if o.history.keeps_any() { 8 } else { 1 },
     };
     let root = Inode {
         ino: ROOT,
@@ -94,6 +94,7 @@ pub fn mkfs(store: Arc<dyn Store>, o: &MkfsOptions) -> Result<()> {
         parent: ROOT,
         policy: None,
         chunk: None,
+        tier: None,
     };
     let mut b = WriteBatch::new();
     b.put(config_key(), cfg.encode());

@@ -409,7 +409,7 @@ impl Group {
                 }
             }
             if n > 0 {
-                self.mark_version(FS_VERSION);
+                self.mark_version(8);
             }
         }
         if !self.pend.events.is_empty() {

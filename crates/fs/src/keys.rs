@@ -29,7 +29,7 @@ pub const ROOT: Ino = 1;
 /// the first
 /// commit that writes such a record, so images that never had one stay
 /// readable by older builds.
-pub const FS_VERSION: u8 = 8;
+pub const FS_VERSION: u8 = 9;
 
 const T_CONFIG: u8 = 0x01;
 const T_TRIPLE: u8 = 0x02;
@@ -713,6 +713,19 @@ pub struct Inode {
     /// chunk size; None: the image's. Fixed while a regular file holds
     /// data (record version 6).
     pub chunk: Option<u32>,
+    /// On two devices, where this file's data goes (a directory's is
+    /// inherited by its new entries); None: by its size (record version 9).
+    pub tier: Option<TierPolicy>,
+}
+
+/// Where a file's data goes on an image of two devices
+/// (`user.zlogfs.tier`; "auto", by its size, is no policy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TierPolicy {
+    /// The fast device, whatever its size.
+    Fast,
+    /// The bulk device, whatever its size.
+    Bulk,
 }
 
 /// The smallest chunk size, of an image or of a file.
@@ -727,6 +740,7 @@ const F_ALLOC: u64 = 32;
 const F_POLICY: u64 = 64;
 const F_PARENT: u64 = 128;
 const F_CHUNK: u64 = 256;
+const F_TIER: u64 = 512;
 
 impl Inode {
     /// Its kind.
@@ -753,6 +767,7 @@ impl Inode {
         f |= if self.policy.is_some() { F_POLICY } else { 0 };
         f |= if self.parent != 0 { F_PARENT } else { 0 };
         f |= if self.chunk.is_some() { F_CHUNK } else { 0 };
+        f |= if self.tier.is_some() { F_TIER } else { 0 };
         let mut v = Vec::with_capacity(24);
         v.put_var(f);
         v.put_var(u64::from(triple));
@@ -786,6 +801,9 @@ impl Inode {
         if let Some(c) = self.chunk {
             v.put_u8(c.trailing_zeros() as u8);
         }
+        if let Some(t) = self.tier {
+            v.put_u8(if t == TierPolicy::Fast { 1 } else { 2 });
+        }
         v
     }
 
@@ -799,7 +817,7 @@ impl Inode {
         let what = format!("inode {ino}");
         let mut r = Reader::new(b, &what);
         let f = r.var()?;
-        if f >= 512 {
+        if f >= 1024 {
             return Err(r.err(format!("unknown flags {f:#x}")));
         }
         let tid = r.var_max(u64::from(u32::MAX), "triple id")? as u32;
@@ -841,6 +859,15 @@ impl Inode {
         } else {
             None
         };
+        let tier = if f & F_TIER != 0 {
+            match r.u8()? {
+                1 => Some(TierPolicy::Fast),
+                2 => Some(TierPolicy::Bulk),
+                t => return Err(r.err(format!("unknown device policy {t}"))),
+            }
+        } else {
+            None
+        };
         r.finish()?;
         Ok(Inode {
             ino,
@@ -858,6 +885,7 @@ impl Inode {
             parent,
             policy,
             chunk,
+            tier,
         })
     }
 }
@@ -1237,6 +1265,7 @@ mod tests {
             parent: 0,
             policy: None,
             chunk: None,
+            tier: None,
         };
         let b = i.encode(3, 1_700_000_000);
         // flags, triple, size (2), mtime (2)
@@ -1252,13 +1281,18 @@ mod tests {
         i.policy = Some(CodecSpec::new(CodecId::Lz4, 0));
         i.parent = 9;
         i.chunk = Some(16384);
+        i.tier = Some(TierPolicy::Bulk);
         let b = i.encode(3, 1_700_000_000);
         assert_eq!(Inode::decode(5, &b, 1_700_000_000, tr).unwrap(), i);
         assert!(Inode::decode(5, &b, 0, |_| None).is_err());
         // A chunk size out of range is refused, not used.
         let mut bad = b.clone();
-        *bad.last_mut().unwrap() = 40;
+        let n = bad.len() - 2; // the chunk size, before the device policy
+        bad[n] = 40;
         assert!(Inode::decode(5, &bad, 1_700_000_000, tr).unwrap_err().to_string().contains("chunk size"));
+        let mut bad = b.clone();
+        *bad.last_mut().unwrap() = 7;
+        assert!(Inode::decode(5, &bad, 1_700_000_000, tr).unwrap_err().to_string().contains("device policy"));
         for n in 0..b.len() {
             let _ = Inode::decode(5, &b[..n], 1_700_000_000, tr);
         }

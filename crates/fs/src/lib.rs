@@ -55,6 +55,7 @@ mod xattr;
 
 use std::sync::{Mutex, MutexGuard};
 
+pub use attr::XATTR_TIER;
 pub use attr::{Attr, Caller, DirEntry, SetAttr, StatFs};
 pub use attr::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
 pub use attr::{RENAME_EXCHANGE, RENAME_NOREPLACE};

@@ -104,6 +104,7 @@ impl State {
             parent,
             policy: p.policy,
             chunk: if matches!(kind, Kind::File | Kind::Dir) { p.chunk } else { None },
+            tier: if matches!(kind, Kind::File | Kind::Dir) { p.tier } else { None },
         };
         self.save(&i);
         self.put(dirent_key(parent, name), encode_dirent(ino, kind));

@@ -65,7 +65,7 @@ impl State {
             self.eng.set_retained(seqs.clone());
             self.group.set_snapshots(seqs);
             self.group.start_recording();
-            self.group.mark_version(FS_VERSION);
+            self.group.mark_version(8);
             self.group.set_last_point(t);
         }
         if self.group.thinned_at().is_none_or(|at| t.sec - at >= THIN_EVERY) {
@@ -164,7 +164,7 @@ impl Fs {
         st.pre_op()?;
         st.group.set_policy(p);
         st.put(policy_key(), p.to_string().into_bytes());
-        st.group.mark_version(FS_VERSION);
+        st.group.mark_version(8);
         st.commit()?;
         st.thin_points(now().sec)?;
         drop(st);

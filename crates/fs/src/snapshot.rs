@@ -259,7 +259,7 @@ impl Fs {
         seqs.push(snap.seq);
         st.eng.set_retained(seqs.clone());
         st.group.set_snapshots(seqs);
-        st.group.mark_version(FS_VERSION);
+        st.group.mark_version(8);
         st.commit()?;
         drop(st);
         self.sync()?;

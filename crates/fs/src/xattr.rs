@@ -13,6 +13,7 @@ use crate::namespace::name_str;
 use crate::state::State;
 use crate::{
     acl, Fs, XATTR_CHUNK, XATTR_CODEC, XATTR_CREATE, XATTR_KILL_SGID, XATTR_PHYSICAL, XATTR_REPLACE,
+    XATTR_TIER,
 };
 
 fn check_xattr_name(name: &[u8]) -> Result<()> {
@@ -113,6 +114,13 @@ impl Fs {
                 None => Err(Error::no_attr(format!("inode {ino} has no chunk size of its own"))),
             };
         }
+        if name == XATTR_TIER {
+            return match i.tier {
+                Some(TierPolicy::Fast) => Ok(b"fast".to_vec()),
+                Some(TierPolicy::Bulk) => Ok(b"bulk".to_vec()),
+                None => Err(Error::no_attr(format!("inode {ino} has no device policy (auto)"))),
+            };
+        }
         check_xattr_name(name)?;
         st.get(&xattr_key(ino, name))?
             .ok_or_else(|| Error::no_attr(format!("inode {ino} has no xattr {:?}", name_str(name))))
@@ -159,6 +167,8 @@ impl Fs {
             i.policy.is_some()
         } else if name == XATTR_CHUNK {
             i.chunk.is_some()
+        } else if name == XATTR_TIER {
+            i.tier.is_some()
         } else {
             check_xattr_name(name)?;
             if value.len() > st.xattr_limit() {
@@ -184,6 +194,16 @@ impl Fs {
         } else if name == XATTR_CHUNK {
             let c = parse_chunk(value, st.group.cfg().chunk_size)?;
             st.set_chunk(&mut i, Some(c))?;
+        } else if name == XATTR_TIER {
+            i.tier = match value.trim_ascii() {
+                b"fast" => Some(TierPolicy::Fast),
+                b"bulk" => Some(TierPolicy::Bulk),
+                b"auto" => None,
+                _ => return Err(Error::invalid("a device policy is fast, bulk or auto")),
+            };
+            if i.tier.is_some() {
+                st.group.mark_version(9);
+            }
         } else {
             st.put(xattr_key(ino, name), value.to_vec());
         }
@@ -228,6 +248,10 @@ impl Fs {
                 return Err(Error::no_attr(format!("inode {ino} has no chunk size of its own")));
             }
             st.set_chunk(&mut i, None)?;
+        } else if name == XATTR_TIER {
+            if i.tier.take().is_none() {
+                return Err(Error::no_attr(format!("inode {ino} has no device policy")));
+            }
         } else {
             check_xattr_name(name)?;
             let k = xattr_key(ino, name);
@@ -293,11 +317,7 @@ mod tests {
         fs.close().unwrap();
         let fs = open(&store);
         assert_eq!(fs.read(a.ino, 0, 200_000).unwrap(), want, "after reopen");
-        assert_eq!(
-            fs.config().version,
-            crate::keys::FS_VERSION,
-            "the image is marked as holding such inodes (and change records)"
-        );
+        assert_eq!(fs.config().version, 8, "the image is marked as holding such inodes (and change records)");
         let rep = fs.check(&|_, _| {}).unwrap();
         assert!(rep.problems.is_empty(), "{:?}", rep.problems);
     }

@@ -58,6 +58,8 @@ struct Loaded {
     /// The file's size then.
     size: u64,
     spec: CodecSpec,
+    /// Its device policy (None: by its size).
+    tier: Option<TierPolicy>,
     /// The runs to store as patches, or None to store the chunk whole.
     plan: Option<Vec<(u32, u32)>>,
     /// The buffer was partial when loaded (completed since unless it
@@ -68,6 +70,8 @@ struct Loaded {
 /// Small pieces packed into one block.
 struct Pack {
     spec: CodecSpec,
+    /// The device of two it goes to (its members').
+    tier: Tier,
     raw: Vec<u8>,
     /// Indexes into [`StorePlan::pack`].
     members: Vec<usize>,
@@ -132,8 +136,17 @@ fn plan_store(loaded: Vec<Loaded>, l: &Layout) -> StorePlan {
         let lim = c.size.saturating_sub(c.idx * cs).min(cs) as usize;
         let counted = data.len();
         data.truncate(lim);
+        // With two devices, a large file's data goes to the bulk one
+        // (its own chunks, packed tails and patches alike); small files'
+        // stay on the fast one with the metadata.
+        let tier = match c.tier {
+            Some(TierPolicy::Fast) => Tier::Fast,
+            Some(TierPolicy::Bulk) => Tier::Bulk,
+            None if c.size > l.small_max => Tier::Bulk,
+            None => Tier::Fast,
+        };
         if let Some(runs) = c.plan {
-            plan_patches(&mut plan, (c.ino, c.idx, c.spec, chunk), &data, counted, &runs);
+            plan_patches(&mut plan, (c.ino, c.idx, c.spec, chunk, tier), &data, counted, &runs);
             plan.patched.insert((c.ino, c.idx), Buf::new(data, touched, partial, chunk));
             continue;
         }
@@ -141,9 +154,6 @@ fn plan_store(loaded: Vec<Loaded>, l: &Layout) -> StorePlan {
         let len = data.len();
         let stamp = (!c.was_partial).then_some(stamp);
         let zero = data.is_empty() || is_zero(&data);
-        // With two devices, large files' own chunks go to the bulk one;
-        // small files, packs and patches stay on the fast one.
-        let tier = if c.size > l.small_max { Tier::Bulk } else { Tier::Fast };
         let p = Piece {
             ino: c.ino,
             idx: c.idx,
@@ -175,12 +185,12 @@ fn plan_store(loaded: Vec<Loaded>, l: &Layout) -> StorePlan {
 /// that no longer show (they would count as live).
 fn plan_patches(
     plan: &mut StorePlan,
-    chunk: (Ino, u64, CodecSpec, u32),
+    chunk: (Ino, u64, CodecSpec, u32, Tier),
     data: &[u8],
     counted: usize,
     runs: &[(u32, u32)],
 ) {
-    let (ino, idx, spec, cs) = chunk;
+    let (ino, idx, spec, cs, tier) = chunk;
     let len = data.len();
     let mut counted = counted;
     for &(s, n) in runs {
@@ -198,7 +208,7 @@ fn plan_patches(
                 patch: Some(one),
                 stamp: None,
                 chunk: cs,
-                tier: Tier::Fast,
+                tier,
             });
             // The chunk's count is settled once.
             counted = len;
@@ -206,15 +216,16 @@ fn plan_patches(
     }
 }
 
-/// Pack small chunks, by codec, in inode order (files created together
-/// sit together), into blocks of up to `pack_bytes`.
+/// Pack small chunks, by device and codec, in inode order (files created
+/// together sit together), into blocks of up to `pack_bytes`.
 fn pack_small(plan: &mut StorePlan, pack_bytes: usize) {
-    plan.pack.sort_by_key(|p| (p.spec.id as u8, p.spec.level, p.ino, p.idx));
+    plan.pack.sort_by_key(|p| (p.tier == Tier::Bulk, p.spec.id as u8, p.spec.level, p.ino, p.idx));
     for (n, p) in plan.pack.iter().enumerate() {
-        let fits =
-            plan.packs.last().is_some_and(|k| k.spec == p.spec && k.raw.len() + p.data.len() <= pack_bytes);
+        let fits = plan.packs.last().is_some_and(|k| {
+            k.spec == p.spec && k.tier == p.tier && k.raw.len() + p.data.len() <= pack_bytes
+        });
         if !fits {
-            plan.packs.push(Pack { spec: p.spec, raw: Vec::new(), members: Vec::new() });
+            plan.packs.push(Pack { spec: p.spec, tier: p.tier, raw: Vec::new(), members: Vec::new() });
         }
         if let Some(k) = plan.packs.last_mut() {
             k.raw.extend_from_slice(&p.data);
@@ -292,7 +303,8 @@ impl State {
             let mut rest = m.into_iter();
             while let Some((idx, buf)) = rest.next() {
                 let was_partial = buf.partial;
-                let mut c = Loaded { ino, idx, buf, size: i.size, spec, plan: None, was_partial };
+                let mut c =
+                    Loaded { ino, idx, buf, size: i.size, spec, tier: i.tier, plan: None, was_partial };
                 let r = self.load_one(&mut c);
                 out.push(c);
                 if let Err(e) = r {
@@ -350,7 +362,7 @@ impl State {
                 tier: p.tier,
             })
             .collect();
-        reqs.extend(plan.packs.iter().map(|k| BlockWrite::new(0, k.spec, &k.raw[..])));
+        reqs.extend(plan.packs.iter().map(|k| BlockWrite::new(0, k.spec, &k.raw[..]).on(k.tier)));
         if reqs.is_empty() {
             return Ok(Vec::new());
         }

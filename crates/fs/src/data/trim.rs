@@ -160,7 +160,7 @@ impl State {
         if plan.is_empty() {
             return Ok(());
         }
-        self.group.mark_version(FS_VERSION);
+        self.group.mark_version(8);
         for (idx, have, want) in plan {
             self.put(extent_key(i.ino, idx), Extent::Reserved(want).encode());
             let more = u64::from(want - have);
