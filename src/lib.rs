@@ -21,7 +21,7 @@
 
 pub use zlogfs_engine::{bytes, codec, engine, error, metrics, store};
 pub use zlogfs_engine::{mkfs, Engine, Error, Op, Options, Result, Snapshot, WriteBatch};
-pub use zlogfs_engine::{validate_geometry, BlockAddr, BlockKind, Role, DEFAULT_SEGMENT_SIZE};
+pub use zlogfs_engine::{validate_geometry, BlockAddr, BlockKind, Role, Tier, DEFAULT_SEGMENT_SIZE};
 pub use zlogfs_fs as fs;
 
 /// The front ends over the file system.

@@ -48,8 +48,9 @@ pub fn mkfs(store: Arc<dyn Store>) -> Result<Superblock> {
             )));
         }
     }
-    let alt = fast.map(|f| HeadPos { seg: f, offset: 0, next_seg: NO_SEGMENT });
-    let start = LogPos { seg: 0, offset: 0, batch_seq: 1, prev_crc: 0, next_seg: NO_SEGMENT, alt };
+    let alt = fast.map(|f| HeadPos { seg: f, offset: 0, next_seg: NO_SEGMENT, seg_prev_crc: 0 });
+    let start =
+        LogPos { seg: 0, offset: 0, batch_seq: 1, prev_crc: 0, next_seg: NO_SEGMENT, alt, seg_prev_crc: 0 };
     let usage = vec![SegUsage::default(); geometry.segment_count as usize];
     let codec = Options::default().journal_codec;
     let mut log = LogWriter::new(store.clone(), sb.log_id(), start, usage, codec, sb.fast_segments());
@@ -249,6 +250,14 @@ fn load_checkpoint(store: &dyn Store, sb: &Superblock) -> Result<Loaded> {
         let mut buf = [0u8; 4096];
         store.read_meta(s, &mut buf).map_err(|e| Error::io(format!("reading {s:?}"), e))?;
         match CheckpointSlot::decode(&buf, &format!("checkpoint slot {s:?}")) {
+            Ok(Some(c))
+                if c.uuid == sb.uuid && !(c.replay.fits(sb.geometry) && c.after_body.fits(sb.geometry)) =>
+            {
+                errors.push(Error::corrupt(
+                    format!("checkpoint slot {s:?}"),
+                    "its log positions lie outside the device",
+                ))
+            }
             Ok(Some(c)) if c.uuid == sb.uuid => slots.push(c),
             Ok(_) => {}
             Err(e) => errors.push(e),

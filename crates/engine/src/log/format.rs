@@ -191,7 +191,7 @@ impl Superblock {
                 return Err(Error::corrupt("superblock", "partner path too long"));
             }
             partner = String::from_utf8_lossy(r.bytes(n)?).into_owned();
-            if role == Role::Single || fast_segments < 4 || fast_segments + 4 > segment_count {
+            if role == Role::Single || fast_segments < 4 || fast_segments > segment_count - 4 {
                 return Err(Error::corrupt(
                     "superblock",
                     format!("{fast_segments} of {segment_count} segments on the fast device"),
@@ -283,6 +283,9 @@ pub struct LogPos {
     /// Of two devices: where the second head (the bulk device's data)
     /// writes its next batch; the chain goes on at either head.
     pub alt: Option<HeadPos>,
+    /// Of two devices: `batch_crc` of the last batch in `seg` (0: none),
+    /// which the next batch there names as `seg_prev_crc`.
+    pub seg_prev_crc: u32,
 }
 
 /// Where one head of the log writes next: segment, offset, and the
@@ -295,6 +298,22 @@ pub struct HeadPos {
     pub offset: u32,
     /// Segment it continues in when this one is full.
     pub next_seg: u32,
+    /// `batch_crc` of the last batch in `seg` (0: none).
+    pub seg_prev_crc: u32,
+}
+
+impl LogPos {
+    /// Whether its heads lie inside geometry `g`, at batch boundaries (a
+    /// checkpoint slot's crc does not vouch for the values it was given).
+    pub fn fits(&self, g: Geometry) -> bool {
+        let ok = |seg: u32, offset: u32, next: u32| {
+            seg < g.segment_count
+                && offset <= g.segment_size
+                && offset % BATCH_ALIGN == 0
+                && (next == NO_SEGMENT || next < g.segment_count)
+        };
+        ok(self.seg, self.offset, self.next_seg) && self.alt.is_none_or(|a| ok(a.seg, a.offset, a.next_seg))
+    }
 }
 
 impl LogPos {
@@ -313,6 +332,7 @@ impl LogPos {
             prev_crc: r.u32()?,
             next_seg: r.u32()?,
             alt: None,
+            seg_prev_crc: 0,
         })
     }
 }
@@ -349,6 +369,8 @@ impl CheckpointSlot {
             v.put_u32(a.seg); // 96
             v.put_u32(a.offset); // 100
             v.put_u32(a.next_seg); // 104
+            v.put_u32(self.replay.seg_prev_crc); // 108: the fast head's last crc in its segment
+            v.put_u32(a.seg_prev_crc); // 112: the bulk head's
         }
         seal_slot(v)
     }
@@ -370,7 +392,9 @@ impl CheckpointSlot {
         let mut replay = LogPos::get(&mut r)?;
         let after_body = LogPos::get(&mut r)?;
         if r.u32()? == 1 {
-            replay.alt = Some(HeadPos { seg: r.u32()?, offset: r.u32()?, next_seg: r.u32()? });
+            let (seg, offset, next_seg) = (r.u32()?, r.u32()?, r.u32()?);
+            replay.seg_prev_crc = r.u32()?;
+            replay.alt = Some(HeadPos { seg, offset, next_seg, seg_prev_crc: r.u32()? });
         }
         Ok(Some(CheckpointSlot { number, uuid, body, replay, after_body }))
     }
@@ -565,6 +589,9 @@ pub struct BatchHeader {
     /// there): with two heads, batches of a segment are not consecutive
     /// in the chain, and this chains them for a walk of the segment.
     pub seg_prev_crc: u32,
+    /// Written at the bulk head of two (else the fast or only one):
+    /// recovery takes a batch only at its own head's places.
+    pub bulk_head: bool,
 }
 
 impl BatchHeader {
@@ -583,7 +610,7 @@ impl BatchHeader {
         v.put_u32(self.epoch); // 44
         v.put_u64(self.durable_seq); // 48
         v.put_u32(self.seg_prev_crc); // 56
-        v.put_u32(0); // 60 reserved
+        v.put_u32(u32::from(self.bulk_head)); // 60 flags: 1 the bulk head
         let mut out = [0u8; BATCH_HEADER_SIZE];
         out.copy_from_slice(&v);
         out
@@ -607,6 +634,7 @@ impl BatchHeader {
         let epoch = r.u32()?;
         let durable_seq = r.u64()?;
         let seg_prev_crc = r.u32()?;
+        let bulk_head = r.u32()? & 1 == 1;
         Ok(Some(BatchHeader {
             batch_crc,
             log_id,
@@ -619,6 +647,7 @@ impl BatchHeader {
             epoch,
             durable_seq,
             seg_prev_crc,
+            bulk_head,
         }))
     }
 }
@@ -720,7 +749,15 @@ mod tests {
     }
 
     fn slot() -> CheckpointSlot {
-        let pos = LogPos { seg: 1, offset: 512, batch_seq: 7, prev_crc: 0xdead_beef, next_seg: 2, alt: None };
+        let pos = LogPos {
+            seg: 1,
+            offset: 512,
+            batch_seq: 7,
+            prev_crc: 0xdead_beef,
+            next_seg: 2,
+            alt: None,
+            seg_prev_crc: 0,
+        };
         CheckpointSlot {
             number: 3,
             uuid: *b"0123456789abcdef",
@@ -743,6 +780,7 @@ mod tests {
             epoch: 0xfeed_face,
             durable_seq: 8,
             seg_prev_crc: 0,
+            bulk_head: false,
         }
     }
 
@@ -815,7 +853,8 @@ mod tests {
             next_seg: 3,
             epoch: 1,
             durable_seq: 10,
-            seg_prev_crc: 0,
+            seg_prev_crc: 0x1234_5678,
+            bulk_head: true,
         };
         assert_eq!(BatchHeader::decode(&h.encode()).unwrap(), Some(h));
         let mut out = Vec::new();

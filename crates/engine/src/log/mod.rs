@@ -157,18 +157,23 @@ struct Head {
 }
 
 impl Head {
-    fn at(seg: u32, offset: u32, next_seg: u32) -> Head {
+    fn at(p: HeadPos) -> Head {
         Head {
-            seg,
-            offset,
-            next_seg,
-            next_named: next_seg != NO_SEGMENT,
-            seg_prev_crc: 0,
+            seg: p.seg,
+            offset: p.offset,
+            next_seg: p.next_seg,
+            next_named: p.next_seg != NO_SEGMENT,
+            seg_prev_crc: p.seg_prev_crc,
             pending: Pending::new(),
         }
     }
     fn pos(&self) -> HeadPos {
-        HeadPos { seg: self.seg, offset: self.offset, next_seg: self.next_seg }
+        HeadPos {
+            seg: self.seg,
+            offset: self.offset,
+            next_seg: self.next_seg,
+            seg_prev_crc: self.seg_prev_crc,
+        }
     }
 }
 
@@ -262,10 +267,14 @@ impl LogWriter {
         fast_segments: u32,
     ) -> LogWriter {
         let geometry = store.geometry();
-        let mut heads = vec![Head::at(pos.seg, pos.offset, pos.next_seg)];
-        if let Some(a) = pos.alt {
-            heads.push(Head::at(a.seg, a.offset, a.next_seg));
-        }
+        let main = HeadPos {
+            seg: pos.seg,
+            offset: pos.offset,
+            next_seg: pos.next_seg,
+            seg_prev_crc: pos.seg_prev_crc,
+        };
+        let mut heads = vec![Head::at(main)];
+        heads.extend(pos.alt.map(Head::at));
         LogWriter {
             store,
             geometry,
@@ -298,6 +307,7 @@ impl LogWriter {
             prev_crc: self.prev_crc,
             next_seg: h.next_seg,
             alt: self.heads.get(1).map(Head::pos),
+            seg_prev_crc: h.seg_prev_crc,
         }
     }
 
@@ -425,19 +435,33 @@ impl LogWriter {
     /// segment is counted less room for the batch headers, summaries and
     /// alignment of the batches it will hold, and with two heads the
     /// rest of the segment is the head with less.
+    ///
+    /// With two heads, it is what the head with less may place: its
+    /// segment's rest, its own named successor, and the free segments it
+    /// may take, less one for the other head if that one has no successor
+    /// named yet (writing its batch first, it may take one).
     pub fn room_for(&self, room: Room) -> usize {
         let usable = self.usable_per_segment();
-        let here = (0..self.heads.len())
+        let free = self.free_segments() as usize;
+        let keep = room.need(self.reserve_segments) as usize - 1;
+        (0..self.heads.len())
             .map(|h| {
-                self.seg_room(h)
-                    .saturating_sub(self.heads[h].pending.projected(0, 0) + 2 * BATCH_ALIGN as usize)
+                let head = &self.heads[h];
+                let here =
+                    self.seg_room(h).saturating_sub(head.pending.projected(0, 0) + 2 * BATCH_ALIGN as usize);
+                let named = usize::from(head.next_seg != NO_SEGMENT);
+                let others = self
+                    .heads
+                    .iter()
+                    .enumerate()
+                    .filter(|&(o, x)| o != h && x.next_seg == NO_SEGMENT)
+                    .count();
+                // As with one head: its named successor is one of the
+                // segments, the reserve kept whole.
+                here + (free + named).saturating_sub(others + keep) * usable
             })
             .min()
-            .unwrap_or(0);
-        let named = self.heads.iter().filter(|h| h.next_seg != NO_SEGMENT).count();
-        let free = self.free_segments() as usize + named;
-        let spare = free.saturating_sub(room.need(self.reserve_segments) as usize - 1);
-        here + spare * usable
+            .unwrap_or(0)
     }
 
     /// Bytes of blocks a free segment is counted to hold: less room for
@@ -645,6 +669,7 @@ impl LogWriter {
             epoch,
             durable_seq: durable,
             seg_prev_crc: head.seg_prev_crc,
+            bulk_head: h == 1,
         };
         p.buf[..BATCH_HEADER_SIZE].copy_from_slice(&hd.encode());
         hd.batch_crc = crc(&p.buf[8..total_len]);
@@ -878,7 +903,12 @@ pub fn scan(
     let mut pos = start;
     let mut buf = Vec::new();
     let seg_count = store.geometry().segment_count;
-    let main = |p: &LogPos| HeadPos { seg: p.seg, offset: p.offset, next_seg: p.next_seg };
+    let main = |p: &LogPos| HeadPos {
+        seg: p.seg,
+        offset: p.offset,
+        next_seg: p.next_seg,
+        seg_prev_crc: p.seg_prev_crc,
+    };
     loop {
         let heads: Vec<(bool, HeadPos)> =
             std::iter::once((false, main(&pos))).chain(pos.alt.map(|a| (true, a))).collect();
@@ -886,9 +916,14 @@ pub fn scan(
         'look: for (alt, head) in heads {
             for (seg, offset) in continuations(head, seg_count) {
                 let at = LogPos { seg, offset, ..pos };
-                if let Some(h) = read_batch(store, log_id, at, &mut buf)? {
-                    found = Some((alt, at, h));
-                    break 'look;
+                // Only a batch of this head: a place one head left may be
+                // where the other writes later (a segment reused).
+                match read_batch(store, log_id, at, &mut buf)? {
+                    Some(h) if h.bulk_head == alt => {
+                        found = Some((alt, at, h));
+                        break 'look;
+                    }
+                    _ => {}
                 }
             }
         }
@@ -896,11 +931,17 @@ pub fn scan(
         let what = format!("summary of batch {} in segment {} at {}", h.seq, at.seg, at.offset);
         let entries = SummaryEntry::decode_all(&buf, &h, &what)?;
         visit(&ScannedBatch { pos: at, header: h, bytes: &buf, entries })?;
-        let head = HeadPos { seg: at.seg, offset: align_up(at.offset + h.total_len), next_seg: h.next_seg };
+        let head = HeadPos {
+            seg: at.seg,
+            offset: align_up(at.offset + h.total_len),
+            next_seg: h.next_seg,
+            seg_prev_crc: h.batch_crc,
+        };
         if alt {
             pos.alt = Some(head);
         } else {
-            (pos.seg, pos.offset, pos.next_seg) = (head.seg, head.offset, head.next_seg);
+            (pos.seg, pos.offset, pos.next_seg, pos.seg_prev_crc) =
+                (head.seg, head.offset, head.next_seg, head.seg_prev_crc);
         }
         pos.batch_seq = h.seq + 1;
         pos.prev_crc = h.batch_crc;
@@ -913,10 +954,13 @@ pub fn scan(
 /// position had been synced: evidence of damage rather than a torn tail.
 fn check_not_damaged(store: &dyn Store, log_id: u64, end: LogPos) -> Result<()> {
     let g = store.geometry();
-    let main = HeadPos { seg: end.seg, offset: end.offset, next_seg: end.next_seg };
+    let main = HeadPos { seg: end.seg, offset: end.offset, next_seg: end.next_seg, seg_prev_crc: 0 };
     let mut places = Vec::new();
     for head in std::iter::once(main).chain(end.alt) {
-        places.push((head.seg, head.offset + BATCH_ALIGN));
+        // From the head's end itself: with two heads, the batch that shows
+        // damage may lie at the other head's end (and one at an end has a
+        // seq above the end's only if it is such a batch).
+        places.push((head.seg, head.offset));
         if head.next_seg != NO_SEGMENT && head.next_seg < g.segment_count {
             places.push((head.next_seg, 0));
         }
@@ -967,15 +1011,28 @@ mod tests {
     fn writer_of(count: u32, fast: Option<u32>) -> LogWriter {
         let g = Geometry { segment_size: MIN_SEGMENT_SIZE, segment_count: count };
         let store: Arc<dyn Store> = Arc::new(MemStore::new(g));
-        let alt = fast.map(|f| HeadPos { seg: f, offset: 0, next_seg: NO_SEGMENT });
-        let pos = LogPos { seg: 0, offset: 0, batch_seq: 1, prev_crc: 0, next_seg: NO_SEGMENT, alt };
+        let alt = fast.map(|f| HeadPos { seg: f, offset: 0, next_seg: NO_SEGMENT, seg_prev_crc: 0 });
+        let pos = LogPos {
+            seg: 0,
+            offset: 0,
+            batch_seq: 1,
+            prev_crc: 0,
+            next_seg: NO_SEGMENT,
+            alt,
+            seg_prev_crc: 0,
+        };
         let usage = vec![SegUsage::default(); count as usize];
         LogWriter::new(store, 7, pos, usage, CodecSpec::new(codec::CodecId::None, 0), fast.unwrap_or(count))
     }
 
     fn start(w: &LogWriter) -> LogPos {
-        let alt = w.heads.get(1).map(|_| HeadPos { seg: w.fast_segments, offset: 0, next_seg: NO_SEGMENT });
-        LogPos { seg: 0, offset: 0, batch_seq: 1, prev_crc: 0, next_seg: NO_SEGMENT, alt }
+        let alt = w.heads.get(1).map(|_| HeadPos {
+            seg: w.fast_segments,
+            offset: 0,
+            next_seg: NO_SEGMENT,
+            seg_prev_crc: 0,
+        });
+        LogPos { seg: 0, offset: 0, batch_seq: 1, prev_crc: 0, next_seg: NO_SEGMENT, alt, seg_prev_crc: 0 }
     }
 
     /// Two heads: data blocks to the bulk segments, journal records to the

@@ -151,10 +151,12 @@ impl Store for TwoStore {
 /// superblock. Reads only their superblocks, so it may come before their
 /// sizes are known.
 pub fn check_pair(fast: &dyn Store, bulk: &dyn Store, names: &(String, String)) -> Result<Superblock> {
+    // The primary superblock, or its copy when the primary is damaged.
     let read = |s: &dyn Store, name: &str| -> Result<Superblock> {
-        let mut buf = [0u8; META_SLOT_SIZE];
-        s.read_meta(MetaSlot::Super, &mut buf).map_err(|e| Error::io(format!("reading {name}"), e))?;
-        Superblock::decode(&buf).map_err(|e| Error::Invalid(format!("{name}: {e}")))
+        crate::engine::read_superblock(s).map_err(|e| match e {
+            Error::Io { .. } => e,
+            e => Error::Invalid(format!("{name}: {e}")),
+        })
     };
     let (fname, bname) = (&names.0, &names.1);
     let f = read(fast, fname)?;
