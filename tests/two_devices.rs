@@ -425,3 +425,52 @@ fn segments_written_across_reopens_stay_cleanable() {
         assert!(f.read(a.ino, 0, 200_000).expect("read") == data(i as u64, 100_000), "{n}");
     }
 }
+
+/// Moving cold data down (`clean --demote`, and the mount's worker when
+/// the fast store runs short): the fast store's oldest segments are
+/// cleaned into the bulk store until the target is free there; every file
+/// reads the same, fsck is clean, and new small files land on the fast
+/// store again.
+#[test]
+fn cold_small_files_move_down_to_the_bulk_store() {
+    let rig = Rig::new(12, 52);
+    let f = rig.open().expect("open");
+    let mut want = Tree::new();
+    for i in 0..260u64 {
+        let name = format!("s{i}");
+        let a = f.create(ROOT, name.as_bytes(), 0o644, 0, 0).expect("create");
+        let d = data(i, 9000);
+        f.write(a.ino, 0, &d).expect("write");
+        want.insert(name, d);
+    }
+    f.sync().expect("sync");
+    let free = |f: &Fs| f.engine().stats().fast.free_segments;
+    let before = free(&f);
+    assert!(before < 6, "the small files filled the fast store: {before} free");
+    let bulk0 = segment_bytes(&rig.bulk);
+    let opts =
+        fs::CleanOptions { max_live: 1.0, target_free: Some(6), demote: true, ..fs::CleanOptions::default() };
+    let rep = f.clean(&opts, &|_| {}).expect("demote");
+    assert!(rep.freed > 0 && free(&f) >= 6, "fast segments freed: {} free now, {rep:?}", free(&f));
+    assert!(rep.skipped.is_empty(), "{:?}", rep.skipped);
+    assert!(segment_bytes(&rig.bulk) > bulk0 + (1 << 20), "the data went down");
+    fsck_clean(&f, "after moving data down");
+    assert!(dump(&f) == want, "every file reads the same");
+    let live = |f: &Fs| {
+        let s = f.engine().stats();
+        (s.fast.live_bytes, s.bulk.expect("two devices").live_bytes)
+    };
+    let (fast0, bulk0) = live(&f);
+    let a = f.create(ROOT, b"new", 0o644, 0, 0).expect("create");
+    f.write(a.ino, 0, &data(7, 9000)).expect("write");
+    f.sync().expect("sync");
+    want.insert("new".into(), data(7, 9000));
+    let (fast1, bulk1) = live(&f);
+    assert!(
+        fast1 > fast0 + 2000 && bulk1 == bulk0,
+        "a new small file lands on the fast store: {fast0} -> {fast1}, bulk {bulk0} -> {bulk1}"
+    );
+    f.close().expect("close");
+    let f = rig.open().expect("reopen");
+    assert!(dump(&f) == want, "after a reopen");
+}

@@ -203,6 +203,11 @@ enum Cmd {
         /// Leave segments alone that are more than this fraction live.
         #[arg(long, default_value = "0.9")]
         max_live: f64,
+        /// Of an image of two devices: move the file data of the fast
+        /// device's oldest segments down to the bulk device (the mount
+        /// does it by itself when the fast device runs short).
+        #[arg(long)]
+        demote: bool,
         /// Machine-readable report.
         #[arg(long)]
         json: bool,
@@ -416,7 +421,9 @@ fn main() -> ExitCode {
         Cmd::Stats { target, watch: false, json, .. } => admin::latency(&target, json),
         Cmd::Stats { target, interval, count, json, .. } => admin::watch(&target, interval, count, json),
         Cmd::Fsck { target, repair, json } => admin::fsck(&target, repair, json),
-        Cmd::Clean { target, segments, max_live, json } => admin::clean(&target, segments, max_live, json),
+        Cmd::Clean { target, segments, max_live, demote, json } => {
+            admin::clean(&target, segments, max_live, demote, json)
+        }
         Cmd::Sync { target, json } => admin::sync(&target, json),
         Cmd::Snapshot { action, target, name, json } => {
             admin::snapshot(&target, &action, name.as_deref(), json)

@@ -90,7 +90,8 @@ fn clean(fs: &Fs, req: &Map<String, Value>, progress: &mut dyn FnMut(Value)) -> 
             v.as_f64().filter(|f| (0.0..=1.0).contains(f)).ok_or("\"max_live\" is a fraction from 0 to 1")?
         }
     };
-    let opts = CleanOptions { max_segments, max_live, target_free: None };
+    let demote = req.get("demote").and_then(Value::as_bool).unwrap_or(false);
+    let opts = CleanOptions { max_segments, max_live, target_free: None, demote };
     let sink = RefCell::new(progress);
     let rep = fs.clean(&opts, &|r| (sink.borrow_mut())(r.to_json())).map_err(|e| e.to_string())?;
     Ok(rep.to_json())

@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use zlogfs_engine::engine::{Room, SegBlock};
-use zlogfs_engine::{BlockAddr, BlockKind};
+use zlogfs_engine::{BlockAddr, BlockKind, Tier};
 
 use crate::error::{Error, Result};
 use crate::keys::*;
@@ -37,11 +37,16 @@ pub struct CleanOptions {
     pub max_live: f64,
     /// Stop once this many segments are free (None: clean `max_segments`).
     pub target_free: Option<u32>,
+    /// Of two devices: clean the fast one's segments only, oldest first,
+    /// moving the file data in them to the bulk device (cold small files
+    /// go down; the index rewritten stays up), until `target_free` of the
+    /// fast device's segments are free.
+    pub demote: bool,
 }
 
 impl Default for CleanOptions {
     fn default() -> Self {
-        CleanOptions { max_segments: usize::MAX, max_live: 0.9, target_free: None }
+        CleanOptions { max_segments: usize::MAX, max_live: 0.9, target_free: None, demote: false }
     }
 }
 
@@ -223,7 +228,9 @@ impl State {
         self.aside(|st, held| {
             let start = std::time::Instant::now();
             let moved = rep.moved_bytes;
+            st.demoting = opts.demote;
             let r = st.clean_round_inner(opts, rep, tried, held);
+            st.demoting = false;
             crate::stats::op_times().clean_round.since(start, rep.moved_bytes.saturating_sub(moved));
             r
         })
@@ -338,7 +345,14 @@ impl State {
         held: &Pending,
     ) -> Result<bool> {
         let left = opts.max_segments.saturating_sub(rep.examined as usize);
-        let enough = opts.target_free.is_some_and(|t| self.eng.stats().free_segments >= t);
+        let free = |s: &zlogfs_engine::engine::EngineStats| {
+            if opts.demote {
+                s.fast.free_segments
+            } else {
+                s.free_segments
+            }
+        };
+        let enough = opts.target_free.is_some_and(|t| free(&self.eng.stats()) >= t);
         if left == 0 || enough {
             return Ok(false);
         }
@@ -348,7 +362,8 @@ impl State {
         let budget = self.eng.room_bytes(Room::Relieve) * 7 / 8;
         let mut victims = Vec::new();
         let mut take = 0u64;
-        for v in self.eng.pick_victims(left.min(ROUND) + tried.len(), opts.max_live) {
+        let on = opts.demote.then_some(Tier::Fast);
+        for v in self.eng.pick_victims_on(left.min(ROUND) + tried.len(), opts.max_live, on) {
             if tried.contains(&v.seg) || victims.len() == left.min(ROUND) {
                 continue;
             }
@@ -380,6 +395,11 @@ impl State {
             }
             let seg = v.seg;
             tried.insert(seg);
+            if !self.eng.segment_in_use(seg) {
+                // Freed meanwhile: moving another victim's files released
+                // the last blocks here (a pack shared by both).
+                continue;
+            }
             rep.examined += 1;
             let blocks = match self.eng.segment_blocks(seg) {
                 Ok(b) => b,

@@ -543,7 +543,7 @@ mod tests {
         fs.sync().unwrap();
         fs.unlink(ROOT, b"f1").unwrap();
         fs.unlink(ROOT, b"f3").unwrap();
-        let opts_clean = CleanOptions { max_segments: usize::MAX, max_live: 0.95, target_free: None };
+        let opts_clean = CleanOptions { max_live: 0.95, ..CleanOptions::default() };
         let cleaned = fs.clean(&opts_clean, &|_| {}).unwrap();
         assert!(cleaned.moved_bytes > 0, "{cleaned:?}");
         fs.sync().unwrap();

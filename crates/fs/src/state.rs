@@ -43,6 +43,8 @@ pub(crate) struct State {
     pub(crate) space_hint: u64,
     /// A cleaning round is running (its commits do not clean).
     pub(crate) cleaning: bool,
+    /// The round running moves file data to the bulk device of two.
+    pub(crate) demoting: bool,
     /// Commits so far when cleaning last failed to make the room a writer
     /// needed (see `clean_for`).
     pub(crate) futile_at: Option<u64>,
@@ -76,6 +78,7 @@ impl State {
             stats: FsStats::default(),
             space_hint,
             cleaning: false,
+            demoting: false,
             futile_at: None,
             at,
             held_gen: Arc::new(AtomicU64::new(0)),

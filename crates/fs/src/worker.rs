@@ -4,7 +4,7 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use zlogfs_engine::engine::Engine;
+use zlogfs_engine::engine::{Engine, EngineStats};
 
 use crate::clean::CLEAN_BURST;
 use crate::filesystem::Inner;
@@ -67,6 +67,7 @@ fn clean_if_low(inner: &Inner, eng: &Engine) {
     // Both clean in bursts (`CLEAN_BURST`).
     let low = (g.segment_count / 64).max(6);
     let es = eng.stats();
+    demote_if_fast_low(inner, &es);
     if es.free_segments + es.pinned_segments >= low {
         return;
     }
@@ -83,6 +84,42 @@ fn clean_if_low(inner: &Inner, eng: &Engine) {
                 break;
             }
         }
+    }
+}
+
+/// Of two devices: when the fast one runs short of free segments (under
+/// a sixteenth, at least 2) while the bulk one has room, move the file
+/// data of its oldest segments down, a round at a time, until an eighth
+/// (at least 4) is free. New small files then land on the fast device and
+/// cold ones wait on the bulk one; the index runs that reclaiming
+/// rewrites stay up.
+fn demote_if_fast_low(inner: &Inner, es: &EngineStats) {
+    let Some(bulk) = &es.bulk else { return };
+    let fast = &es.fast;
+    let (low, target) = ((fast.segments / 16).max(2), (fast.segments / 8).max(4));
+    if fast.free_segments >= low || bulk.free_segments < target + CLEAN_BURST {
+        return;
+    }
+    let opts =
+        CleanOptions { max_live: 1.0, target_free: Some(target), demote: true, ..CleanOptions::default() };
+    let (mut rep, mut tried) = (CleanReport::default(), std::collections::HashSet::new());
+    while !*lock(&inner.stop) {
+        let mut st = lock(&inner.st);
+        match st.clean_round(&opts, &mut rep, &mut tried) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(e) => {
+                st.background_error("moving cold data to the bulk device", &e);
+                break;
+            }
+        }
+    }
+    if rep.freed > 0 {
+        tracing::info!(
+            "moved {} bytes of cold data to the bulk device, freeing {} fast segments",
+            rep.moved_bytes,
+            rep.freed
+        );
     }
 }
 

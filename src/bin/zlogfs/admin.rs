@@ -418,7 +418,7 @@ pub fn changes(target: &Path, since: &str, until: Option<&str>, json: bool) -> R
 }
 
 /// `zlogfs clean`.
-pub fn clean(target: &Path, segments: Option<usize>, max_live: f64, json: bool) -> Res {
+pub fn clean(target: &Path, segments: Option<usize>, max_live: f64, demote: bool, json: bool) -> Res {
     if !(0.0..=1.0).contains(&max_live) {
         return Err(format!("--max-live {max_live} is not a fraction between 0 and 1"));
     }
@@ -434,6 +434,7 @@ pub fn clean(target: &Path, segments: Option<usize>, max_live: f64, json: bool) 
                 max_segments: segments.unwrap_or(usize::MAX),
                 max_live,
                 target_free: None,
+                demote,
             };
             let rep = fs
                 .clean(&opts, &|r| tick(&r.to_json()))
@@ -442,7 +443,8 @@ pub fn clean(target: &Path, segments: Option<usize>, max_live: f64, json: bool) 
             rep.to_json()
         }
         Target::Mount { socket, .. } => {
-            ask(&socket, "clean", json!({"segments": segments, "max_live": max_live}), &mut |p| tick(p))?
+            let req = json!({"segments": segments, "max_live": max_live, "demote": demote});
+            ask(&socket, "clean", req, &mut |p| tick(p))?
         }
     };
     pb.finish_and_clear();

@@ -75,10 +75,17 @@ impl Engine {
     /// nothing live that are kept only for recovery come first: they cost
     /// nothing to free.
     pub fn pick_victims(&self, max: usize, max_live: f64) -> Vec<Victim> {
+        self.pick_victims_on(max, max_live, None)
+    }
+
+    /// [`Engine::pick_victims`] among the segments of one device of two
+    /// (`on`), or of all.
+    pub fn pick_victims_on(&self, max: usize, max_live: f64, on: Option<Tier>) -> Vec<Victim> {
         let core = lock(&self.sh.core);
         let g = self.sh.sb.geometry;
         let now = core.log.pos().batch_seq;
         let mut v: Vec<Victim> = (0..g.segment_count)
+            .filter(|&s| on.is_none_or(|t| core.log.tier_of(s) == t))
             .filter(|&s| !core.log.is_head(s) && !core.log.is_free(s))
             .filter_map(|s| {
                 let u = core.log.usage[s as usize];
@@ -94,6 +101,14 @@ impl Engine {
         v.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.seg.cmp(&b.seg)));
         v.truncate(max);
         v
+    }
+
+    /// Whether segment `seg` holds something behind the log's heads (the
+    /// cleaner's victims must; one may have become free since it was
+    /// picked, its last blocks released by moves out of other victims).
+    pub fn segment_in_use(&self, seg: u32) -> bool {
+        let core = lock(&self.sh.core);
+        seg < self.sh.sb.geometry.segment_count && !core.log.is_head(seg) && !core.log.is_free(seg)
     }
 
     /// Bytes of blocks a write of class `room` may still place in the log.

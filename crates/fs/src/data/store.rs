@@ -122,6 +122,8 @@ struct Layout {
     /// Files larger than this keep their own chunks on the bulk device
     /// of two (the rest of the image's data stays on the fast one).
     small_max: u64,
+    /// Everything to the bulk device, whatever the file's policy.
+    demote: bool,
     pack_bytes: usize,
 }
 
@@ -140,6 +142,7 @@ fn plan_store(loaded: Vec<Loaded>, l: &Layout) -> StorePlan {
         // (its own chunks, packed tails and patches alike); small files'
         // stay on the fast one with the metadata.
         let tier = match c.tier {
+            _ if l.demote => Tier::Bulk,
             Some(TierPolicy::Fast) => Tier::Fast,
             Some(TierPolicy::Bulk) => Tier::Bulk,
             None if c.size > l.small_max => Tier::Bulk,
@@ -262,6 +265,8 @@ impl State {
         let layout = Layout {
             inline_max: u64::from(cfg.inline_max),
             small_max: cfg.small_max,
+            // A round moving data down: all of it goes to the bulk device.
+            demote: self.demoting,
             pack_bytes: cfg.pack_bytes as usize,
         };
         let plan = plan_store(loaded, &layout);
