@@ -73,18 +73,26 @@ fn clean_if_low(inner: &Inner, eng: &Engine) {
     }
     let opts =
         CleanOptions { max_live: 0.8, target_free: Some(low + CLEAN_BURST), ..CleanOptions::default() };
+    rounds(inner, &opts, "background cleaning");
+}
+
+/// Cleaning rounds with `opts` until there is nothing (more) to do or the
+/// worker stops, the lock let go between them; a failure is logged and
+/// counted as `what`'s.
+fn rounds(inner: &Inner, opts: &CleanOptions, what: &str) -> CleanReport {
     let (mut rep, mut tried) = (CleanReport::default(), std::collections::HashSet::new());
     while !*lock(&inner.stop) {
         let mut st = lock(&inner.st);
-        match st.clean_round(&opts, &mut rep, &mut tried) {
+        match st.clean_round(opts, &mut rep, &mut tried) {
             Ok(true) => {}
             Ok(false) => break,
             Err(e) => {
-                st.background_error("background cleaning", &e);
+                st.background_error(what, &e);
                 break;
             }
         }
     }
+    rep
 }
 
 /// Of two devices: when the fast one runs short of free segments (under
@@ -102,18 +110,7 @@ fn demote_if_fast_low(inner: &Inner, es: &EngineStats) {
     }
     let opts =
         CleanOptions { max_live: 1.0, target_free: Some(target), demote: true, ..CleanOptions::default() };
-    let (mut rep, mut tried) = (CleanReport::default(), std::collections::HashSet::new());
-    while !*lock(&inner.stop) {
-        let mut st = lock(&inner.st);
-        match st.clean_round(&opts, &mut rep, &mut tried) {
-            Ok(true) => {}
-            Ok(false) => break,
-            Err(e) => {
-                st.background_error("moving cold data to the bulk device", &e);
-                break;
-            }
-        }
-    }
+    let rep = rounds(inner, &opts, "moving cold data to the bulk device");
     if rep.freed > 0 {
         tracing::info!(
             "moved {} bytes of cold data to the bulk device, freeing {} fast segments",
