@@ -148,13 +148,38 @@ fn main() {
         uuid: *b"0123456789abcdef",
         geometry: Geometry { segment_size: DEFAULT_SEGMENT_SIZE, segment_count: 16 },
         created_ns: 1_700_000_000_000_000_000,
+        fast_segments: 0,
+        role: Role::Single,
+        partner: String::new(),
     };
     out.write("fuzz_superblock", "valid", &sb.encode());
+    // The bulk device of two, naming its fast device.
+    let two = Superblock {
+        incompat: INCOMPAT_TWO_DEVICES,
+        fast_segments: 4,
+        role: Role::Bulk,
+        partner: "/var/lib/zlogfs/fast.img".into(),
+        ..sb.clone()
+    };
+    out.write("fuzz_superblock", "two", &two.encode());
 
     // Checkpoint slot.
-    let pos = |seg: u32| LogPos { seg, offset: 1024, batch_seq: 42, prev_crc: 0xdead_beef, next_seg: NO_SEGMENT };
+    let pos = |seg: u32| LogPos {
+        seg,
+        offset: 1024,
+        batch_seq: 42,
+        prev_crc: 0xdead_beef,
+        next_seg: NO_SEGMENT,
+        alt: None,
+        seg_prev_crc: 0,
+    };
     let slot = CheckpointSlot { number: 9, uuid: sb.uuid, body: addr(4), replay: pos(1), after_body: pos(2) };
     out.write("fuzz_checkpoint_slot", "valid", &slot.encode());
+    // Of two devices: the bulk head at the replay start.
+    let alt = HeadPos { seg: 9, offset: 512, next_seg: 10, seg_prev_crc: 0x0bad_cafe };
+    let replay = LogPos { alt: Some(alt), seg_prev_crc: 0x1234_5678, ..pos(1) };
+    let slot = CheckpointSlot { replay, ..slot };
+    out.write("fuzz_checkpoint_slot", "two", &slot.encode());
 
     // Run blocks.
     let ents = entries();
@@ -238,6 +263,8 @@ fn main() {
         next_seg: NO_SEGMENT,
         epoch: 0x1234_5678,
         durable_seq: 41,
+        seg_prev_crc: 0,
+        bulk_head: false,
     };
     b[..BATCH_HEADER_SIZE].copy_from_slice(&h.encode());
     h.batch_crc = crc(&b[8..]);
