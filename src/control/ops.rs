@@ -91,7 +91,7 @@ fn clean(fs: &Fs, req: &Map<String, Value>, progress: &mut dyn FnMut(Value)) -> 
         }
     };
     let demote = req.get("demote").and_then(Value::as_bool).unwrap_or(false);
-    let opts = CleanOptions { max_segments, max_live, target_free: None, demote };
+    let opts = CleanOptions { max_segments, max_live, demote, ..CleanOptions::default() };
     let sink = RefCell::new(progress);
     let rep = fs.clean(&opts, &|r| (sink.borrow_mut())(r.to_json())).map_err(|e| e.to_string())?;
     Ok(rep.to_json())

@@ -42,11 +42,21 @@ pub struct CleanOptions {
     /// go down; the index rewritten stays up), until `target_free` of the
     /// fast device's segments are free.
     pub demote: bool,
+    /// Only segments last written before this batch (what the pass began
+    /// with): set it when a pass moves everything it meets (`demote`
+    /// with `max_live` 1), so that it ends.
+    pub written_before: Option<u64>,
 }
 
 impl Default for CleanOptions {
     fn default() -> Self {
-        CleanOptions { max_segments: usize::MAX, max_live: 0.9, target_free: None, demote: false }
+        CleanOptions {
+            max_segments: usize::MAX,
+            max_live: 0.9,
+            target_free: None,
+            demote: false,
+            written_before: None,
+        }
     }
 }
 
@@ -109,6 +119,23 @@ impl CleanReport {
 /// bursts, 1.80 with the writer's, 1.81 with both (docs/BENCHMARKS.md).
 pub(super) const CLEAN_BURST: u32 = 8;
 
+/// Of a fast device of `segments`: below how many free segments data moves
+/// down, and how many moving it down frees (the mount's worker); small
+/// files the cleaner moves go back up only above the second.
+pub(crate) fn demote_marks(segments: u32) -> (u32, u32) {
+    let target = (segments / 8).max(4).min(segments.saturating_sub(2));
+    ((segments / 16).max(2).min(target), target)
+}
+
+impl State {
+    /// Of two devices: the fast one has fewer free segments than moving
+    /// data down would leave (see [`demote_marks`]).
+    pub(crate) fn fast_short(&self) -> bool {
+        let s = self.eng.stats();
+        s.bulk.is_some() && s.fast.free_segments < demote_marks(s.fast.segments).1
+    }
+}
+
 /// Victims cleaned per round: their data is moved in one group, then the
 /// engine reclaims them together (one flush and two checkpoints).
 const ROUND: usize = 4;
@@ -129,6 +156,12 @@ impl Fs {
         if self.st().read_only {
             return Err(Error::read_only("the file system is open read-only: nothing to clean"));
         }
+        let mut opts = opts.clone();
+        if opts.demote && opts.written_before.is_none() {
+            // Moving data down meets its own index runs again otherwise.
+            opts.written_before = Some(self.st().eng.next_batch());
+        }
+        let opts = &opts;
         self.st().relieve_history()?;
         let mut rep = CleanReport::default();
         let mut tried = HashSet::new();
@@ -363,7 +396,9 @@ impl State {
         let mut victims = Vec::new();
         let mut take = 0u64;
         let on = opts.demote.then_some(Tier::Fast);
-        for v in self.eng.pick_victims_on(left.min(ROUND) + tried.len(), opts.max_live, on) {
+        for v in
+            self.eng.pick_victims_on(left.min(ROUND) + tried.len(), opts.max_live, on, opts.written_before)
+        {
             if tried.contains(&v.seg) || victims.len() == left.min(ROUND) {
                 continue;
             }

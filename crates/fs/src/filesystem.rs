@@ -63,6 +63,9 @@ pub fn mkfs(store: Arc<dyn Store>, o: &MkfsOptions) -> Result<()> {
     if o.inline_max > 4096 {
         return Err(Error::Invalid(format!("inline limit {} exceeds 4096", o.inline_max)));
     }
+    if o.small_max > 1 << 40 {
+        return Err(Error::Invalid(format!("small-file size {} exceeds 1 TiB", o.small_max)));
+    }
     engine::mkfs(store.clone())?;
     let eng = Engine::open(store, Options { background: false, ..Options::default() })?;
     let t = now();

@@ -74,7 +74,9 @@ impl State {
             }
             whole.push(block);
         }
-        let copies = self.eng.copy_blocks(Room::Relieve, &whole)?;
+        // Moving data down, held blocks go down too.
+        let to = self.demoting.then_some(zlogfs_engine::Tier::Bulk);
+        let copies = self.eng.copy_blocks(Room::Relieve, &whole, to)?;
         let moved = self.eng.seq() + 1;
         self.group.placed(&copies, moved);
         for ((parts, old), new) in blocks.into_values().zip(&whole).zip(copies) {

@@ -45,6 +45,8 @@ pub(crate) struct State {
     pub(crate) cleaning: bool,
     /// The round running moves file data to the bulk device of two.
     pub(crate) demoting: bool,
+    /// Commits so far when moving data down last missed its target.
+    pub(crate) demote_futile_at: Option<u64>,
     /// Commits so far when cleaning last failed to make the room a writer
     /// needed (see `clean_for`).
     pub(crate) futile_at: Option<u64>,
@@ -79,6 +81,7 @@ impl State {
             space_hint,
             cleaning: false,
             demoting: false,
+            demote_futile_at: None,
             futile_at: None,
             at,
             held_gen: Arc::new(AtomicU64::new(0)),
@@ -153,6 +156,9 @@ impl State {
         let v = i.encode(id, self.group.cfg().base_sec);
         if i.chunk.is_some() {
             self.group.mark_version(6);
+        }
+        if i.tier.is_some() {
+            self.group.mark_version(9);
         }
         self.put(inode_key(i.ino), v);
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use zlogfs_engine::engine::{Engine, EngineStats};
 
-use crate::clean::CLEAN_BURST;
+use crate::clean::{demote_marks, CLEAN_BURST};
 use crate::filesystem::Inner;
 use crate::{lock, CleanOptions, CleanReport};
 
@@ -67,7 +67,7 @@ fn clean_if_low(inner: &Inner, eng: &Engine) {
     // Both clean in bursts (`CLEAN_BURST`).
     let low = (g.segment_count / 64).max(6);
     let es = eng.stats();
-    demote_if_fast_low(inner, &es);
+    demote_if_fast_low(inner, eng, &es);
     if es.free_segments + es.pinned_segments >= low {
         return;
     }
@@ -91,6 +91,9 @@ fn rounds(inner: &Inner, opts: &CleanOptions, what: &str) -> CleanReport {
                 break;
             }
         }
+        drop(st);
+        // Writers waiting for the lock get it between rounds.
+        std::thread::yield_now();
     }
     rep
 }
@@ -101,16 +104,31 @@ fn rounds(inner: &Inner, opts: &CleanOptions, what: &str) -> CleanReport {
 /// (at least 4) is free. New small files then land on the fast device and
 /// cold ones wait on the bulk one; the index runs that reclaiming
 /// rewrites stay up.
-fn demote_if_fast_low(inner: &Inner, es: &EngineStats) {
+fn demote_if_fast_low(inner: &Inner, eng: &Engine, es: &EngineStats) {
     let Some(bulk) = &es.bulk else { return };
     let fast = &es.fast;
-    let (low, target) = ((fast.segments / 16).max(2), (fast.segments / 8).max(4));
+    let (low, target) = demote_marks(fast.segments);
     if fast.free_segments >= low || bulk.free_segments < target + CLEAN_BURST {
         return;
     }
-    let opts =
-        CleanOptions { max_live: 1.0, target_free: Some(target), demote: true, ..CleanOptions::default() };
+    // A pass that could not reach the target is not tried again until
+    // something was committed since (as `clean_for` does).
+    let commits = lock(&inner.st).stats.commits;
+    if lock(&inner.st).demote_futile_at == Some(commits) {
+        return;
+    }
+    let opts = CleanOptions {
+        max_live: 1.0,
+        target_free: Some(target),
+        demote: true,
+        written_before: Some(eng.next_batch()),
+        ..CleanOptions::default()
+    };
     let rep = rounds(inner, &opts, "moving cold data to the bulk device");
+    let now = eng.stats().fast.free_segments;
+    let mut st = lock(&inner.st);
+    st.demote_futile_at = (now < target).then_some(st.stats.commits);
+    drop(st);
     if rep.freed > 0 {
         tracing::info!(
             "moved {} bytes of cold data to the bulk device, freeing {} fast segments",

@@ -433,8 +433,8 @@ pub fn clean(target: &Path, segments: Option<usize>, max_live: f64, demote: bool
             let opts = zfs::CleanOptions {
                 max_segments: segments.unwrap_or(usize::MAX),
                 max_live,
-                target_free: None,
                 demote,
+                ..zfs::CleanOptions::default()
             };
             let rep = fs
                 .clean(&opts, &|r| tick(&r.to_json()))

@@ -82,7 +82,9 @@ impl Engine {
     /// they are stored: no decompression, the same bytes and checksum,
     /// each verified on the way. Returns the copies' addresses, in order;
     /// like [`Engine::write_blocks`], a batch must reference them.
-    pub fn copy_blocks(&self, room: Room, addrs: &[BlockAddr]) -> Result<Vec<BlockAddr>> {
+    /// With two devices, the copies go to device `to`, or (None) to the
+    /// one each block is on.
+    pub fn copy_blocks(&self, room: Room, addrs: &[BlockAddr], to: Option<Tier>) -> Result<Vec<BlockAddr>> {
         self.check_ok()?;
         let mut blocks = Vec::with_capacity(addrs.len());
         for &a in addrs {
@@ -91,7 +93,7 @@ impl Engine {
                 Some(b) => b,
                 None => log::read_sealed(self.sh.store.as_ref(), a)?,
             };
-            let tier = lock(&self.sh.core).log.tier_of(a.seg);
+            let tier = to.unwrap_or_else(|| lock(&self.sh.core).log.tier_of(a.seg));
             blocks.push(NewBlock::verbatim(BlockKind::Data, 0, sealed, a)?.on(tier));
         }
         self.relieve(blocks.iter().map(|b| b.bytes().len()).sum())?;

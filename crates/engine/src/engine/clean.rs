@@ -75,17 +75,26 @@ impl Engine {
     /// nothing live that are kept only for recovery come first: they cost
     /// nothing to free.
     pub fn pick_victims(&self, max: usize, max_live: f64) -> Vec<Victim> {
-        self.pick_victims_on(max, max_live, None)
+        self.pick_victims_on(max, max_live, None, None)
     }
 
     /// [`Engine::pick_victims`] among the segments of one device of two
-    /// (`on`), or of all.
-    pub fn pick_victims_on(&self, max: usize, max_live: f64, on: Option<Tier>) -> Vec<Victim> {
+    /// (`on`), or of all, and of those last written before batch `before`
+    /// (a pass that moves everything it meets must not meet its own
+    /// output again).
+    pub fn pick_victims_on(
+        &self,
+        max: usize,
+        max_live: f64,
+        on: Option<Tier>,
+        before: Option<u64>,
+    ) -> Vec<Victim> {
         let core = lock(&self.sh.core);
         let g = self.sh.sb.geometry;
         let now = core.log.pos().batch_seq;
         let mut v: Vec<Victim> = (0..g.segment_count)
             .filter(|&s| on.is_none_or(|t| core.log.tier_of(s) == t))
+            .filter(|&s| before.is_none_or(|b| core.log.usage[s as usize].last_batch < b))
             .filter(|&s| !core.log.is_head(s) && !core.log.is_free(s))
             .filter_map(|s| {
                 let u = core.log.usage[s as usize];
@@ -101,6 +110,11 @@ impl Engine {
         v.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.seg.cmp(&b.seg)));
         v.truncate(max);
         v
+    }
+
+    /// The sequence number the next batch written will have.
+    pub fn next_batch(&self) -> u64 {
+        lock(&self.sh.core).log.pos().batch_seq
     }
 
     /// Whether segment `seg` holds something behind the log's heads (the

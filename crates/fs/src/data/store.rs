@@ -122,8 +122,12 @@ struct Layout {
     /// Files larger than this keep their own chunks on the bulk device
     /// of two (the rest of the image's data stays on the fast one).
     small_max: u64,
-    /// Everything to the bulk device, whatever the file's policy.
+    /// Everything without a policy to the bulk device (moving data down).
     demote: bool,
+    /// The cleaner is moving data and the fast device is short of room:
+    /// small files it moves stay on (or go to) the bulk device, rather
+    /// than bounce back up to be moved down again.
+    fast_short: bool,
     pack_bytes: usize,
 }
 
@@ -142,10 +146,10 @@ fn plan_store(loaded: Vec<Loaded>, l: &Layout) -> StorePlan {
         // (its own chunks, packed tails and patches alike); small files'
         // stay on the fast one with the metadata.
         let tier = match c.tier {
-            _ if l.demote => Tier::Bulk,
             Some(TierPolicy::Fast) => Tier::Fast,
             Some(TierPolicy::Bulk) => Tier::Bulk,
-            None if c.size > l.small_max => Tier::Bulk,
+            None if l.demote || c.size > l.small_max => Tier::Bulk,
+            None if l.fast_short => Tier::Bulk,
             None => Tier::Fast,
         };
         if let Some(runs) = c.plan {
@@ -267,6 +271,7 @@ impl State {
             small_max: cfg.small_max,
             // A round moving data down: all of it goes to the bulk device.
             demote: self.demoting,
+            fast_short: self.cleaning && self.fast_short(),
             pack_bytes: cfg.pack_bytes as usize,
         };
         let plan = plan_store(loaded, &layout);
