@@ -132,8 +132,9 @@ impl Superblock {
         if self.incompat & INCOMPAT_TWO_DEVICES != 0 {
             v.put_u32(self.fast_segments); // 72
             v.put_u32(self.role.code()); // 76
+                                         // A path too long to record is not recorded (it is a hint).
             let p = self.partner.as_bytes();
-            let p = &p[..p.len().min(MAX_PARTNER_PATH)];
+            let p = if p.len() > MAX_PARTNER_PATH { &[][..] } else { p };
             v.put_u32(p.len() as u32); // 80
             v.extend_from_slice(p); // 84
         }
@@ -190,7 +191,8 @@ impl Superblock {
             if n > MAX_PARTNER_PATH {
                 return Err(Error::corrupt("superblock", "partner path too long"));
             }
-            partner = String::from_utf8_lossy(r.bytes(n)?).into_owned();
+            partner = String::from_utf8(r.bytes(n)?.to_vec())
+                .map_err(|_| Error::corrupt("superblock", "the partner path is not UTF-8"))?;
             if role == Role::Single || fast_segments < 4 || fast_segments > segment_count - 4 {
                 return Err(Error::corrupt(
                     "superblock",
@@ -834,6 +836,40 @@ mod tests {
         let mut s = sb();
         s.version = 2;
         assert!(matches!(Superblock::decode(&s.encode()), Err(Error::Unsupported(_))));
+        // Two devices: the partner path round-trips; one not UTF-8 is
+        // damage; one too long is not recorded.
+        let two = Superblock {
+            incompat: INCOMPAT_TWO_DEVICES,
+            fast_segments: 4,
+            role: Role::Bulk,
+            partner: "/srv/fast.img".into(),
+            ..sb()
+        };
+        assert_eq!(Superblock::decode(&two.encode()).unwrap(), two);
+        let mut bad = two.encode();
+        bad[84] = 0xff;
+        let c = crc(&bad[..SLOT_CRC_OFFSET]);
+        bad[SLOT_CRC_OFFSET..].copy_from_slice(&c.to_le_bytes());
+        assert!(Superblock::decode(&bad).is_err(), "a partner path that is not UTF-8");
+        let long = Superblock { partner: "é".repeat(MAX_PARTNER_PATH), ..two.clone() };
+        assert_eq!(Superblock::decode(&long.encode()).unwrap().partner, "");
+        // Found by fuzz_superblock: a partner of bytes that are not UTF-8
+        // decoded lossily and did not round-trip.
+        let found: &[u8] = &[
+            0x5a, 0x4c, 0x4f, 0x47, 0x46, 0x53, 0x0, 0x1a, 0x1, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0,
+            0x0, 0x80, 0x0, 0x0, 0x0, 0x0, 0x1, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0,
+            0x0, 0x0, 0x0, 0x30, 0x31, 0x32, 0x33, 0x34, 0x35, 0x36, 0x37, 0x38, 0x39, 0x61, 0x62, 0x63,
+            0x64, 0x65, 0x66, 0x0, 0x0, 0x40, 0x0, 0x10, 0x0, 0x0, 0x0, 0x0, 0x0, 0x2a, 0x36, 0xfe, 0x9c,
+            0x97, 0x17, 0x4, 0x0, 0x0, 0x0, 0x2, 0x0, 0x0, 0x0, 0x0, 0x8, 0x0, 0x0, 0x0, 0x0, 0x0, 0x97,
+            0x17, 0x0, 0x2, 0x0, 0x0, 0x0, 0x0, 0x0,
+        ];
+        let mut slot = [0u8; META_SLOT_SIZE];
+        slot[..found.len()].copy_from_slice(found);
+        let c = crc(&slot[..SLOT_CRC_OFFSET]);
+        slot[SLOT_CRC_OFFSET..].copy_from_slice(&c.to_le_bytes());
+        if let Ok(sb) = Superblock::decode(&slot) {
+            assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
+        }
         let mut s = sb();
         s.incompat = 4;
         assert!(matches!(Superblock::decode(&s.encode()), Err(Error::Unsupported(_))));
