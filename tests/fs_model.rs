@@ -1066,7 +1066,13 @@ fn fs_matches_model_with_patches() {
             4000,
             // Every other run keeps every commit as a point: the cleaner
             // then moves blocks only points read.
-            Setup { io_errors: false, chunk: 32 << 10, clean: true, history: k % 2 == 1, two: false },
+            Setup {
+                io_errors: false,
+                chunk: 32 << 10,
+                clean: true,
+                history: base.wrapping_add(k) % 2 == 1,
+                two: false,
+            },
         );
     }
     // A single run may write none (seed 8033832667062325679 writes none);

@@ -250,6 +250,12 @@ impl Engine {
             }
         }
         for s in left {
+            // Freed by the merge or flush above and already taken again
+            // by a head of the log (only free segments become heads).
+            if lock(&self.sh.core).log.is_head(s) {
+                out.freed += 1;
+                continue;
+            }
             let blocks = match self.segment_blocks(s) {
                 Ok(b) => b,
                 Err(e) => {
