@@ -17,7 +17,7 @@ cargo clippy --all-targets -- -D warnings
 # command-line tool needs (argument parsing, progress bars, signals, the
 # allocator, the log's output, the metrics endpoint's HTTP server).
 echo "== library crates without command-line crates"
-cli_deps=$(cargo tree -p zlogfs-engine -p zlogfs-fs -p zlogfs-fuse -p zlogfs-nbd -e normal --prefix none |
+cli_deps=$(cargo tree -p zlogfs-engine -p zlogfs-fs -p zlogfs-fuse -p zlogfs-nbd -p zlogfs-s3 -e normal --prefix none |
     grep -E '^(clap|indicatif|mimalloc|signal-hook|tiny_http|tracing-subscriber) ' | sort -u || true)
 if [ -n "$cli_deps" ]; then
     echo "library crates depend on command-line crates: $cli_deps" >&2
@@ -46,6 +46,14 @@ if [ -z "${ZLOGFS_ROUNDTRIP_TREES:-}" ]; then
     else
         echo "note: no /usr/src/linux-source-*.tar.xz (apt-get install linux-source): the linux tree round trip is skipped"
     fi
+fi
+
+# A real S3 server for the object-store tests (crates/s3/tests, the s3
+# posix suite): moto from PyPI, in a venv under target/ (made once).
+if [ ! -x target/moto/bin/moto_server ] && [ -z "${ZLOGFS_MOTO_SERVER:-}" ]; then
+    echo "== installing moto (an S3 server for the tests) into target/moto"
+    python3 -m venv target/moto
+    target/moto/bin/pip install --quiet 'moto[server]'
 fi
 
 echo "== cargo test"

@@ -41,7 +41,53 @@ struct Cli {
     /// was last opened. With mkfs, the fast device to make.
     #[arg(long, global = true, value_name = "PATH")]
     fast: Option<PathBuf>,
+    /// Of an image in an object store (s3://BUCKET/PREFIX): the local
+    /// cache directory, which holds what is not yet uploaded and caches
+    /// what was read. Default: ~/.cache/zlogfs/BUCKET/PREFIX. As mount
+    /// option: cache=DIR.
+    #[arg(long, global = true, value_name = "DIR")]
+    cache: Option<PathBuf>,
+    /// Of an image in an object store: when fsync returns. local (the
+    /// default): when the cache directory holds the data (uploads follow
+    /// at each full segment and checkpoint); remote: when the bucket
+    /// holds it. As mount option: sync=local|remote.
+    #[arg(long, global = true, value_name = "MODE")]
+    s3_sync: Option<zlogfs_s3::SyncMode>,
+    /// Of an image in an object store: bytes of already uploaded segments
+    /// the cache directory keeps (default 1G). As mount option:
+    /// cache_size=SIZE.
+    #[arg(long, global = true, value_name = "SIZE", value_parser = parse_size)]
+    cache_size: Option<u64>,
 }
+
+/// How to open an image in an object store (the global flags, or the
+/// mount options).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct S3Flags {
+    pub cache: Option<PathBuf>,
+    pub sync: Option<zlogfs_s3::SyncMode>,
+    pub cache_size: Option<u64>,
+}
+
+impl S3Flags {
+    /// The flags as mount options (for the mount daemon).
+    fn as_options(&self) -> Vec<String> {
+        let mut o = Vec::new();
+        if let Some(c) = &self.cache {
+            o.push(format!("cache={}", absolute(c).display()));
+        }
+        if let Some(s) = self.sync {
+            o.push(format!("sync={}", if s == zlogfs_s3::SyncMode::Remote { "remote" } else { "local" }));
+        }
+        if let Some(n) = self.cache_size {
+            o.push(format!("cache_size={n}"));
+        }
+        o
+    }
+}
+
+/// The object-store settings of this process.
+static S3: std::sync::OnceLock<S3Flags> = std::sync::OnceLock::new();
 
 #[derive(Subcommand)]
 enum Cmd {
@@ -324,9 +370,11 @@ enum Cmd {
 
 #[derive(clap::Args)]
 struct FormatArgs {
-    /// Size of a new image file, e.g. 1G, 512M (ignored for devices).
-    #[arg(long, default_value = "1G", value_parser = parse_size)]
-    size: u64,
+    /// Size of a new image file, e.g. 1G, 512M (ignored for devices);
+    /// default 1G. Of an image in a bucket: the most it may hold (nothing
+    /// is allocated); default 1T.
+    #[arg(long, value_parser = parse_size)]
+    size: Option<u64>,
     /// Segment size, e.g. 4M (128K to 1G, a multiple of 512). Default:
     /// 1M for images under 1 GiB (so that the reserve of two segments
     /// stays small), 4M otherwise.
@@ -403,13 +451,21 @@ fn main() -> ExitCode {
     if let Some(f) = &cli.fast {
         let _ = FAST.set(absolute(f));
     }
+    let s3 = S3Flags { cache: cli.cache.clone(), sync: cli.s3_sync, cache_size: cli.cache_size };
+    if !matches!(cli.cmd, Cmd::Mount { .. }) {
+        let _ = S3.set(s3.clone());
+    }
     if !matches!(cli.cmd, Cmd::Mount { .. }) {
         if let Err(e) = logging::init(None, logging::Sink::Stderr) {
             return finish(Err(e));
         }
     }
     let r = match cli.cmd {
-        Cmd::Mount { image, dir, options, foreground } => mount::mount(&image, &dir, &options, foreground),
+        Cmd::Mount { image, dir, mut options, foreground } => {
+            // The global flags reach the daemon as mount options.
+            options.extend(s3.as_options());
+            mount::mount(&image, &dir, &options, foreground)
+        }
         Cmd::Mkfs { image, fmt, force } => mkfs(&image, &fmt, force).map(|_| ExitCode::SUCCESS),
         Cmd::Import { dir, image, fmt, json } => import(&dir, &image, &fmt, json),
         Cmd::Export { image, dir, path, json } => export(&image, &dir, &path, json),
@@ -479,7 +535,17 @@ fn target_size(path: &Path, size: u64, force: bool) -> Result<u64, String> {
 }
 
 fn mkfs(image: &Path, f: &FormatArgs, force: bool) -> Result<(), String> {
-    let size = target_size(image, f.size, force)?;
+    let s3 = s3_url(image)?;
+    let size = match &s3 {
+        Some(_) if force => {
+            return Err(format!(
+                "{}: --force cannot empty a bucket: delete the prefix's objects first",
+                image.display()
+            ))
+        }
+        Some(_) => f.size.unwrap_or(1 << 40),
+        None => target_size(image, f.size.unwrap_or(1 << 30), force)?,
+    };
     let fast = FAST.get();
     let fast_size = match fast {
         Some(p) => Some(target_size(p, f.fast_size.unwrap_or(size / 8), force)?),
@@ -537,6 +603,11 @@ fn mkfs(image: &Path, f: &FormatArgs, force: bool) -> Result<(), String> {
             );
             Arc::new(two)
         }
+        _ if s3.is_some() => {
+            let opts = s3_options(s3.clone().ok_or("no address")?, false);
+            let store = zlogfs_s3::S3Store::create(opts, geometry).map_err(|e| e.to_string())?;
+            Arc::new(store)
+        }
         _ => Arc::new(create(image, geometry)?),
     };
     zfs::mkfs(store.clone(), &o).map_err(|e| format!("{}: {e}", image.display()))?;
@@ -575,6 +646,9 @@ pub(crate) fn open_image(
     read_only: bool,
     fast: Option<&Path>,
 ) -> Result<Arc<dyn Store>, String> {
+    if let Some(url) = s3_url(image)? {
+        return open_s3(url, read_only, fast);
+    }
     let open = |p: &Path| {
         if read_only {
             wait_for_lock(p, || FileStore::open_read_only(p))
@@ -619,6 +693,58 @@ pub(crate) fn open_image(
                 f.with_geometry(g(sb.geometry.segment_count - fast_segs)).map_err(|e| at(e.to_string()))?;
             let two = TwoStore::new(Arc::new(ff), Arc::new(f), names, true).map_err(|e| at(e.to_string()))?;
             Ok(Arc::new(two))
+        }
+    }
+}
+
+/// The address of an image in an object store, when `image` is one.
+pub(crate) fn s3_url(image: &Path) -> Result<Option<zlogfs_s3::S3Url>, String> {
+    match image.to_str().and_then(zlogfs_s3::S3Url::parse) {
+        None => Ok(None),
+        Some(r) => r.map(Some),
+    }
+}
+
+/// The cache directory of `url` when none is given:
+/// $XDG_CACHE_HOME (else ~/.cache) /zlogfs/BUCKET/PREFIX.
+fn default_cache(url: &zlogfs_s3::S3Url) -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/var/cache"));
+    let prefix = if url.prefix.is_empty() { "_".to_string() } else { url.prefix.replace('/', "%") };
+    base.join("zlogfs").join(&url.bucket).join(prefix)
+}
+
+fn s3_options(url: zlogfs_s3::S3Url, read_only: bool) -> zlogfs_s3::S3Options {
+    let f = S3.get().cloned().unwrap_or_default();
+    let cache = f.cache.map(|c| absolute(&c)).unwrap_or_else(|| default_cache(&url));
+    let mut o = zlogfs_s3::S3Options::new(url, cache);
+    o.sync = f.sync.unwrap_or_default();
+    o.read_only = read_only;
+    o.cache_bytes = f.cache_size.unwrap_or(o.cache_bytes);
+    o
+}
+
+/// Open an image in an object store, waiting a few seconds for another
+/// process to let go of its cache directory (as [`wait_for_lock`]).
+fn open_s3(url: zlogfs_s3::S3Url, read_only: bool, fast: Option<&Path>) -> Result<Arc<dyn Store>, String> {
+    if let Some(f) = fast.or(FAST.get().map(PathBuf::as_path)) {
+        return Err(format!(
+            "{url}: --fast {} is for images of two devices; an image in a bucket keeps its fast part in \
+             its cache directory (--cache)",
+            f.display()
+        ));
+    }
+    let opts = s3_options(url, read_only);
+    let start = std::time::Instant::now();
+    loop {
+        match zlogfs_s3::S3Store::open(opts.clone()) {
+            Ok(s) => return Ok(Arc::new(s)),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && start.elapsed().as_secs() < 5 => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(e) => return Err(e.to_string()),
         }
     }
 }
@@ -703,7 +829,11 @@ fn import(dir: &Path, image: &Path, f: &FormatArgs, json: bool) -> Res {
         Ok(_) => return Err(format!("{} is not a directory", dir.display())),
         Err(e) => return Err(format!("cannot import {}: {e}", dir.display())),
     }
-    if !image.exists() {
+    let exists = match s3_url(image)? {
+        Some(url) => zlogfs_s3::image_exists(&url).map_err(|e| e.to_string())?,
+        None => image.exists(),
+    };
+    if !exists {
         mkfs(image, f, false)?;
     }
     let fs = open_fs(image, zfs::Atime::Noatime)?;

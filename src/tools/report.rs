@@ -63,6 +63,12 @@ pub fn stats(image: &str, fs: &Fs) -> Result<Value> {
         "points_dropped_for_room": fst.points_dropped, "snapshot_held_bytes": held,
         "history_purgeable_bytes": fs.purgeable_bytes()?,
         "devices": devices(&s, g.segment_size, e.store_names()),
+        "object_store": s.remote.as_ref().map(|r| json!({
+            "puts": r.puts, "gets": r.gets, "lists": r.lists, "deletes": r.deletes,
+            "bytes_up": r.bytes_up, "bytes_down": r.bytes_down,
+            "cache_hits": r.cache_hits, "cache_misses": r.cache_misses,
+            "upload_backlog_bytes": r.backlog_bytes, "manifest": r.manifest,
+        })),
     }))
 }
 

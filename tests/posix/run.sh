@@ -17,6 +17,11 @@
 #              (both passes), fsx with 2 seeds, and the stress run on a
 #              fast device small enough that small files spill to the bulk
 #              one while the cleaner runs; fsck after each
+#   s3         an image in a bucket of a real S3 server (moto on
+#              127.0.0.1, issue 30): pjdfstest and fsx with sync=remote;
+#              /usr/include copied in and fsynced, the daemon killed -9
+#              and remounted, in both sync modes; export through an empty
+#              cache directory; fsck after each
 #
 # pjdfstest and fsx run on each transport: FUSE over io_uring (-o uring,
 # which turns the fuse module's enable_uring on) and /dev/fuse
@@ -36,7 +41,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 here=tests/posix
-suites="${POSIX_SUITES:-pjdfstest fsx fio clean stress two}"
+suites="${POSIX_SUITES:-pjdfstest fsx fio clean stress two s3}"
 stress_secs="${STRESS_SECS:-40}"
 fsx_ops="${FSX_OPS:-50000}"
 
@@ -317,6 +322,91 @@ if [[ " $suites " == *" two "* ]]; then
     fi
     "$zlogfs" stats "$mnt" 2>/dev/null | grep -E 'device:' | sed 's/^/    /' || true
     unmount_and_check "the stress run on two devices"
+fi
+
+if [[ " $suites " == *" s3 "* ]]; then
+    # A real S3 server (moto, from the venv test.sh makes) on 127.0.0.1.
+    moto_bin="${ZLOGFS_MOTO_SERVER:-$PWD/target/moto/bin/moto_server}"
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    "$moto_bin" -H 127.0.0.1 -p "$port" >"$work/moto.log" 2>&1 &
+    moto_pid=$!
+    for _ in $(seq 300); do
+        python3 -c "import socket; socket.create_connection(('127.0.0.1', $port))" 2>/dev/null && break
+        sleep 0.1
+    done
+    export AWS_ENDPOINT_URL="http://127.0.0.1:$port" AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1
+    python3 -c "import urllib.request as u; u.urlopen(u.Request('$AWS_ENDPOINT_URL/posix', method='PUT'))"
+    url=s3://posix/img
+    cache="$work/s3cache"
+    s3_unmount_and_check() { # what
+        umount "$mnt"
+        for _ in $(seq 100); do
+            "$zlogfs" fsck --cache "$cache" "$url" >"$work/fsck" 2>&1 && break
+            grep -q 'in use' "$work/fsck" || break
+            sleep 0.1
+        done
+        if grep -q ': clean' "$work/fsck"; then ok "fsck clean after $1"; else
+            bad "fsck after $1"
+            cat "$work/fsck"
+        fi
+    }
+    echo "== object store: pjdfstest, -o allow_other,$first,sync=remote"
+    "$zlogfs" mkfs "$url" --cache "$cache" 2>/dev/null
+    "$zlogfs" mount -o "allow_other,$first,sync=remote,cache=$cache" "$url" "$mnt"
+    chmod 777 "$mnt"
+    conf="$PWD/$here/pjdfstest.toml"
+    if (cd "$mnt" && pjdfstest -c "$conf" -p "$mnt" -s "$sec") >"$work/pjd.log" 2>&1; then
+        ok "pjdfstest on a bucket: $(grep -o 'Summary:.*' "$work/pjd.log")"
+    else
+        bad "pjdfstest on a bucket: $(grep -o 'Summary:.*' "$work/pjd.log" || echo 'did not finish')"
+        { grep -v -E '^\s+([0-9]+:|at )' "$work/pjd.log" | grep -A4 -E 'FAILED' || tail -n 20 "$work/pjd.log"; } | head -60
+    fi
+    echo "== object store: fsx, 1 seed x $fsx_ops operations"
+    if fsx -q -f "$PWD/$here/fsx.toml" -N "$fsx_ops" -S 21 -P "$work" "$mnt/fsx" >"$work/fsx.log" 2>&1 \
+        && grep -q 'A-OK' "$work/fsx.log"; then
+        ok "fsx seed 21 on a bucket: $(tail -n 1 "$work/fsx.log")"
+    else
+        bad "fsx seed 21 on a bucket"
+        tail -n 40 "$work/fsx.log"
+    fi
+    s3_unmount_and_check "pjdfstest and fsx on a bucket"
+    for mode in local remote; do
+        echo "== object store: /usr/include in, fsync, kill -9, remount (sync=$mode)"
+        "$zlogfs" mount -o "sync=$mode,cache=$cache" "$url" "$mnt"
+        rm -rf "$mnt/include"
+        cp -a /usr/include "$mnt/include"
+        python3 -c 'import os, sys
+for d, _, fs in os.walk(sys.argv[1]):
+    for f in fs:
+        p = os.path.join(d, f)
+        if not os.path.islink(p):
+            fd = os.open(p, os.O_RDONLY); os.fsync(fd); os.close(fd)
+fd = os.open(sys.argv[1], os.O_RDONLY); os.fsync(fd); os.close(fd)' "$mnt/include"
+        pkill -9 -f "zlogfs mount $url" || true
+        sleep 0.5
+        umount -l "$mnt" 2>/dev/null || true
+        "$zlogfs" mount -o "sync=$mode,cache=$cache" "$url" "$mnt"
+        if diff -r --no-dereference /usr/include "$mnt/include" >"$work/diff.log" 2>&1; then
+            ok "every fsynced file back after kill -9 (sync=$mode, cache kept)"
+        else
+            bad "files lost or changed after kill -9 (sync=$mode)"
+            head -20 "$work/diff.log"
+        fi
+        "$zlogfs" stats "$mnt" 2>/dev/null | grep 'object store' | sed 's/^/    /' || true
+        s3_unmount_and_check "kill -9 and remount (sync=$mode)"
+    done
+    echo "== object store: export from an empty cache (another machine's view)"
+    rm -rf "$work/export"
+    if "$zlogfs" export --cache "$work/empty-cache" "$url" "$work/export" >/dev/null 2>"$work/export.log" &&
+        diff -r --no-dereference /usr/include "$work/export/include" >"$work/diff.log" 2>&1; then
+        ok "export through an empty cache: identical to /usr/include"
+    else
+        bad "export through an empty cache"
+        head -20 "$work/export.log" "$work/diff.log"
+    fi
+    rm -rf "$work/export" "$work/empty-cache"
+    kill "$moto_pid"
+    wait "$moto_pid" 2>/dev/null || true
 fi
 
 echo "posix suites: $passed passed, $failed failed"

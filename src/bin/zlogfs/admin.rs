@@ -197,6 +197,24 @@ fn print_stats(v: &Value) {
             kinds.filter(|k| !k.is_empty()).map(|k| format!("; written since open: {k}")).unwrap_or_default()
         );
     }
+    let o = &v["object_store"];
+    if o.is_object() {
+        let m = |k: &str| o[k].as_u64().unwrap_or(0);
+        println!(
+            "object store:     {} PUT, {} GET, {} LIST, {} DELETE since open; {} bytes up, {} down; \
+             cache {} hits, {} misses; {} bytes not yet uploaded; manifest {}",
+            m("puts"),
+            m("gets"),
+            m("lists"),
+            m("deletes"),
+            m("bytes_up"),
+            m("bytes_down"),
+            m("cache_hits"),
+            m("cache_misses"),
+            m("upload_backlog_bytes"),
+            m("manifest")
+        );
+    }
     println!(
         "tree:             {} files, {} directories, {} others",
         n("files"),

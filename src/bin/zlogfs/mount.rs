@@ -52,6 +52,9 @@ pub struct Parsed {
     pub at: Option<String>,
     /// `-o fast=PATH`: the fast device of an image of two.
     pub fast: Option<PathBuf>,
+    /// `-o cache=DIR,sync=local|remote,cache_size=SIZE`: of an image in
+    /// an object store.
+    pub s3: super::S3Flags,
 }
 
 /// Parse a `-o` list (several `-o` are joined). Every generic option of
@@ -74,6 +77,7 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
         metrics: None,
         nbd: None,
         fast: None,
+        s3: super::S3Flags::default(),
         snapshot: None,
         at: None,
     };
@@ -88,7 +92,7 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
             return Err(format!(
                 "unknown mount option {opt:?} (known: the generic options of mount(8), and allow_other, \
                  default_permissions, patches, nopatches, uring[=on|off|auto], spin=US, attr_timeout=S, \
-                 entry_timeout=S, negative_timeout=S, threads=N, commit=SECONDS, metrics=HOST:PORT, nbd=PATH, snapshot=NAME, at=TIME, snapdir=hidden|visible|off, log=LEVEL, logfile=PATH)"
+                 entry_timeout=S, negative_timeout=S, threads=N, commit=SECONDS, metrics=HOST:PORT, nbd=PATH, snapshot=NAME, at=TIME, snapdir=hidden|visible|off, log=LEVEL, logfile=PATH, fast=PATH, cache=DIR, sync=local|remote, cache_size=SIZE)"
             ));
         }
     }
@@ -160,6 +164,19 @@ impl Parsed {
                 self.commit = if s == 0 { COMMIT } else { Duration::from_secs(s) };
             }
             "nbd" => self.nbd = Some(PathBuf::from(v.ok_or("option nbd needs the path of a Unix socket")?)),
+            "sync" => {
+                let v = v.ok_or("option sync=MODE needs local or remote")?;
+                self.s3.sync = Some(v.parse().map_err(|e| format!("option sync: {e}"))?);
+            }
+            "cache" => {
+                let p = v.ok_or("option cache needs the path of a cache directory")?;
+                self.s3.cache = Some(super::absolute(Path::new(p)));
+            }
+            "cache_size" => {
+                let v = v.ok_or("option cache_size needs a size, e.g. cache_size=4G")?;
+                self.s3.cache_size =
+                    Some(super::parse_size(v).map_err(|e| format!("option cache_size: {e}"))?);
+            }
             "fast" => {
                 let p = v.ok_or("option fast needs the path of the image's fast device")?;
                 self.fast = Some(super::absolute(Path::new(p)));
@@ -265,6 +282,7 @@ fn preflight(dir: &Path) -> Result<(), String> {
 }
 
 pub fn open_for_mount(image: &Path, p: &Parsed) -> Result<Fs, String> {
+    let _ = super::S3.set(p.s3.clone());
     // Read-only, the image is opened so (with a shared lock): it may be
     // read-only to the caller, and other read-only users may share it.
     let f = super::open_image(image, p.mount.read_only, p.fast.as_deref())?;

@@ -180,6 +180,8 @@ pub struct EngineStats {
     pub fast: DeviceStats,
     /// Of two devices, the bulk one's share; None with one device.
     pub bulk: Option<DeviceStats>,
+    /// Of an image in an object store: requests, traffic and cache.
+    pub remote: Option<crate::store::RemoteStats>,
 }
 
 /// One device's part of the segment space.
@@ -583,6 +585,7 @@ impl Engine {
             fast: device_stats(&core.log, Tier::Fast),
             bulk: (core.log.fast_segments() < self.sh.sb.geometry.segment_count)
                 .then(|| device_stats(&core.log, Tier::Bulk)),
+            remote: self.sh.store.remote_stats(),
         }
     }
 

@@ -513,11 +513,13 @@ impl LogWriter {
             self.write_head(h, room)?;
         }
         let head = &mut self.heads[h];
+        let left = head.seg;
         head.seg = head.next_seg;
         head.offset = 0;
         head.next_seg = NO_SEGMENT;
         head.next_named = false;
         head.seg_prev_crc = 0;
+        self.store.sealed(left);
         Ok(())
     }
 

@@ -58,4 +58,12 @@ impl Store for Metered {
     fn names(&self) -> Option<(String, String)> {
         self.0.names()
     }
+
+    fn sealed(&self, seg: u32) {
+        self.0.sealed(seg)
+    }
+
+    fn remote_stats(&self) -> Option<super::RemoteStats> {
+        self.0.remote_stats()
+    }
 }

@@ -112,6 +112,41 @@ pub trait Store: Send + Sync {
     fn names(&self) -> Option<(String, String)> {
         None
     }
+    /// The engine has left segment `seg` and appends nothing more to it
+    /// until it is written again from offset 0. A hint (a store that keeps
+    /// segments as objects uploads it whole); the default does nothing.
+    fn sealed(&self, _seg: u32) {}
+    /// Of a store that keeps its segments elsewhere (an object store): its
+    /// requests, traffic and cache. None for a local store.
+    fn remote_stats(&self) -> Option<RemoteStats> {
+        None
+    }
+}
+
+/// What a store that keeps its segments in an object store did since it
+/// was opened ([`Store::remote_stats`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RemoteStats {
+    /// Objects written (segment pieces and manifests).
+    pub puts: u64,
+    /// Object reads (whole or ranges).
+    pub gets: u64,
+    /// Listings.
+    pub lists: u64,
+    /// Objects deleted.
+    pub deletes: u64,
+    /// Bytes uploaded.
+    pub bytes_up: u64,
+    /// Bytes downloaded.
+    pub bytes_down: u64,
+    /// Reads served by the local cache.
+    pub cache_hits: u64,
+    /// Reads that had to fetch from the object store.
+    pub cache_misses: u64,
+    /// Bytes the cache holds that the object store does not yet have.
+    pub backlog_bytes: u64,
+    /// The newest manifest this store wrote or read.
+    pub manifest: u64,
 }
 
 fn check_range(g: Geometry, seg: u32, offset: u32, len: usize) -> io::Result<()> {

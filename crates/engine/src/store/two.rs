@@ -144,6 +144,11 @@ impl Store for TwoStore {
     fn names(&self) -> Option<(String, String)> {
         Some(self.names.clone())
     }
+
+    fn sealed(&self, seg: u32) {
+        let (s, n) = self.route(seg);
+        s.sealed(n)
+    }
 }
 
 /// Check that `fast` and `bulk` are the two devices of one image, each in

@@ -1,0 +1,1013 @@
+//! An image whose segments live in an S3-compatible bucket.
+//!
+//! The log's store contract (append inside a segment, never rewrite it
+//! until it is written again from offset 0) lets each upload be an
+//! immutable object: a *piece* of a segment's generation, created only if
+//! absent. Every write lands first in a local cache directory (a sparse
+//! image file of the same geometry plus a record of what it holds), which
+//! keeps the open tail of the log durable and serves reads; uploads
+//! happen at sync points. After the pieces of an upload round, a numbered
+//! *manifest* (the metadata slots and the piece table) is created only if
+//! absent: that one conditional put commits the round, and it fences
+//! writers, since of two that read manifest `n` only one creates `n + 1`.
+//! A writer claims the image at open by creating the next manifest; its
+//! number is the writer's epoch, part of every piece name it uploads, so a
+//! stale writer's uploads never collide with the new one's, and its next
+//! manifest fails: it latches with a message.
+//!
+//! Sync modes ([`SyncMode`]): `local` makes a sync durable in the cache
+//! directory and uploads when a segment is sealed and at checkpoints;
+//! `remote` uploads at every sync. docs/SEMANTICS.md states what each
+//! keeps across a crash, and docs/FORMAT.md §11 the objects' bytes.
+
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
+mod cache;
+pub mod manifest;
+mod remote;
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use zlogfs_engine::store::{FileStore, Geometry, MetaSlot, RemoteStats, Store, META_SLOT_SIZE};
+
+use cache::{CacheFile, Entry, Header};
+use manifest::{Manifest, Piece, SegObjects, SLOTS};
+use remote::{Created, Remote};
+
+/// Manifests kept behind the newest (for readers still on an older one).
+const KEEP_MANIFESTS: u64 = 8;
+/// Pieces uploaded at once in a round.
+const UPLOAD_BATCH: usize = 8;
+
+/// `s3://BUCKET/PREFIX`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct S3Url {
+    /// The bucket.
+    pub bucket: String,
+    /// The folder of the image's objects in it ("" for the top).
+    pub prefix: String,
+}
+
+impl S3Url {
+    /// None when `s` is not an `s3://` address; an error when it is one
+    /// without a bucket.
+    pub fn parse(s: &str) -> Option<Result<S3Url, String>> {
+        let rest = s.strip_prefix("s3://")?;
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Some(Err(format!("{s}: no bucket (use s3://BUCKET/PREFIX)")));
+        }
+        Some(Ok(S3Url { bucket: bucket.to_string(), prefix: prefix.trim_matches('/').to_string() }))
+    }
+}
+
+impl fmt::Display for S3Url {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "s3://{}/{}", self.bucket, self.prefix)
+    }
+}
+
+/// When a sync returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SyncMode {
+    /// When the cache directory holds the data; uploads follow at sealed
+    /// segments and checkpoints.
+    #[default]
+    Local,
+    /// When the bucket holds it.
+    Remote,
+}
+
+impl std::str::FromStr for SyncMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<SyncMode, String> {
+        match s {
+            "local" => Ok(SyncMode::Local),
+            "remote" => Ok(SyncMode::Remote),
+            _ => Err(format!("sync mode {s:?}: use local or remote")),
+        }
+    }
+}
+
+/// How to open an image in a bucket.
+#[derive(Debug, Clone)]
+pub struct S3Options {
+    /// Where.
+    pub url: S3Url,
+    /// The local cache directory (created if missing; one image per
+    /// directory; locked while open).
+    pub cache_dir: PathBuf,
+    /// When a sync returns.
+    pub sync: SyncMode,
+    /// Open without claiming the image: nothing is written to the bucket.
+    pub read_only: bool,
+    /// Bytes of segments already in the bucket the cache keeps (least
+    /// recently used go first); data not yet uploaded is always kept.
+    pub cache_bytes: u64,
+    /// sync=local: how often the uploader looks for something to upload
+    /// (it also starts when a segment is full).
+    pub upload_every: Duration,
+    /// sync=local: past this many bytes not yet uploaded, a sync waits
+    /// for the uploads.
+    pub max_backlog: u64,
+}
+
+impl S3Options {
+    /// Defaults for `url` and `cache_dir`: sync=local, a cache of 1 GiB,
+    /// uploads every 5 seconds, a backlog of at most 256 MiB.
+    pub fn new(url: S3Url, cache_dir: PathBuf) -> S3Options {
+        S3Options {
+            url,
+            cache_dir,
+            sync: SyncMode::Local,
+            read_only: false,
+            cache_bytes: 1 << 30,
+            upload_every: Duration::from_secs(5),
+            max_backlog: 256 << 20,
+        }
+    }
+}
+
+/// One segment as this store sees it.
+#[derive(Debug, Clone, Default)]
+struct Seg {
+    gen: u64,
+    /// Bytes `[local_from, written)` are in the local image; bytes below
+    /// `local_from` are in the bucket. Never above `uploaded()`.
+    local_from: u32,
+    written: u32,
+    /// The pieces of `gen` in the bucket, contiguous from 0.
+    pieces: Vec<Piece>,
+    /// Earlier generations' pieces, deleted once a manifest without them
+    /// is in the bucket.
+    old: Vec<(u64, Vec<Piece>)>,
+    sealed: bool,
+    last_use: u64,
+    /// Its cache record entry changed since the last sync.
+    dirty: bool,
+}
+
+impl Seg {
+    fn uploaded(&self) -> u32 {
+        self.pieces.last().map_or(0, Piece::end)
+    }
+
+    fn entry(&self) -> Entry {
+        Entry { gen: self.gen, local_from: self.local_from, written: self.written }
+    }
+}
+
+struct State {
+    segs: Vec<Seg>,
+    /// The newest manifest in the bucket that this store knows (read at
+    /// open or written since).
+    manifest: Manifest,
+    next_gen: u64,
+    meta_dirty: bool,
+    clock: u64,
+}
+
+/// The store's state, shared with its uploader thread.
+struct Inner {
+    remote: Remote,
+    local: FileStore,
+    cache: CacheFile,
+    opts: S3Options,
+    geometry: Geometry,
+    /// This writer's epoch (0 when read-only).
+    epoch: u64,
+    state: Mutex<State>,
+    /// One upload round at a time.
+    round: Mutex<()>,
+    failed: AtomicBool,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    /// The uploader's doorbell: set to stop it.
+    wake: (Mutex<bool>, Condvar),
+}
+
+/// See the crate documentation.
+pub struct S3Store {
+    inner: Arc<Inner>,
+    uploader: Option<std::thread::JoinHandle<()>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn err(kind: io::ErrorKind, msg: String) -> io::Error {
+    io::Error::new(kind, msg)
+}
+
+fn read_only_error() -> io::Error {
+    err(io::ErrorKind::PermissionDenied, "the image is open read-only".into())
+}
+
+fn slot_of(i: u64) -> MetaSlot {
+    match i {
+        0 => MetaSlot::Super,
+        1 => MetaSlot::CheckpointA,
+        2 => MetaSlot::CheckpointB,
+        _ => MetaSlot::SuperCopy,
+    }
+}
+
+impl Inner {
+    /// Make a new, empty image at `opts.url` (which must hold none) with
+    /// `geometry`; the engine's mkfs then writes it.
+    fn create(opts: S3Options, geometry: Geometry) -> io::Result<Inner> {
+        if geometry.segment_count > manifest::MAX_SEGMENTS {
+            return Err(err(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} segments: an image in a bucket has at most {} (use larger segments or a smaller size)",
+                    geometry.segment_count,
+                    manifest::MAX_SEGMENTS
+                ),
+            ));
+        }
+        let remote = Remote::new(&opts.url)?;
+        if let Some(n) = remote.manifests()?.last() {
+            return Err(err(
+                io::ErrorKind::AlreadyExists,
+                format!(
+                    "{} already holds a zlogfs image (manifest {n}): use another prefix, or delete its \
+                     objects first",
+                    opts.url
+                ),
+            ));
+        }
+        let image_id: [u8; 16] = rand::random();
+        let m = Manifest::new(0, image_id, geometry);
+        let (local, cache) = fresh_cache(&opts.cache_dir, &m, 1)?;
+        let segs = vec![Seg::default(); geometry.segment_count as usize];
+        Ok(Inner::assemble(remote, local, cache, opts, m, segs, 1))
+    }
+
+    /// Open the image at `opts.url`: read its newest manifest, reuse the
+    /// cache directory when it holds this image's newest state (else
+    /// rebuild it), and unless read-only, claim the image (see the crate
+    /// documentation) and upload what the cache held that the bucket
+    /// lacked.
+    fn open(opts: S3Options) -> io::Result<Inner> {
+        let mut last = None;
+        for _ in 0..3 {
+            match Inner::open_once(opts.clone()) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => last = Some(e),
+                r => return r,
+            }
+        }
+        Err(last.unwrap_or_else(|| err(io::ErrorKind::Other, "claiming the image failed".into())))
+    }
+
+    fn open_once(opts: S3Options) -> io::Result<Inner> {
+        let remote = Remote::new(&opts.url)?;
+        let m = latest_manifest(&remote)?;
+        let epoch = if opts.read_only { 0 } else { m.number + 1 };
+        // Read-only too: a cache that holds what the bucket lacks is read,
+        // never rebuilt over.
+        let kept = trusted_cache(&opts.cache_dir, &m)?;
+        let (local, cache, segs) = match kept {
+            Some(k) => k,
+            None => {
+                let (local, cache) = fresh_cache(&opts.cache_dir, &m, m.epoch)?;
+                let segs = segs_from(&m, &cache)?;
+                (local, cache, segs)
+            }
+        };
+        let s = Inner::assemble(remote, local, cache, opts, m, segs, epoch);
+        if epoch != 0 {
+            if let Err(e) = s.claim() {
+                // Nothing more goes to the bucket from this one (not even
+                // at drop).
+                s.failed.store(true, Ordering::Release);
+                return Err(e);
+            }
+        }
+        Ok(s)
+    }
+
+    fn assemble(
+        remote: Remote,
+        local: FileStore,
+        cache: CacheFile,
+        opts: S3Options,
+        manifest: Manifest,
+        segs: Vec<Seg>,
+        epoch: u64,
+    ) -> Inner {
+        let geometry = manifest.geometry;
+        let state = State { segs, manifest, next_gen: (epoch << 32) | 1, meta_dirty: false, clock: 0 };
+        Inner {
+            remote,
+            local,
+            cache,
+            opts,
+            geometry,
+            epoch,
+            state: Mutex::new(state),
+            round: Mutex::new(()),
+            failed: AtomicBool::new(false),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            wake: (Mutex::new(false), Condvar::new()),
+        }
+    }
+
+    /// Create the next manifest as this writer's: from then on, an older
+    /// writer's next round fails. Then delete what crashed or fenced
+    /// writers left unreferenced.
+    fn claim(&self) -> io::Result<()> {
+        self.persist_entries()?;
+        match self.round_now() {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                // Someone else claimed the same number: start over.
+                return Err(err(io::ErrorKind::Interrupted, format!("{e}")));
+            }
+            Err(e) => return Err(e),
+        }
+        let m = lock(&self.state).manifest.clone();
+        self.cache.write_header(Header {
+            image_id: m.image_id,
+            epoch: self.epoch,
+            segment_count: self.geometry.segment_count,
+        })?;
+        self.cache.sync()?;
+        if let Err(e) = self.collect_garbage(&m) {
+            tracing::warn!("{}: removing unreferenced objects: {e}", self.opts.url);
+        }
+        Ok(())
+    }
+
+    /// Delete pieces no manifest of this writer references that older
+    /// writers left (a crash between pieces and manifest, or a fenced
+    /// writer's uploads). Newer writers' pieces are never touched.
+    fn collect_garbage(&self, m: &Manifest) -> io::Result<()> {
+        let mut dead = Vec::new();
+        for key in self.remote.list("seg")? {
+            let Some((seg, gen, off, epoch)) = self.remote.parse_piece(&key) else { continue };
+            let used = m.segs.get(seg as usize).is_some_and(|s| {
+                s.gen == gen && s.pieces.iter().any(|p| p.offset == off && p.epoch == epoch)
+            });
+            if !used && epoch < self.epoch {
+                dead.push(key);
+            }
+        }
+        if !dead.is_empty() {
+            tracing::info!("{}: deleting {} unreferenced pieces", self.opts.url, dead.len());
+            self.remote.delete(dead)?;
+        }
+        Ok(())
+    }
+
+    fn check_ok(&self) -> io::Result<()> {
+        if self.failed.load(Ordering::Acquire) {
+            return Err(io::Error::from_raw_os_error(libc_eio()));
+        }
+        Ok(())
+    }
+
+    fn fail(&self, e: io::Error) -> io::Error {
+        self.failed.store(true, Ordering::Release);
+        tracing::error!("{}: {e}", self.opts.url);
+        e
+    }
+
+    /// Write the cache record entries that changed (the local image is
+    /// synced first: an entry never claims bytes that are not durable).
+    fn persist_entries(&self) -> io::Result<()> {
+        self.local.sync()?;
+        let dirty: Vec<(u32, Entry)> = {
+            let mut st = lock(&self.state);
+            st.segs
+                .iter_mut()
+                .enumerate()
+                .filter(|(_, s)| s.dirty)
+                .map(|(i, s)| {
+                    s.dirty = false;
+                    (i as u32, s.entry())
+                })
+                .collect()
+        };
+        if dirty.is_empty() {
+            return Ok(());
+        }
+        for (seg, e) in dirty {
+            self.cache.set_entry(seg, e)?;
+        }
+        self.cache.sync()
+    }
+
+    /// Upload every byte the bucket lacks, then the next manifest.
+    fn round_now(&self) -> io::Result<()> {
+        let _r = lock(&self.round);
+        let (next, uploads, deletes) = self.cut()?;
+        for chunk in uploads.chunks(UPLOAD_BATCH) {
+            let items = chunk
+                .iter()
+                .map(|u| (self.remote.piece_key(u.seg, u.gen, &u.piece), u.data.clone()))
+                .collect();
+            let created = self.remote.put_many(items)?;
+            if let Some(i) = created.iter().position(|c| *c == Created::Taken) {
+                let u = &chunk[i];
+                return Err(err(
+                    io::ErrorKind::AlreadyExists,
+                    format!(
+                        "{}: piece {:?} was written by another writer: this writer was fenced off",
+                        self.opts.url,
+                        self.remote.piece_key(u.seg, u.gen, &u.piece).as_ref()
+                    ),
+                ));
+            }
+        }
+        let key = self.remote.manifest_key(next.number);
+        if self.remote.put_create(&key, next.encode())? == Created::Taken {
+            return Err(err(
+                io::ErrorKind::AlreadyExists,
+                format!(
+                    "{}: another writer took over the image (it wrote manifest {} first); this one \
+                     stops here: remount to go on from the newest state",
+                    self.opts.url, next.number
+                ),
+            ));
+        }
+        self.committed(next, &uploads);
+        self.after_commit(deletes);
+        Ok(())
+    }
+
+    /// What a round uploads: the bytes each segment's generation has that
+    /// the bucket lacks, and the manifest that will name them.
+    fn cut(&self) -> io::Result<(Manifest, Vec<Upload>, Vec<object_store::path::Path>)> {
+        let mut slots = Vec::with_capacity(SLOTS.len());
+        for &i in &SLOTS {
+            let mut b = [0u8; META_SLOT_SIZE];
+            self.local.read_meta(slot_of(i), &mut b)?;
+            slots.push(b);
+        }
+        let mut st = lock(&self.state);
+        st.meta_dirty = false;
+        let mut next = st.manifest.clone();
+        next.number += 1;
+        next.epoch = self.epoch;
+        next.slots = slots;
+        let mut uploads = Vec::new();
+        let mut deletes = Vec::new();
+        for (i, s) in st.segs.iter_mut().enumerate() {
+            let seg = i as u32;
+            for (gen, pieces) in s.old.drain(..) {
+                deletes.extend(pieces.iter().map(|p| self.remote.piece_key(seg, gen, p)));
+            }
+            let from = s.uploaded();
+            let mut pieces = s.pieces.clone();
+            if s.written > from {
+                let mut data = vec![0u8; (s.written - from) as usize];
+                self.local.read(seg, from, &mut data)?;
+                let piece = Piece { offset: from, len: s.written - from, epoch: self.epoch };
+                pieces.push(piece);
+                uploads.push(Upload { seg, gen: s.gen, piece, data });
+            }
+            next.segs[i] = SegObjects { gen: s.gen, pieces };
+        }
+        Ok((next, uploads, deletes))
+    }
+
+    /// The manifest `m` is in the bucket: the pieces it names are.
+    fn committed(&self, m: Manifest, uploads: &[Upload]) {
+        let mut st = lock(&self.state);
+        for u in uploads {
+            let s = &mut st.segs[u.seg as usize];
+            if s.gen == u.gen {
+                s.pieces.push(u.piece);
+            } else {
+                // Written again from 0 meanwhile: the piece goes at the
+                // next manifest.
+                s.old.push((u.gen, vec![u.piece]));
+            }
+        }
+        st.manifest = m;
+    }
+
+    /// Delete what the new manifest no longer names, and old manifests;
+    /// then keep the cache within its budget. Failures only leave
+    /// garbage (collected at the next claim): they are logged.
+    fn after_commit(&self, mut deletes: Vec<object_store::path::Path>) {
+        let n = lock(&self.state).manifest.number;
+        if n > KEEP_MANIFESTS {
+            deletes.push(self.remote.manifest_key(n - KEEP_MANIFESTS));
+        }
+        if !deletes.is_empty() {
+            if let Err(e) = self.remote.delete(deletes) {
+                tracing::warn!("{}: deleting objects no longer referenced: {e}", self.opts.url);
+            }
+        }
+        if let Err(e) = self.evict() {
+            tracing::warn!("{}: trimming the cache: {e}", self.opts.url);
+        }
+    }
+
+    /// Drop the least recently used segments the bucket holds whole until
+    /// the cache is within its budget. The record says so (durably)
+    /// before the bytes go.
+    fn evict(&self) -> io::Result<()> {
+        let victims: Vec<u32> = {
+            let mut st = lock(&self.state);
+            let cached: u64 = st.segs.iter().map(|s| u64::from(s.written.saturating_sub(s.local_from))).sum();
+            if cached <= self.opts.cache_bytes {
+                return Ok(());
+            }
+            let mut clean: Vec<(u64, u32)> = st
+                .segs
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.written > s.local_from && s.written == s.uploaded())
+                .map(|(i, s)| (s.last_use, i as u32))
+                .collect();
+            clean.sort_unstable();
+            let mut over = cached - self.opts.cache_bytes;
+            let mut out = Vec::new();
+            for (_, seg) in clean {
+                if over == 0 {
+                    break;
+                }
+                let s = &mut st.segs[seg as usize];
+                over = over.saturating_sub(u64::from(s.written - s.local_from));
+                s.local_from = s.written;
+                s.dirty = true;
+                out.push(seg);
+            }
+            out
+        };
+        if victims.is_empty() {
+            return Ok(());
+        }
+        self.persist_entries()?;
+        for seg in victims {
+            self.local.discard(seg)?;
+        }
+        Ok(())
+    }
+
+    /// Bring segment `seg`'s bytes from the bucket into the local image.
+    fn fetch(&self, seg: u32) -> io::Result<()> {
+        let (gen, pieces, local_from) = {
+            let st = lock(&self.state);
+            let s = &st.segs[seg as usize];
+            (s.gen, s.pieces.clone(), s.local_from)
+        };
+        let want: Vec<Piece> = pieces.into_iter().filter(|p| p.offset < local_from).collect();
+        let keys: Vec<_> = want.iter().map(|p| self.remote.piece_key(seg, gen, p)).collect();
+        let bodies = self.remote.get_many(&keys)?;
+        let mut st = lock(&self.state);
+        let s = &mut st.segs[seg as usize];
+        if s.gen != gen {
+            return Ok(());
+        }
+        for (p, body) in want.iter().zip(&bodies) {
+            if body.len() != p.len as usize {
+                return Err(err(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "{}: piece {} is {} bytes, the manifest says {}",
+                        self.opts.url,
+                        self.remote.piece_key(seg, gen, p).as_ref(),
+                        body.len(),
+                        p.len
+                    ),
+                ));
+            }
+            self.local.write(seg, p.offset, body)?;
+        }
+        s.local_from = s.local_from.min(want.first().map_or(s.local_from, |p| p.offset));
+        s.dirty = true;
+        Ok(())
+    }
+
+    /// A write at `offset` into bytes the bucket already holds (the log
+    /// was recovered short of them): the segment's bytes come local and it
+    /// starts a new generation, uploaded whole at the next round.
+    fn rewrite_tail(&self, seg: u32) -> io::Result<()> {
+        self.fetch(seg)?;
+        let mut st = lock(&self.state);
+        let gen = next_gen(&mut st);
+        let s = &mut st.segs[seg as usize];
+        let pieces = std::mem::take(&mut s.pieces);
+        let old_gen = s.gen;
+        s.old.push((old_gen, pieces));
+        s.gen = gen;
+        s.local_from = 0;
+        s.dirty = true;
+        Ok(())
+    }
+}
+
+/// Whether `url` holds an image (a manifest).
+pub fn image_exists(url: &S3Url) -> io::Result<bool> {
+    Ok(!Remote::new(url)?.manifests()?.is_empty())
+}
+
+fn next_gen(st: &mut State) -> u64 {
+    let g = st.next_gen;
+    st.next_gen += 1;
+    g
+}
+
+fn libc_eio() -> i32 {
+    5
+}
+
+struct Upload {
+    seg: u32,
+    gen: u64,
+    piece: Piece,
+    data: Vec<u8>,
+}
+
+/// The newest manifest in the bucket.
+fn latest_manifest(remote: &Remote) -> io::Result<Manifest> {
+    let Some(&n) = remote.manifests()?.last() else {
+        return Err(err(
+            io::ErrorKind::NotFound,
+            format!("{} holds no zlogfs image (make one with `zlogfs mkfs {}`)", remote.url(), remote.url()),
+        ));
+    };
+    let bytes = remote.get(&remote.manifest_key(n), None)?;
+    let m = Manifest::decode(&bytes)
+        .map_err(|e| err(io::ErrorKind::InvalidData, format!("{}: manifest {n}: {e}", remote.url())))?;
+    if m.number != n {
+        return Err(err(
+            io::ErrorKind::InvalidData,
+            format!("{}: manifest {n} says it is number {}", remote.url(), m.number),
+        ));
+    }
+    Ok(m)
+}
+
+fn image_path(dir: &Path) -> PathBuf {
+    dir.join("image")
+}
+
+fn record_path(dir: &Path) -> PathBuf {
+    dir.join("state")
+}
+
+/// A new local image for the image of manifest `m`: its metadata slots
+/// from `m`, every segment in the bucket.
+fn fresh_cache(dir: &Path, m: &Manifest, epoch: u64) -> io::Result<(FileStore, CacheFile)> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| err(e.kind(), format!("cache directory {}: {e}", dir.display())))?;
+    let local = FileStore::create(image_path(dir), m.geometry).map_err(|e| cache_error(dir, e))?;
+    for (&i, b) in SLOTS.iter().zip(&m.slots) {
+        local.write_meta(slot_of(i), b)?;
+    }
+    local.sync()?;
+    let h = Header { image_id: m.image_id, epoch, segment_count: m.geometry.segment_count };
+    let cache = CacheFile::create(&record_path(dir), h)?;
+    Ok((local, cache))
+}
+
+fn cache_error(dir: &Path, e: io::Error) -> io::Error {
+    if e.kind() == io::ErrorKind::WouldBlock {
+        return err(
+            e.kind(),
+            format!(
+                "cache directory {} is in use (the image is mounted or open in another zlogfs command): \
+                 use its mount point, or give another --cache",
+                dir.display()
+            ),
+        );
+    }
+    err(e.kind(), format!("cache directory {}: {e}", dir.display()))
+}
+
+/// Segments as manifest `m` has them, none local; recorded so.
+fn segs_from(m: &Manifest, cache: &CacheFile) -> io::Result<Vec<Seg>> {
+    let mut segs = Vec::with_capacity(m.segs.len());
+    for (i, o) in m.segs.iter().enumerate() {
+        let end = o.end();
+        let s = Seg { gen: o.gen, local_from: end, written: end, pieces: o.pieces.clone(), ..Seg::default() };
+        if o.gen != 0 {
+            cache.set_entry(i as u32, s.entry())?;
+        }
+        segs.push(s);
+    }
+    cache.sync()?;
+    Ok(segs)
+}
+
+/// The cache directory's image and record when they hold this image's
+/// newest state: the record names the image and the writer of manifest
+/// `m`, and each segment agrees with it. None otherwise (rebuild).
+fn trusted_cache(dir: &Path, m: &Manifest) -> io::Result<Option<(FileStore, CacheFile, Vec<Seg>)>> {
+    let Some((cache, h)) = CacheFile::open(&record_path(dir))? else { return Ok(None) };
+    if h.image_id != m.image_id {
+        return Err(err(
+            io::ErrorKind::AlreadyExists,
+            format!(
+                "cache directory {} holds the cache of another image: give another --cache, or delete it",
+                dir.display()
+            ),
+        ));
+    }
+    if h.epoch != m.epoch || h.segment_count != m.geometry.segment_count {
+        if h.image_id == m.image_id {
+            tracing::warn!(
+                "{}: another writer (epoch {}) wrote after this cache's (epoch {}): what only this cache \
+                 held is dropped",
+                dir.display(),
+                m.epoch,
+                h.epoch
+            );
+        }
+        return Ok(None);
+    }
+    let local = match FileStore::open(image_path(dir)).and_then(|f| f.with_geometry(m.geometry)) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(cache_error(dir, e)),
+        Err(e) => {
+            tracing::warn!("{}: cache image unusable ({e}): rebuilding it", dir.display());
+            return Ok(None);
+        }
+    };
+    let mut segs = Vec::with_capacity(m.segs.len());
+    for (i, o) in m.segs.iter().enumerate() {
+        let e = cache.entry(i as u32)?;
+        let s = if e.gen == o.gen && e.local_from <= o.end() {
+            Seg {
+                gen: o.gen,
+                local_from: e.local_from,
+                written: e.written.max(o.end()),
+                pieces: o.pieces.clone(),
+                ..Seg::default()
+            }
+        } else if e.gen > o.gen && e.local_from == 0 {
+            let old = if o.pieces.is_empty() { vec![] } else { vec![(o.gen, o.pieces.clone())] };
+            Seg { gen: e.gen, local_from: 0, written: e.written, old, ..Seg::default() }
+        } else {
+            tracing::warn!("{}: segment {i} disagrees with the bucket: rebuilding the cache", dir.display());
+            return Ok(None);
+        };
+        segs.push(s);
+    }
+    Ok(Some((local, cache, segs)))
+}
+
+impl Inner {
+    fn read_meta(&self, slot: MetaSlot, buf: &mut [u8; META_SLOT_SIZE]) -> io::Result<()> {
+        self.local.read_meta(slot, buf)
+    }
+
+    fn write_meta(&self, slot: MetaSlot, buf: &[u8; META_SLOT_SIZE]) -> io::Result<()> {
+        if self.epoch == 0 {
+            return Err(read_only_error());
+        }
+        self.check_ok()?;
+        self.local.write_meta(slot, buf)?;
+        lock(&self.state).meta_dirty = true;
+        Ok(())
+    }
+
+    fn read(&self, seg: u32, offset: u32, buf: &mut [u8]) -> io::Result<()> {
+        let g = self.geometry;
+        if seg >= g.segment_count || u64::from(offset) + buf.len() as u64 > u64::from(g.segment_size) {
+            return self.local.read(seg, offset, buf);
+        }
+        let local = {
+            let mut st = lock(&self.state);
+            st.clock += 1;
+            let now = st.clock;
+            let s = &mut st.segs[seg as usize];
+            s.last_use = now;
+            offset >= s.local_from
+        };
+        if local {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.misses.fetch_add(1, Ordering::Relaxed);
+            self.fetch(seg)?;
+            if let Err(e) = self.evict() {
+                tracing::warn!("{}: trimming the cache: {e}", self.opts.url);
+            }
+        }
+        self.local.read(seg, offset, buf)
+    }
+
+    fn write(&self, seg: u32, offset: u32, data: &[u8]) -> io::Result<()> {
+        if self.epoch == 0 {
+            return Err(read_only_error());
+        }
+        self.check_ok()?;
+        let g = self.geometry;
+        if seg >= g.segment_count || u64::from(offset) + data.len() as u64 > u64::from(g.segment_size) {
+            return self.local.write(seg, offset, data);
+        }
+        let refetch = {
+            let mut st = lock(&self.state);
+            let gen = if offset == 0 { Some(next_gen(&mut st)) } else { None };
+            let s = &mut st.segs[seg as usize];
+            if let Some(gen) = gen {
+                if !s.pieces.is_empty() {
+                    let old = (s.gen, std::mem::take(&mut s.pieces));
+                    s.old.push(old);
+                }
+                *s = Seg { gen, old: std::mem::take(&mut s.old), dirty: true, ..Seg::default() };
+                false
+            } else {
+                offset < s.uploaded()
+            }
+        };
+        if refetch {
+            self.rewrite_tail(seg)?;
+        }
+        self.local.write(seg, offset, data)?;
+        let mut st = lock(&self.state);
+        let s = &mut st.segs[seg as usize];
+        s.written = s.written.max(offset + data.len() as u32);
+        s.dirty = true;
+        Ok(())
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        self.check_ok()?;
+        if self.epoch == 0 {
+            return Ok(());
+        }
+        self.persist_entries().map_err(|e| self.fail(e))?;
+        let inline = match self.opts.sync {
+            SyncMode::Remote => self.behind(),
+            // Back-pressure: past the backlog allowed, a sync waits for
+            // the uploads.
+            SyncMode::Local => self.backlog() > self.opts.max_backlog,
+        };
+        if inline {
+            self.round_now().map_err(|e| self.fail(e))?;
+        }
+        Ok(())
+    }
+
+    fn discard(&self, _seg: u32) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn sealed(&self, seg: u32) {
+        if let Some(s) = lock(&self.state).segs.get_mut(seg as usize) {
+            s.sealed = true;
+        }
+        self.ring();
+    }
+
+    fn remote_stats(&self) -> Option<RemoteStats> {
+        let c = &self.remote.counters;
+        let st = lock(&self.state);
+        let backlog = st.segs.iter().map(|s| u64::from(s.written.saturating_sub(s.uploaded()))).sum();
+        Some(RemoteStats {
+            puts: c.puts.load(Ordering::Relaxed),
+            gets: c.gets.load(Ordering::Relaxed),
+            lists: c.lists.load(Ordering::Relaxed),
+            deletes: c.deletes.load(Ordering::Relaxed),
+            bytes_up: c.bytes_up.load(Ordering::Relaxed),
+            bytes_down: c.bytes_down.load(Ordering::Relaxed),
+            cache_hits: self.hits.load(Ordering::Relaxed),
+            cache_misses: self.misses.load(Ordering::Relaxed),
+            backlog_bytes: backlog,
+            manifest: st.manifest.number,
+        })
+    }
+}
+
+impl Inner {
+    /// Whether the bucket lacks something the cache holds.
+    fn behind(&self) -> bool {
+        let st = lock(&self.state);
+        st.meta_dirty || st.segs.iter().any(|s| s.written > s.uploaded())
+    }
+
+    /// Bytes the cache holds that the bucket lacks.
+    fn backlog(&self) -> u64 {
+        lock(&self.state).segs.iter().map(|s| u64::from(s.written.saturating_sub(s.uploaded()))).sum()
+    }
+
+    /// Upload what the bucket lacks, now; a failure latches the store.
+    fn catch_up(&self) -> io::Result<()> {
+        self.check_ok()?;
+        if self.epoch == 0 || !self.behind() {
+            return Ok(());
+        }
+        self.persist_entries().and_then(|()| self.round_now()).map_err(|e| self.fail(e))
+    }
+
+    fn ring(&self) {
+        self.wake.1.notify_one();
+    }
+
+    /// The uploader thread (sync=local): a round when a segment is sealed
+    /// and every `upload_every`, until told to stop.
+    fn upload_loop(&self) {
+        let mut stop = lock(&self.wake.0);
+        loop {
+            stop = match self.wake.1.wait_timeout(stop, self.opts.upload_every) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+            if *stop || self.failed.load(Ordering::Acquire) {
+                return;
+            }
+            drop(stop);
+            if let Err(e) = self.catch_up() {
+                tracing::error!("{}: uploading: {e}", self.opts.url);
+            }
+            stop = lock(&self.wake.0);
+        }
+    }
+}
+
+impl S3Store {
+    /// Make a new, empty image at `opts.url` (which must hold none) with
+    /// `geometry`; the engine's mkfs then writes it.
+    pub fn create(opts: S3Options, geometry: Geometry) -> io::Result<S3Store> {
+        Ok(S3Store::start(Inner::create(opts, geometry)?))
+    }
+
+    /// Open the image at `opts.url`: read its newest manifest, reuse the
+    /// cache directory when it holds this image's newest state (else
+    /// rebuild it), and unless read-only, claim the image (see the crate
+    /// documentation) and upload what the cache held that the bucket
+    /// lacked.
+    pub fn open(opts: S3Options) -> io::Result<S3Store> {
+        Ok(S3Store::start(Inner::open(opts)?))
+    }
+
+    fn start(inner: Inner) -> S3Store {
+        let inner = Arc::new(inner);
+        let uploader = (inner.epoch != 0 && inner.opts.sync == SyncMode::Local).then(|| {
+            let i = Arc::clone(&inner);
+            std::thread::Builder::new().name("zlogfs-upload".into()).spawn(move || i.upload_loop())
+        });
+        let uploader = match uploader {
+            Some(Ok(h)) => Some(h),
+            Some(Err(e)) => {
+                tracing::warn!("{}: no uploader thread ({e}): uploads happen at syncs", inner.opts.url);
+                None
+            }
+            None => None,
+        };
+        S3Store { inner, uploader }
+    }
+}
+
+impl Drop for S3Store {
+    /// A clean close uploads what the bucket lacks (the engine synced
+    /// before), so that another machine sees everything.
+    fn drop(&mut self) {
+        *lock(&self.inner.wake.0) = true;
+        self.inner.ring();
+        if let Some(h) = self.uploader.take() {
+            if h.join().is_err() {
+                tracing::error!("{}: the uploader thread panicked", self.inner.opts.url);
+            }
+        }
+        if let Err(e) = self.inner.catch_up() {
+            tracing::error!(
+                "{}: uploading at close: {e} (the cache directory keeps it)",
+                self.inner.opts.url
+            );
+        }
+    }
+}
+
+impl Store for S3Store {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry
+    }
+    fn read_meta(&self, slot: MetaSlot, buf: &mut [u8; META_SLOT_SIZE]) -> io::Result<()> {
+        self.inner.read_meta(slot, buf)
+    }
+    fn write_meta(&self, slot: MetaSlot, buf: &[u8; META_SLOT_SIZE]) -> io::Result<()> {
+        self.inner.write_meta(slot, buf)
+    }
+    fn read(&self, seg: u32, offset: u32, buf: &mut [u8]) -> io::Result<()> {
+        self.inner.read(seg, offset, buf)
+    }
+    fn write(&self, seg: u32, offset: u32, data: &[u8]) -> io::Result<()> {
+        self.inner.write(seg, offset, data)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.inner.sync()
+    }
+    fn discard(&self, seg: u32) -> io::Result<()> {
+        self.inner.discard(seg)
+    }
+    fn sealed(&self, seg: u32) {
+        self.inner.sealed(seg)
+    }
+    fn remote_stats(&self) -> Option<RemoteStats> {
+        self.inner.remote_stats()
+    }
+}

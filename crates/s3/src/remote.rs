@@ -1,0 +1,257 @@
+//! The bucket: object names, requests through the `object_store` crate
+//! (timeouts and retries with backoff are its), and counters of what was
+//! asked of it.
+
+use std::io;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
+use object_store::path::Path as Key;
+use object_store::{
+    BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutMode, PutOptions,
+    PutPayload, RetryConfig,
+};
+
+use crate::manifest::Piece;
+use crate::S3Url;
+
+/// Counters of requests and traffic.
+#[derive(Default)]
+pub struct Counters {
+    pub puts: AtomicU64,
+    pub gets: AtomicU64,
+    pub lists: AtomicU64,
+    pub deletes: AtomicU64,
+    pub bytes_up: AtomicU64,
+    pub bytes_down: AtomicU64,
+}
+
+fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// How a create-only upload ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Created {
+    /// The object is ours (created now, or by an earlier try of this
+    /// request that the client retried: same bytes).
+    Yes,
+    /// Another writer created it first, with other bytes.
+    Taken,
+}
+
+/// One image's objects in a bucket.
+pub struct Remote {
+    rt: tokio::runtime::Runtime,
+    os: Arc<dyn ObjectStore>,
+    prefix: Key,
+    url: S3Url,
+    pub counters: Counters,
+}
+
+fn io_err(what: &str, e: object_store::Error) -> io::Error {
+    let kind = match e {
+        object_store::Error::NotFound { .. } => io::ErrorKind::NotFound,
+        _ => io::ErrorKind::Other,
+    };
+    io::Error::new(kind, format!("{what}: {e}"))
+}
+
+impl Remote {
+    /// Connect (lazily: the first request does) to the bucket of `url`,
+    /// configured from the environment: AWS_ENDPOINT_URL, AWS_REGION,
+    /// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and the rest the
+    /// `object_store` crate reads.
+    pub fn new(url: &S3Url) -> io::Result<Remote> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("zlogfs-s3")
+            .enable_all()
+            .build()?;
+        let client = ClientOptions::new()
+            .with_allow_http(true)
+            .with_timeout(Duration::from_secs(30))
+            .with_connect_timeout(Duration::from_secs(5));
+        let retry = RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: Duration::from_millis(100),
+                max_backoff: Duration::from_secs(5),
+                base: 2.0,
+            },
+            max_retries: 8,
+            retry_timeout: Duration::from_secs(60),
+        };
+        let mut b = AmazonS3Builder::from_env()
+            .with_bucket_name(&url.bucket)
+            .with_client_options(client)
+            .with_retry(retry)
+            .with_conditional_put(S3ConditionalPut::ETagMatch);
+        if std::env::var_os("AWS_REGION").is_none() && std::env::var_os("AWS_DEFAULT_REGION").is_none() {
+            b = b.with_region("us-east-1");
+        }
+        let os = b.build().map_err(|e| io_err(&format!("configuring {url}"), e))?;
+        let prefix = Key::from(url.prefix.as_str());
+        Ok(Remote { rt, os: Arc::new(os), prefix, url: url.clone(), counters: Counters::default() })
+    }
+
+    /// Where this image lives, for messages.
+    pub fn url(&self) -> &S3Url {
+        &self.url
+    }
+
+    fn key(&self, rel: &str) -> Key {
+        let mut k = self.prefix.clone();
+        for part in rel.split('/') {
+            k = k.clone().join(part);
+        }
+        k
+    }
+
+    /// Name of manifest `n`.
+    pub fn manifest_key(&self, n: u64) -> Key {
+        self.key(&format!("manifest/{n:020}"))
+    }
+
+    /// Name of a piece of segment `seg`'s generation `gen`.
+    pub fn piece_key(&self, seg: u32, gen: u64, p: &Piece) -> Key {
+        self.key(&format!("seg/{seg:08x}/{gen:016x}-{:08x}-{:016x}", p.offset, p.epoch))
+    }
+
+    /// (segment, generation, offset, uploader's epoch) of a piece's name
+    /// under this prefix.
+    pub fn parse_piece(&self, key: &Key) -> Option<(u32, u64, u32, u64)> {
+        let rel: Vec<_> = key.prefix_match(&self.prefix)?.map(|p| p.as_ref().to_string()).collect();
+        let [dir, seg, name] = rel.as_slice() else { return None };
+        let mut f = name.split('-');
+        let (gen, off, epoch) = (f.next()?, f.next()?, f.next()?);
+        (dir == "seg").then_some(())?;
+        Some((
+            u32::from_str_radix(seg, 16).ok()?,
+            u64::from_str_radix(gen, 16).ok()?,
+            u32::from_str_radix(off, 16).ok()?,
+            u64::from_str_radix(epoch, 16).ok()?,
+        ))
+    }
+
+    /// Upload `data` as `key` unless an object of that name exists.
+    pub fn put_create(&self, key: &Key, data: Vec<u8>) -> io::Result<Created> {
+        let len = data.len() as u64;
+        let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
+        add(&self.counters.puts, 1);
+        let payload = PutPayload::from(data.clone());
+        match self.rt.block_on(self.os.put_opts(key, payload, opts)) {
+            Ok(_) => {
+                add(&self.counters.bytes_up, len);
+                Ok(Created::Yes)
+            }
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                // A retried request whose first try got through reads back
+                // as ours.
+                let theirs = self.get(key, None)?;
+                Ok(if theirs == data { Created::Yes } else { Created::Taken })
+            }
+            Err(e) => Err(io_err(&format!("uploading {key}"), e)),
+        }
+    }
+
+    /// Upload several objects at once, create-only.
+    pub fn put_many(&self, items: Vec<(Key, Vec<u8>)>) -> io::Result<Vec<Created>> {
+        let futs = items.into_iter().map(|(key, data)| {
+            let os = Arc::clone(&self.os);
+            let len = data.len() as u64;
+            add(&self.counters.puts, 1);
+            async move {
+                let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
+                let r = os.put_opts(&key, PutPayload::from(data.clone()), opts).await;
+                (key, data, len, r)
+            }
+        });
+        let done = self.rt.block_on(futures::future::join_all(futs));
+        let mut out = Vec::with_capacity(done.len());
+        for (key, data, len, r) in done {
+            out.push(match r {
+                Ok(_) => {
+                    add(&self.counters.bytes_up, len);
+                    Created::Yes
+                }
+                Err(object_store::Error::AlreadyExists { .. }) => {
+                    if self.get(&key, None)? == data {
+                        Created::Yes
+                    } else {
+                        Created::Taken
+                    }
+                }
+                Err(e) => return Err(io_err(&format!("uploading {key}"), e)),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Read an object, or a range of it.
+    pub fn get(&self, key: &Key, range: Option<Range<u64>>) -> io::Result<Vec<u8>> {
+        add(&self.counters.gets, 1);
+        let opts = GetOptions { range: range.map(GetRange::Bounded), ..Default::default() };
+        let what = format!("reading {key}");
+        let bytes = self.rt.block_on(async {
+            let r = self.os.get_opts(key, opts).await?;
+            r.bytes().await
+        });
+        let bytes = bytes.map_err(|e| io_err(&what, e))?;
+        add(&self.counters.bytes_down, bytes.len() as u64);
+        Ok(bytes.to_vec())
+    }
+
+    /// Read several objects at once.
+    pub fn get_many(&self, keys: &[Key]) -> io::Result<Vec<Vec<u8>>> {
+        add(&self.counters.gets, keys.len() as u64);
+        let futs = keys.iter().map(|k| async move {
+            let r = self.os.get_opts(k, GetOptions::default()).await?;
+            r.bytes().await
+        });
+        let all = self.rt.block_on(futures::future::join_all(futs));
+        let mut out = Vec::with_capacity(all.len());
+        for (k, r) in keys.iter().zip(all) {
+            let b = r.map_err(|e| io_err(&format!("reading {k}"), e))?;
+            add(&self.counters.bytes_down, b.len() as u64);
+            out.push(b.to_vec());
+        }
+        Ok(out)
+    }
+
+    /// Every object under `rel` (a folder of this prefix).
+    pub fn list(&self, rel: &str) -> io::Result<Vec<Key>> {
+        add(&self.counters.lists, 1);
+        let dir = self.key(rel);
+        let what = format!("listing {dir}");
+        let metas: Vec<_> = self
+            .rt
+            .block_on(self.os.list(Some(&dir)).try_collect::<Vec<_>>())
+            .map_err(|e| io_err(&what, e))?;
+        Ok(metas.into_iter().map(|m| m.location).collect())
+    }
+
+    /// The numbers of the manifests in the bucket.
+    pub fn manifests(&self) -> io::Result<Vec<u64>> {
+        let mut v: Vec<u64> =
+            self.list("manifest")?.iter().filter_map(|k| k.filename().and_then(|f| f.parse().ok())).collect();
+        v.sort_unstable();
+        Ok(v)
+    }
+
+    /// Delete objects; a missing one is no error.
+    pub fn delete(&self, keys: Vec<Key>) -> io::Result<()> {
+        add(&self.counters.deletes, keys.len() as u64);
+        let futs = keys.iter().map(|k| self.os.delete(k));
+        for (k, r) in keys.iter().zip(self.rt.block_on(futures::future::join_all(futs))) {
+            match r {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(io_err(&format!("deleting {k}"), e)),
+            }
+        }
+        Ok(())
+    }
+}

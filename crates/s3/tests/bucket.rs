@@ -1,0 +1,327 @@
+//! The object-store backend against a real S3 server (moto on 127.0.0.1):
+//! round trips through a kept and an empty cache, fencing of a second
+//! writer, kill -9 during uploads in both sync modes, damaged manifests.
+
+mod moto;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use zlogfs_engine::store::{Geometry, Store};
+use zlogfs_engine::{Engine, Options, WriteBatch};
+use zlogfs_s3::{S3Options, S3Store, S3Url, SyncMode};
+
+use moto::moto;
+
+struct Dir(PathBuf);
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tempdir(tag: &str) -> Dir {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let p = std::env::temp_dir().join(format!(
+        "zlogfs-s3-{}-{tag}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&p);
+    std::fs::create_dir_all(&p).unwrap();
+    Dir(p)
+}
+
+/// A new bucket of its own for a test.
+fn bucket(tag: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let name = format!("t{}-{tag}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+    moto().bucket(&name);
+    name
+}
+
+fn opts(bucket: &str, cache: &Path, sync: SyncMode) -> S3Options {
+    let url = S3Url { bucket: bucket.into(), prefix: "img".into() };
+    // Uploads often, so that kills land in them.
+    S3Options { sync, upload_every: Duration::from_millis(50), ..S3Options::new(url, cache.to_path_buf()) }
+}
+
+const GEO: Geometry = Geometry { segment_size: 256 << 10, segment_count: 96 };
+
+fn engine_opts() -> Options {
+    Options { background: false, memtable_bytes: 512 << 10, ..Options::default() }
+}
+
+fn value(i: u32) -> Vec<u8> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(u64::from(i));
+    let mut v: Vec<u8> = (0..4096).map(|_| rng.gen_range(b'a'..=b'h')).collect();
+    v.extend_from_slice(&i.to_le_bytes());
+    v
+}
+
+fn key(i: u32) -> Vec<u8> {
+    format!("key{i:08}").into_bytes()
+}
+
+fn make(o: &S3Options) {
+    let store: Arc<dyn Store> = Arc::new(S3Store::create(o.clone(), GEO).unwrap());
+    zlogfs_engine::mkfs(store).unwrap();
+}
+
+fn open(o: &S3Options) -> Engine {
+    let store: Arc<dyn Store> = Arc::new(S3Store::open(o.clone()).unwrap());
+    Engine::open(store, engine_opts()).unwrap()
+}
+
+fn put_range(e: &Engine, r: std::ops::Range<u32>) {
+    for i in r {
+        let mut b = WriteBatch::new();
+        b.put(key(i), value(i));
+        e.write(&b).unwrap();
+    }
+}
+
+fn check_range(e: &Engine, r: std::ops::Range<u32>) {
+    for i in r {
+        assert_eq!(e.get(&key(i)).unwrap(), Some(value(i)), "key {i}");
+    }
+}
+
+#[test]
+fn kept_and_empty_caches_see_the_same_image() {
+    for mode in [SyncMode::Local, SyncMode::Remote] {
+        let b = bucket("trip");
+        let (c1, c2) = (tempdir("c1"), tempdir("c2"));
+        let o = opts(&b, &c1.0, mode);
+        make(&o);
+        let e = open(&o);
+        put_range(&e, 0..1500);
+        e.sync().unwrap();
+        let stats = e.stats().remote.unwrap();
+        assert!(stats.puts > 0 && stats.manifest >= 2, "{stats:?}");
+        e.close().unwrap();
+
+        let e = open(&o);
+        check_range(&e, 0..1500);
+        assert_eq!(e.stats().remote.unwrap().cache_misses, 0, "a kept cache serves every read");
+        put_range(&e, 1500..1800);
+        e.close().unwrap();
+
+        let o2 = opts(&b, &c2.0, mode);
+        let e = open(&o2);
+        check_range(&e, 0..1800);
+        let s = e.stats().remote.unwrap();
+        assert!(s.cache_misses > 0 && s.bytes_down > 0, "an empty cache reads from the bucket: {s:?}");
+        e.close().unwrap();
+    }
+}
+
+/// A second writer claims the image; the first one's next round fails and
+/// it latches; what the first synced before the claim, and everything the
+/// second wrote, is there.
+#[test]
+fn a_second_writer_fences_the_first() {
+    let b = bucket("fence");
+    let (c1, c2, c3) = (tempdir("a"), tempdir("b"), tempdir("c"));
+    let oa = opts(&b, &c1.0, SyncMode::Remote);
+    make(&oa);
+    let a = open(&oa);
+    put_range(&a, 0..300);
+    a.sync().unwrap();
+
+    let ob = opts(&b, &c2.0, SyncMode::Remote);
+    let bw = open(&ob);
+    check_range(&bw, 0..300);
+
+    // The old writer goes on: a flush or its sync fails, and it stays
+    // latched.
+    let mut failed = None;
+    for i in 300..400 {
+        let mut w = WriteBatch::new();
+        w.put(key(i), value(i));
+        if let Err(e) = a.write(&w) {
+            failed = Some(e);
+            break;
+        }
+    }
+    let err = failed.or_else(|| a.sync().err()).expect("the fenced writer fails");
+    assert!(format!("{err:?}").contains("another writer took over"), "{err:?}");
+    assert!(a.sync().is_err(), "it stays latched");
+    drop(a);
+
+    put_range(&bw, 1000..1200);
+    bw.close().unwrap();
+
+    let e = open(&opts(&b, &c3.0, SyncMode::Remote));
+    check_range(&e, 0..300);
+    check_range(&e, 1000..1200);
+    assert_eq!(e.get(&key(350)).unwrap(), None, "the fenced writer's later writes are not in");
+    e.close().unwrap();
+}
+
+/// Run by `killed_*` as a child process: writes batches to the image the
+/// environment names, printing each count once its sync has returned,
+/// until killed.
+#[test]
+#[ignore = "a child process of the kill tests"]
+fn child_writer() {
+    let Ok(bucket) = std::env::var("ZLOGFS_S3_CHILD_BUCKET") else { return };
+    let cache = PathBuf::from(std::env::var("ZLOGFS_S3_CHILD_CACHE").unwrap());
+    let mode: SyncMode = std::env::var("ZLOGFS_S3_CHILD_SYNC").unwrap().parse().unwrap();
+    let e = open(&opts(&bucket, &cache, mode));
+    let mut i: u32 = std::env::var("ZLOGFS_S3_CHILD_FROM").map_or(0, |v| v.parse().unwrap());
+    loop {
+        put_range(&e, i..i + 25);
+        i += 25;
+        e.sync().unwrap();
+        println!("synced {i}");
+    }
+}
+
+/// [`child_writer`] in a process of its own, from key `from` on.
+fn spawn_writer(bucket: &str, cache: &Path, mode: &str, from: u32) -> std::process::Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "child_writer", "--nocapture", "--test-threads=1"])
+        .env("ZLOGFS_S3_CHILD_BUCKET", bucket)
+        .env("ZLOGFS_S3_CHILD_CACHE", cache)
+        .env("ZLOGFS_S3_CHILD_SYNC", mode)
+        .env("ZLOGFS_S3_CHILD_FROM", from.to_string())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn killed_during_uploads(mode: SyncMode, mode_name: &str) {
+    let seed: u64 =
+        std::env::var("ZLOGFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
+    eprintln!("ZLOGFS_SEED={seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let b = bucket("kill");
+    let (c1, c2) = (tempdir("k1"), tempdir("k2"));
+    let o = opts(&b, &c1.0, mode);
+    make(&o);
+    let mut synced = 0u32;
+    for round in 0..3 {
+        let mut child = spawn_writer(&b, &c1.0, mode_name, synced);
+        let stop_after = rng.gen_range(2..12);
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut seen = 0;
+        while seen < stop_after {
+            let line = lines.next().expect("the child stopped early").unwrap();
+            if let Some(n) = line.strip_prefix("synced ") {
+                synced = n.parse().unwrap();
+                seen += 1;
+            }
+        }
+        // Kill while it goes on writing (and uploading).
+        std::thread::sleep(std::time::Duration::from_millis(rng.gen_range(0..40)));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        eprintln!("round {round}: killed after {synced} synced keys");
+
+        // Another machine (an empty cache, read-only) sees a prefix of the
+        // writes: under sync=remote one that holds every synced key.
+        let other = tempdir("ro");
+        let ro = S3Options { read_only: true, ..opts(&b, &other.0, mode) };
+        let store: Arc<dyn Store> = Arc::new(S3Store::open(ro).unwrap());
+        let e = Engine::open(store, Options { read_only: true, ..engine_opts() }).unwrap();
+        let seen = (0..synced + 10_000).take_while(|&i| e.get(&key(i)).unwrap().is_some()).count() as u32;
+        check_range(&e, 0..seen);
+        assert_eq!(e.get(&key(seen + 1)).unwrap(), None, "a prefix: nothing after the first missing key");
+        if mode == SyncMode::Remote {
+            assert!(seen >= synced, "sync=remote: {seen} keys in the bucket, {synced} synced");
+        }
+        eprintln!("round {round}: the bucket alone holds {seen} keys");
+        drop(e);
+
+        // The cache kept: everything synced is there.
+        let e = open(&o);
+        check_range(&e, 0..synced);
+        e.close().unwrap();
+    }
+    // The cache lost (a fresh machine): after the reopens above uploaded
+    // the backlog, everything.
+    let e = open(&opts(&b, &c2.0, mode));
+    check_range(&e, 0..synced);
+    e.close().unwrap();
+}
+
+#[test]
+fn killed_during_uploads_sync_remote() {
+    killed_during_uploads(SyncMode::Remote, "remote");
+}
+
+#[test]
+fn killed_during_uploads_sync_local() {
+    killed_during_uploads(SyncMode::Local, "local");
+}
+
+/// Under sync=remote a synced write is in the bucket when sync returns:
+/// a fresh machine sees it even though the writer's cache is gone.
+#[test]
+fn sync_remote_survives_losing_the_cache() {
+    let b = bucket("lost");
+    let (c1, c2) = (tempdir("l1"), tempdir("l2"));
+    let o = opts(&b, &c1.0, SyncMode::Remote);
+    make(&o);
+    let mut child = spawn_writer(&b, &c1.0, "remote", 0);
+    let mut synced = 0u32;
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    for _ in 0..6 {
+        let line = lines.next().unwrap().unwrap();
+        if let Some(n) = line.strip_prefix("synced ") {
+            synced = n.parse().unwrap();
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(c1);
+    let e = open(&opts(&b, &c2.0, SyncMode::Remote));
+    check_range(&e, 0..synced);
+    e.close().unwrap();
+}
+
+#[test]
+fn a_damaged_or_newer_manifest_is_refused_with_its_name() {
+    let b = bucket("damage");
+    let (c1, c2) = (tempdir("d1"), tempdir("d2"));
+    let o = opts(&b, &c1.0, SyncMode::Remote);
+    make(&o);
+    let e = open(&o);
+    put_range(&e, 0..10);
+    e.close().unwrap();
+    let m = moto();
+    let newest = (1..100).rev().find(|n| m.object(&b, &format!("img/manifest/{n:020}")).is_some()).unwrap();
+    let mut bytes = m.object(&b, &format!("img/manifest/{newest:020}")).unwrap();
+    bytes[100] ^= 0xff;
+    m.put(&b, &format!("img/manifest/{:020}", newest + 1), &bytes);
+    let o2 = opts(&b, &c2.0, SyncMode::Remote);
+    let msg = S3Store::open(o2.clone()).err().expect("a damaged manifest is refused").to_string();
+    assert!(msg.contains(&format!("manifest {}", newest + 1)) && msg.contains("checksum"), "{msg}");
+    bytes[8] = 9;
+    m.put(&b, &format!("img/manifest/{:020}", newest + 1), &bytes);
+    let msg = S3Store::open(o2).err().expect("a newer manifest is refused").to_string();
+    assert!(msg.contains("newer zlogfs"), "{msg}");
+}
+
+#[test]
+fn mkfs_refuses_a_prefix_that_holds_an_image() {
+    let b = bucket("twice");
+    let (c1, c2) = (tempdir("m1"), tempdir("m2"));
+    make(&opts(&b, &c1.0, SyncMode::Local));
+    let msg = S3Store::create(opts(&b, &c2.0, SyncMode::Local), GEO).err().unwrap().to_string();
+    assert!(msg.contains("already holds a zlogfs image"), "{msg}");
+}
+
+#[test]
+fn an_empty_prefix_says_how_to_make_an_image() {
+    let b = bucket("empty");
+    let c = tempdir("e");
+    let msg = S3Store::open(opts(&b, &c.0, SyncMode::Local)).err().unwrap().to_string();
+    assert!(msg.contains("holds no zlogfs image") && msg.contains("zlogfs mkfs"), "{msg}");
+}
