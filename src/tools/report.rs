@@ -68,6 +68,7 @@ pub fn stats(image: &str, fs: &Fs) -> Result<Value> {
             "bytes_up": r.bytes_up, "bytes_down": r.bytes_down,
             "cache_hits": r.cache_hits, "cache_misses": r.cache_misses,
             "upload_backlog_bytes": r.backlog_bytes, "manifest": r.manifest,
+            "failed_attempts": r.failed_attempts,
         })),
     }))
 }

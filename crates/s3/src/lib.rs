@@ -115,6 +115,10 @@ pub struct S3Options {
     /// sync=local: past this many bytes not yet uploaded, a sync waits
     /// for the uploads.
     pub max_backlog: u64,
+    /// The server's address, when not AWS_ENDPOINT_URL's (or AWS's).
+    pub endpoint: Option<String>,
+    /// How long a request is retried (with backoff) before it fails.
+    pub retry_for: Duration,
 }
 
 impl S3Options {
@@ -129,6 +133,8 @@ impl S3Options {
             cache_bytes: 1 << 30,
             upload_every: Duration::from_secs(5),
             max_backlog: 256 << 20,
+            endpoint: None,
+            retry_for: Duration::from_secs(60),
         }
     }
 }
@@ -232,7 +238,7 @@ impl Inner {
                 ),
             ));
         }
-        let remote = Remote::new(&opts.url)?;
+        let remote = Remote::new(&opts.url, opts.endpoint.as_deref(), opts.retry_for)?;
         if let Some(n) = remote.manifests()?.last() {
             return Err(err(
                 io::ErrorKind::AlreadyExists,
@@ -267,7 +273,7 @@ impl Inner {
     }
 
     fn open_once(opts: S3Options) -> io::Result<Inner> {
-        let remote = Remote::new(&opts.url)?;
+        let remote = Remote::new(&opts.url, opts.endpoint.as_deref(), opts.retry_for)?;
         let m = latest_manifest(&remote)?;
         let epoch = if opts.read_only { 0 } else { m.number + 1 };
         // Read-only too: a cache that holds what the bucket lacks is read,
@@ -610,7 +616,7 @@ impl Inner {
 
 /// Whether `url` holds an image (a manifest).
 pub fn image_exists(url: &S3Url) -> io::Result<bool> {
-    Ok(!Remote::new(url)?.manifests()?.is_empty())
+    Ok(!Remote::new(url, None, Duration::from_secs(60))?.manifests()?.is_empty())
 }
 
 fn next_gen(st: &mut State) -> u64 {
@@ -877,6 +883,7 @@ impl Inner {
             cache_hits: self.hits.load(Ordering::Relaxed),
             cache_misses: self.misses.load(Ordering::Relaxed),
             backlog_bytes: backlog,
+            failed_attempts: c.failed_attempts.load(Ordering::Relaxed),
             manifest: st.manifest.number,
         })
     }

@@ -10,6 +10,9 @@ use std::time::Duration;
 
 use futures::TryStreamExt;
 use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
+use object_store::client::{
+    HttpClient, HttpConnector, HttpError, HttpRequest, HttpResponse, HttpService, ReqwestConnector,
+};
 use object_store::path::Path as Key;
 use object_store::{
     BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutMode, PutOptions,
@@ -20,8 +23,11 @@ use crate::manifest::Piece;
 use crate::S3Url;
 
 /// Counters of requests and traffic.
-#[derive(Default)]
+#[derive(Default, Debug)]
 pub struct Counters {
+    /// HTTP attempts that failed (an error, or status 429 or 5xx): each
+    /// was retried, or ended its request with an error.
+    pub failed_attempts: AtomicU64,
     pub puts: AtomicU64,
     pub gets: AtomicU64,
     pub lists: AtomicU64,
@@ -32,6 +38,39 @@ pub struct Counters {
 
 fn add(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// The HTTP client, counting failed attempts (the `object_store` crate
+/// retries them; it does not say how often).
+#[derive(Debug)]
+struct Counting {
+    inner: HttpClient,
+    counters: Arc<Counters>,
+}
+
+#[async_trait::async_trait]
+impl HttpService for Counting {
+    async fn call(&self, req: HttpRequest) -> Result<HttpResponse, HttpError> {
+        let r = self.inner.execute(req).await;
+        let failed = match &r {
+            Ok(resp) => resp.status().is_server_error() || resp.status().as_u16() == 429,
+            Err(_) => true,
+        };
+        if failed {
+            add(&self.counters.failed_attempts, 1);
+        }
+        r
+    }
+}
+
+#[derive(Debug)]
+struct CountingConnector(Arc<Counters>);
+
+impl HttpConnector for CountingConnector {
+    fn connect(&self, options: &ClientOptions) -> object_store::Result<HttpClient> {
+        let inner = ReqwestConnector::default().connect(options)?;
+        Ok(HttpClient::new(Counting { inner, counters: Arc::clone(&self.0) }))
+    }
 }
 
 /// How a create-only upload ended.
@@ -50,7 +89,7 @@ pub struct Remote {
     os: Arc<dyn ObjectStore>,
     prefix: Key,
     url: S3Url,
-    pub counters: Counters,
+    pub counters: Arc<Counters>,
 }
 
 fn io_err(what: &str, e: object_store::Error) -> io::Error {
@@ -66,7 +105,7 @@ impl Remote {
     /// configured from the environment: AWS_ENDPOINT_URL, AWS_REGION,
     /// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and the rest the
     /// `object_store` crate reads.
-    pub fn new(url: &S3Url) -> io::Result<Remote> {
+    pub fn new(url: &S3Url, endpoint: Option<&str>, retry_for: Duration) -> io::Result<Remote> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("zlogfs-s3")
@@ -82,20 +121,25 @@ impl Remote {
                 max_backoff: Duration::from_secs(5),
                 base: 2.0,
             },
-            max_retries: 8,
-            retry_timeout: Duration::from_secs(60),
+            max_retries: 10,
+            retry_timeout: retry_for,
         };
+        let counters = Arc::new(Counters::default());
         let mut b = AmazonS3Builder::from_env()
             .with_bucket_name(&url.bucket)
             .with_client_options(client)
             .with_retry(retry)
+            .with_http_connector(CountingConnector(Arc::clone(&counters)))
             .with_conditional_put(S3ConditionalPut::ETagMatch);
+        if let Some(e) = endpoint {
+            b = b.with_endpoint(e);
+        }
         if std::env::var_os("AWS_REGION").is_none() && std::env::var_os("AWS_DEFAULT_REGION").is_none() {
             b = b.with_region("us-east-1");
         }
         let os = b.build().map_err(|e| io_err(&format!("configuring {url}"), e))?;
         let prefix = Key::from(url.prefix.as_str());
-        Ok(Remote { rt, os: Arc::new(os), prefix, url: url.clone(), counters: Counters::default() })
+        Ok(Remote { rt, os: Arc::new(os), prefix, url: url.clone(), counters })
     }
 
     /// Where this image lives, for messages.

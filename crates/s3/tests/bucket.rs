@@ -16,7 +16,7 @@ use zlogfs_engine::store::{Geometry, Store};
 use zlogfs_engine::{Engine, Options, WriteBatch};
 use zlogfs_s3::{S3Options, S3Store, S3Url, SyncMode};
 
-use moto::moto;
+use moto::{moto, Proxy};
 
 struct Dir(PathBuf);
 impl Drop for Dir {
@@ -324,4 +324,62 @@ fn an_empty_prefix_says_how_to_make_an_image() {
     let c = tempdir("e");
     let msg = S3Store::open(opts(&b, &c.0, SyncMode::Local)).err().unwrap().to_string();
     assert!(msg.contains("holds no zlogfs image") && msg.contains("zlogfs mkfs"), "{msg}");
+}
+
+/// Errors, delays and cut connections between the store and the server:
+/// the requests are retried (and counted), and nothing is lost.
+#[test]
+fn faults_between_store_and_server_lose_nothing() {
+    let seed: u64 =
+        std::env::var("ZLOGFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
+    eprintln!("ZLOGFS_SEED={seed}");
+    let proxy = Proxy::start(seed);
+    let b = bucket("faults");
+    let (c1, c2) = (tempdir("f1"), tempdir("f2"));
+    let o = S3Options { endpoint: Some(proxy.endpoint()), ..opts(&b, &c1.0, SyncMode::Remote) };
+    make(&o);
+    proxy.control("/__faults?error=0.15&cut=0.05&delay_ms=2");
+    let e = open(&o);
+    for k in 0..8 {
+        put_range(&e, k * 60..(k + 1) * 60);
+        e.sync().unwrap();
+    }
+    let s = e.stats().remote.unwrap();
+    e.close().unwrap();
+    let injected = proxy.count("errors_injected") + proxy.count("cuts_injected");
+    eprintln!("{injected} faults injected; the store counted {} failed attempts", s.failed_attempts);
+    assert!(injected > 0 && s.failed_attempts > 0, "faults were injected and retried");
+    let e = open(&opts(&b, &c2.0, SyncMode::Remote));
+    check_range(&e, 0..480);
+    e.close().unwrap();
+}
+
+/// A bucket that stops answering: the writer waits (retries), then fails
+/// cleanly and stays failed; reads of cached data still work; when the
+/// bucket is back, everything synced before is there.
+#[test]
+fn an_unreachable_bucket_fails_the_writer_cleanly() {
+    let proxy = Proxy::start(7);
+    let b = bucket("down");
+    let (c1, c2) = (tempdir("u1"), tempdir("u2"));
+    let o = S3Options {
+        endpoint: Some(proxy.endpoint()),
+        retry_for: Duration::from_secs(2),
+        ..opts(&b, &c1.0, SyncMode::Remote)
+    };
+    make(&o);
+    let e = open(&o);
+    put_range(&e, 0..200);
+    e.sync().unwrap();
+    proxy.control("/__faults?error=1");
+    put_range(&e, 200..220);
+    let err = e.sync().expect_err("no bucket, no remote sync");
+    eprintln!("the sync failed: {err}");
+    assert!(e.sync().is_err(), "latched");
+    check_range(&e, 0..200);
+    drop(e);
+    proxy.control("/__faults?error=0");
+    let e = open(&opts(&b, &c2.0, SyncMode::Remote));
+    check_range(&e, 0..200);
+    e.close().unwrap();
 }

@@ -201,12 +201,14 @@ fn print_stats(v: &Value) {
     if o.is_object() {
         let m = |k: &str| o[k].as_u64().unwrap_or(0);
         println!(
-            "object store:     {} PUT, {} GET, {} LIST, {} DELETE since open; {} bytes up, {} down; \
-             cache {} hits, {} misses; {} bytes not yet uploaded; manifest {}",
+            "object store:     {} PUT, {} GET, {} LIST, {} DELETE since open ({} failed attempts \
+             retried); {} bytes up, {} down; cache {} hits, {} misses; {} bytes not yet uploaded; \
+             manifest {}",
             m("puts"),
             m("gets"),
             m("lists"),
             m("deletes"),
+            m("failed_attempts"),
             m("bytes_up"),
             m("bytes_down"),
             m("cache_hits"),

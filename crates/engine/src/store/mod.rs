@@ -145,6 +145,9 @@ pub struct RemoteStats {
     pub cache_misses: u64,
     /// Bytes the cache holds that the object store does not yet have.
     pub backlog_bytes: u64,
+    /// Request attempts that failed (errors, timeouts, 429 and 5xx
+    /// replies): each was retried, or failed its request.
+    pub failed_attempts: u64,
     /// The newest manifest this store wrote or read.
     pub manifest: u64,
 }
