@@ -611,6 +611,8 @@ fn mkfs(image: &Path, f: &FormatArgs, force: bool) -> Result<(), String> {
         _ => Arc::new(create(image, geometry)?),
     };
     zfs::mkfs(store.clone(), &o).map_err(|e| format!("{}: {e}", image.display()))?;
+    // An image in a bucket is there once uploaded.
+    store.close().map_err(|e| format!("{}: {e}", image.display()))?;
     let sb = engine::read_superblock(store.as_ref()).map_err(|e| e.to_string())?;
     let g = store.geometry();
     eprintln!(

@@ -17,9 +17,11 @@ const ENTRY: u64 = 16;
 pub struct Header {
     /// The manifest's image id.
     pub image_id: [u8; 16],
-    /// The epoch of the writer that last wrote through this cache (0: it
-    /// only read).
+    /// The epoch of the writer that last wrote through this cache (0: a
+    /// reader's cache, never trusted).
     pub epoch: u64,
+    /// That writer's random id.
+    pub writer: u64,
     /// Segments in the image.
     pub segment_count: u32,
 }
@@ -41,41 +43,72 @@ pub struct CacheFile {
 }
 
 impl CacheFile {
-    /// Start a new record (the local image was just made).
+    /// Start a new record (the local image was just made): written whole
+    /// beside `path`, synced, then renamed over it, so that a crash leaves
+    /// the old record or the new one.
     pub fn create(path: &Path, h: Header) -> io::Result<CacheFile> {
-        let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path)?;
+        let tmp = path.with_extension("new");
+        let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&tmp)?;
         file.set_len(HEADER + ENTRY * u64::from(h.segment_count))?;
         let c = CacheFile { file };
         c.write_header(h)?;
+        c.sync()?;
+        std::fs::rename(&tmp, path)?;
+        sync_dir(path)?;
         Ok(c)
     }
 
-    /// Open a record; None when it is missing or not one (the cache is
-    /// then rebuilt from the bucket).
+    /// Remove the record (the local image is about to be rebuilt).
+    pub fn remove(path: &Path) -> io::Result<()> {
+        match std::fs::remove_file(path) {
+            Ok(()) => sync_dir(path),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Open a record; None when there is none. A record that is not one,
+    /// or is damaged, is an error: what the cache holds is unknown, and
+    /// may be data the bucket lacks.
     pub fn open(path: &Path) -> io::Result<Option<(CacheFile, Header)>> {
         let file = match OpenOptions::new().read(true).write(true).open(path) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
+        let damaged = |what: &str| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{}: {what}: the cache directory's record is damaged; if the bucket holds everything \
+                     (the last writer closed cleanly, or synced with sync=remote), delete the directory \
+                     to rebuild it from the bucket",
+                    path.display()
+                ),
+            )
+        };
         let mut b = [0u8; HEADER as usize];
-        if file.read_exact_at(&mut b, 0).is_err() || &b[..8] != MAGIC {
-            return Ok(None);
+        file.read_exact_at(&mut b, 0).map_err(|_| damaged("cut short"))?;
+        if &b[..8] != MAGIC {
+            return Err(damaged("no magic"));
         }
         if crc32c::crc32c(&b[..60]) != u32::from_le_bytes([b[60], b[61], b[62], b[63]]) {
-            return Ok(None);
+            return Err(damaged("header checksum mismatch"));
         }
         let mut image_id = [0u8; 16];
         image_id.copy_from_slice(&b[8..24]);
         let mut e = [0u8; 8];
         e.copy_from_slice(&b[24..32]);
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&b[32..40]);
         let h = Header {
             image_id,
             epoch: u64::from_le_bytes(e),
-            segment_count: u32::from_le_bytes([b[32], b[33], b[34], b[35]]),
+            writer: u64::from_le_bytes(w),
+            segment_count: u32::from_le_bytes([b[40], b[41], b[42], b[43]]),
         };
         if file.metadata()?.len() < HEADER + ENTRY * u64::from(h.segment_count) {
-            return Ok(None);
+            return Err(damaged("shorter than its segments"));
         }
         Ok(Some((CacheFile { file }, h)))
     }
@@ -86,7 +119,8 @@ impl CacheFile {
         b[..8].copy_from_slice(MAGIC);
         b[8..24].copy_from_slice(&h.image_id);
         b[24..32].copy_from_slice(&h.epoch.to_le_bytes());
-        b[32..36].copy_from_slice(&h.segment_count.to_le_bytes());
+        b[32..40].copy_from_slice(&h.writer.to_le_bytes());
+        b[40..44].copy_from_slice(&h.segment_count.to_le_bytes());
         let crc = crc32c::crc32c(&b[..60]);
         b[60..].copy_from_slice(&crc.to_le_bytes());
         self.file.write_all_at(&b, 0)
@@ -118,4 +152,9 @@ impl CacheFile {
     pub fn sync(&self) -> io::Result<()> {
         self.file.sync_data()
     }
+}
+
+fn sync_dir(path: &Path) -> io::Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    File::open(dir)?.sync_all()
 }

@@ -30,7 +30,7 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
 use zlogfs_engine::store::{FileStore, Geometry, MetaSlot, RemoteStats, Store, META_SLOT_SIZE};
@@ -187,9 +187,16 @@ struct Inner {
     geometry: Geometry,
     /// This writer's epoch (0 when read-only).
     epoch: u64,
+    /// This writer's random id (pieces and manifests carry it).
+    writer: u64,
     state: Mutex<State>,
     /// One upload round at a time.
     round: Mutex<()>,
+    /// One writer of the cache record at a time.
+    persist: Mutex<()>,
+    /// Reads of the local image hold it shared; punching holes in it
+    /// (eviction) exclusive.
+    gate: RwLock<()>,
     failed: AtomicBool,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -200,7 +207,7 @@ struct Inner {
 /// See the crate documentation.
 pub struct S3Store {
     inner: Arc<Inner>,
-    uploader: Option<std::thread::JoinHandle<()>>,
+    uploader: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -249,11 +256,24 @@ impl Inner {
                 ),
             ));
         }
+        if let Some((_, h)) = CacheFile::open(&record_path(&opts.cache_dir))? {
+            if h.epoch != 0 {
+                return Err(err(
+                    io::ErrorKind::AlreadyExists,
+                    format!(
+                        "cache directory {} holds the cache of another image: give another --cache, or \
+                         delete it",
+                        opts.cache_dir.display()
+                    ),
+                ));
+            }
+        }
         let image_id: [u8; 16] = rand::random();
         let m = Manifest::new(0, image_id, geometry);
-        let (local, cache) = fresh_cache(&opts.cache_dir, &m, 1)?;
+        let writer = new_writer_id();
+        let (local, cache) = fresh_cache(&opts.cache_dir, &m, 1, writer)?;
         let segs = vec![Seg::default(); geometry.segment_count as usize];
-        Ok(Inner::assemble(remote, local, cache, opts, m, segs, 1))
+        Ok(Inner::assemble(remote, local, cache, opts, m, segs, (1, writer)))
     }
 
     /// Open the image at `opts.url`: read its newest manifest, reuse the
@@ -275,19 +295,31 @@ impl Inner {
     fn open_once(opts: S3Options) -> io::Result<Inner> {
         let remote = Remote::new(&opts.url, opts.endpoint.as_deref(), opts.retry_for)?;
         let m = latest_manifest(&remote)?;
-        let epoch = if opts.read_only { 0 } else { m.number + 1 };
+        let epoch = match (opts.read_only, m.number.checked_add(1)) {
+            (true, _) => 0,
+            (false, Some(n)) => n,
+            (false, None) => {
+                return Err(err(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: manifest {} is the last", opts.url, m.number),
+                ))
+            }
+        };
+        let writer = new_writer_id();
         // Read-only too: a cache that holds what the bucket lacks is read,
         // never rebuilt over.
         let kept = trusted_cache(&opts.cache_dir, &m)?;
         let (local, cache, segs) = match kept {
             Some(k) => k,
             None => {
-                let (local, cache) = fresh_cache(&opts.cache_dir, &m, m.epoch)?;
+                // A reader's cache (epoch 0) is never trusted by a writer.
+                let (ce, cw) = if opts.read_only { (0, 0) } else { (m.epoch, m.writer) };
+                let (local, cache) = fresh_cache(&opts.cache_dir, &m, ce, cw)?;
                 let segs = segs_from(&m, &cache)?;
                 (local, cache, segs)
             }
         };
-        let s = Inner::assemble(remote, local, cache, opts, m, segs, epoch);
+        let s = Inner::assemble(remote, local, cache, opts, m, segs, (epoch, writer));
         if epoch != 0 {
             if let Err(e) = s.claim() {
                 // Nothing more goes to the bucket from this one (not even
@@ -306,10 +338,14 @@ impl Inner {
         opts: S3Options,
         manifest: Manifest,
         segs: Vec<Seg>,
-        epoch: u64,
+        (epoch, writer): (u64, u64),
     ) -> Inner {
         let geometry = manifest.geometry;
-        let state = State { segs, manifest, next_gen: (epoch << 32) | 1, meta_dirty: false, clock: 0 };
+        // Generations only grow: past every one the bucket or the cache
+        // knows.
+        let top = segs.iter().flat_map(|s| std::iter::once(s.gen).chain(s.old.iter().map(|o| o.0))).max();
+        let next_gen = top.unwrap_or(0).max(manifest.segs.iter().map(|s| s.gen).max().unwrap_or(0)) + 1;
+        let state = State { segs, manifest, next_gen, meta_dirty: false, clock: 0 };
         Inner {
             remote,
             local,
@@ -317,8 +353,11 @@ impl Inner {
             opts,
             geometry,
             epoch,
+            writer,
             state: Mutex::new(state),
             round: Mutex::new(()),
+            persist: Mutex::new(()),
+            gate: RwLock::new(()),
             failed: AtomicBool::new(false),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -331,7 +370,7 @@ impl Inner {
     /// writers left unreferenced.
     fn claim(&self) -> io::Result<()> {
         self.persist_entries()?;
-        match self.round_now() {
+        match self.round(true) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                 // Someone else claimed the same number: start over.
@@ -343,6 +382,7 @@ impl Inner {
         self.cache.write_header(Header {
             image_id: m.image_id,
             epoch: self.epoch,
+            writer: self.writer,
             segment_count: self.geometry.segment_count,
         })?;
         self.cache.sync()?;
@@ -358,11 +398,15 @@ impl Inner {
     fn collect_garbage(&self, m: &Manifest) -> io::Result<()> {
         let mut dead = Vec::new();
         for key in self.remote.list("seg")? {
-            let Some((seg, gen, off, epoch)) = self.remote.parse_piece(&key) else { continue };
+            let Some((seg, gen, p)) = self.remote.parse_piece(&key) else { continue };
             let used = m.segs.get(seg as usize).is_some_and(|s| {
-                s.gen == gen && s.pieces.iter().any(|p| p.offset == off && p.epoch == epoch)
+                s.gen == gen
+                    && s.pieces.iter().any(|q| (q.offset, q.epoch, q.writer) == (p.offset, p.epoch, p.writer))
             });
-            if !used && epoch < self.epoch {
+            // Older writers', and those of one that lost the claim of this
+            // writer's epoch.
+            let stale = p.epoch < self.epoch || (p.epoch == self.epoch && p.writer != self.writer);
+            if !used && stale {
                 dead.push(key);
             }
         }
@@ -386,10 +430,13 @@ impl Inner {
         e
     }
 
-    /// Write the cache record entries that changed (the local image is
-    /// synced first: an entry never claims bytes that are not durable).
+    /// Write the cache record entries that changed. They are taken
+    /// first, then the local image is synced, then they are written: an
+    /// entry never claims bytes that are not durable. One call at a time,
+    /// so that none returns before the entries another one took are
+    /// written; on failure the entries are marked again.
     fn persist_entries(&self) -> io::Result<()> {
-        self.local.sync()?;
+        let _p = lock(&self.persist);
         let dirty: Vec<(u32, Entry)> = {
             let mut st = lock(&self.state);
             st.segs
@@ -403,17 +450,33 @@ impl Inner {
                 .collect()
         };
         if dirty.is_empty() {
-            return Ok(());
+            return self.local.sync();
         }
-        for (seg, e) in dirty {
-            self.cache.set_entry(seg, e)?;
+        let r = self.local.sync().and_then(|()| {
+            for &(seg, e) in &dirty {
+                self.cache.set_entry(seg, e)?;
+            }
+            self.cache.sync()
+        });
+        if r.is_err() {
+            let mut st = lock(&self.state);
+            for (seg, _) in dirty {
+                st.segs[seg as usize].dirty = true;
+            }
         }
-        self.cache.sync()
+        r
     }
 
-    /// Upload every byte the bucket lacks, then the next manifest.
-    fn round_now(&self) -> io::Result<()> {
+    /// Upload every byte the bucket lacks, then the next manifest (when
+    /// something is missing, or `force`). Taking the round lock first
+    /// means a round another thread began, which may carry what the
+    /// caller synced, has ended.
+    fn round(&self, force: bool) -> io::Result<()> {
         let _r = lock(&self.round);
+        self.check_ok()?;
+        if !force && !self.behind() {
+            return Ok(());
+        }
         let (next, uploads, deletes) = self.cut()?;
         for chunk in uploads.chunks(UPLOAD_BATCH) {
             let items = chunk
@@ -434,7 +497,11 @@ impl Inner {
             }
         }
         let key = self.remote.manifest_key(next.number);
-        if self.remote.put_create(&key, next.encode())? == Created::Taken {
+        // A manifest above this one means another writer took over, even
+        // if this number was free (deleted as old).
+        if self.remote.put_create(&key, next.encode())? == Created::Taken
+            || self.remote.manifest_after(next.number)?
+        {
             return Err(err(
                 io::ErrorKind::AlreadyExists,
                 format!(
@@ -452,17 +519,19 @@ impl Inner {
     /// What a round uploads: the bytes each segment's generation has that
     /// the bucket lacks, and the manifest that will name them.
     fn cut(&self) -> io::Result<(Manifest, Vec<Upload>, Vec<object_store::path::Path>)> {
+        // The slots and the segments as of one moment: under the lock.
+        let mut st = lock(&self.state);
         let mut slots = Vec::with_capacity(SLOTS.len());
         for &i in &SLOTS {
             let mut b = [0u8; META_SLOT_SIZE];
             self.local.read_meta(slot_of(i), &mut b)?;
             slots.push(b);
         }
-        let mut st = lock(&self.state);
         st.meta_dirty = false;
         let mut next = st.manifest.clone();
         next.number += 1;
         next.epoch = self.epoch;
+        next.writer = self.writer;
         next.slots = slots;
         let mut uploads = Vec::new();
         let mut deletes = Vec::new();
@@ -476,7 +545,8 @@ impl Inner {
             if s.written > from {
                 let mut data = vec![0u8; (s.written - from) as usize];
                 self.local.read(seg, from, &mut data)?;
-                let piece = Piece { offset: from, len: s.written - from, epoch: self.epoch };
+                let piece =
+                    Piece { offset: from, len: s.written - from, epoch: self.epoch, writer: self.writer };
                 pieces.push(piece);
                 uploads.push(Upload { seg, gen: s.gen, piece, data });
             }
@@ -515,15 +585,17 @@ impl Inner {
             }
         }
         if let Err(e) = self.evict() {
-            tracing::warn!("{}: trimming the cache: {e}", self.opts.url);
+            tracing::error!("{}: trimming the cache: {}", self.opts.url, self.fail(e));
         }
     }
 
     /// Drop the least recently used segments the bucket holds whole until
     /// the cache is within its budget. The record says so (durably)
-    /// before the bytes go.
+    /// before the bytes go, and only the bytes chosen go: `[0, written)`
+    /// of a generation nobody changed meanwhile (an append lands past
+    /// them; a fetch or a new generation makes the segment be skipped).
     fn evict(&self) -> io::Result<()> {
-        let victims: Vec<u32> = {
+        let victims: Vec<(u32, u64, u32)> = {
             let mut st = lock(&self.state);
             let cached: u64 = st.segs.iter().map(|s| u64::from(s.written.saturating_sub(s.local_from))).sum();
             if cached <= self.opts.cache_bytes {
@@ -547,7 +619,7 @@ impl Inner {
                 over = over.saturating_sub(u64::from(s.written - s.local_from));
                 s.local_from = s.written;
                 s.dirty = true;
-                out.push(seg);
+                out.push((seg, s.gen, s.written));
             }
             out
         };
@@ -555,8 +627,13 @@ impl Inner {
             return Ok(());
         }
         self.persist_entries()?;
-        for seg in victims {
-            self.local.discard(seg)?;
+        let _g = self.gate.write().unwrap_or_else(|p| p.into_inner());
+        let st = lock(&self.state);
+        for (seg, gen, upto) in victims {
+            let s = &st.segs[seg as usize];
+            if s.gen == gen && s.local_from == upto {
+                self.local.discard_prefix(seg, upto)?;
+            }
         }
         Ok(())
     }
@@ -600,6 +677,8 @@ impl Inner {
     /// was recovered short of them): the segment's bytes come local and it
     /// starts a new generation, uploaded whole at the next round.
     fn rewrite_tail(&self, seg: u32) -> io::Result<()> {
+        // No eviction between the fetch and the new generation.
+        let _g = self.gate.read().unwrap_or_else(|p| p.into_inner());
         self.fetch(seg)?;
         let mut st = lock(&self.state);
         let gen = next_gen(&mut st);
@@ -617,6 +696,11 @@ impl Inner {
 /// Whether `url` holds an image (a manifest).
 pub fn image_exists(url: &S3Url) -> io::Result<bool> {
     Ok(!Remote::new(url, None, Duration::from_secs(60))?.manifests()?.is_empty())
+}
+
+/// A writer's random id (never 0, which marks none).
+fn new_writer_id() -> u64 {
+    rand::random::<u64>() | 1
 }
 
 fn next_gen(st: &mut State) -> u64 {
@@ -666,15 +750,18 @@ fn record_path(dir: &Path) -> PathBuf {
 
 /// A new local image for the image of manifest `m`: its metadata slots
 /// from `m`, every segment in the bucket.
-fn fresh_cache(dir: &Path, m: &Manifest, epoch: u64) -> io::Result<(FileStore, CacheFile)> {
+fn fresh_cache(dir: &Path, m: &Manifest, epoch: u64, writer: u64) -> io::Result<(FileStore, CacheFile)> {
     std::fs::create_dir_all(dir)
         .map_err(|e| err(e.kind(), format!("cache directory {}: {e}", dir.display())))?;
+    // The old record goes first: a crash while the image is made again
+    // must not leave a record that trusts it.
+    CacheFile::remove(&record_path(dir)).map_err(|e| cache_error(dir, e))?;
     let local = FileStore::create(image_path(dir), m.geometry).map_err(|e| cache_error(dir, e))?;
     for (&i, b) in SLOTS.iter().zip(&m.slots) {
         local.write_meta(slot_of(i), b)?;
     }
     local.sync()?;
-    let h = Header { image_id: m.image_id, epoch, segment_count: m.geometry.segment_count };
+    let h = Header { image_id: m.image_id, epoch, writer, segment_count: m.geometry.segment_count };
     let cache = CacheFile::create(&record_path(dir), h)?;
     Ok((local, cache))
 }
@@ -722,8 +809,11 @@ fn trusted_cache(dir: &Path, m: &Manifest) -> io::Result<Option<(FileStore, Cach
             ),
         ));
     }
-    if h.epoch != m.epoch || h.segment_count != m.geometry.segment_count {
-        if h.image_id == m.image_id {
+    // Only the cache of the writer that wrote the newest manifest holds
+    // its newest state (a reader's cache has epoch 0).
+    let ours = h.epoch != 0 && h.epoch == m.epoch && h.writer == m.writer;
+    if !ours || h.segment_count != m.geometry.segment_count {
+        if h.epoch != 0 {
             tracing::warn!(
                 "{}: another writer (epoch {}) wrote after this cache's (epoch {}): what only this cache \
                  held is dropped",
@@ -734,21 +824,37 @@ fn trusted_cache(dir: &Path, m: &Manifest) -> io::Result<Option<(FileStore, Cach
         }
         return Ok(None);
     }
-    let local = match FileStore::open(image_path(dir)).and_then(|f| f.with_geometry(m.geometry)) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(cache_error(dir, e)),
-        Err(e) => {
-            tracing::warn!("{}: cache image unusable ({e}): rebuilding it", dir.display());
-            return Ok(None);
-        }
+    let disagree = |what: String| {
+        err(
+            io::ErrorKind::InvalidData,
+            format!(
+                "cache directory {}: {what}; if the bucket holds everything (the last writer closed \
+                 cleanly, or synced with sync=remote), delete the directory to rebuild it from the bucket",
+                dir.display()
+            ),
+        )
     };
+    let local = FileStore::open(image_path(dir)).and_then(|f| f.with_geometry(m.geometry)).map_err(|e| {
+        if e.kind() == io::ErrorKind::WouldBlock {
+            cache_error(dir, e)
+        } else {
+            disagree(format!("its image: {e}"))
+        }
+    })?;
+    let size = m.geometry.segment_size;
     let mut segs = Vec::with_capacity(m.segs.len());
     for (i, o) in m.segs.iter().enumerate() {
         let e = cache.entry(i as u32)?;
+        if e.written > size || e.local_from > size {
+            return Err(disagree(format!("segment {i}'s record is out of range")));
+        }
         let s = if e.gen == o.gen && e.local_from <= o.end() {
+            // Bytes past what the record says were written are in the
+            // bucket only.
+            let local_from = if e.written >= o.end() { e.local_from } else { o.end() };
             Seg {
                 gen: o.gen,
-                local_from: e.local_from,
+                local_from,
                 written: e.written.max(o.end()),
                 pieces: o.pieces.clone(),
                 ..Seg::default()
@@ -757,8 +863,7 @@ fn trusted_cache(dir: &Path, m: &Manifest) -> io::Result<Option<(FileStore, Cach
             let old = if o.pieces.is_empty() { vec![] } else { vec![(o.gen, o.pieces.clone())] };
             Seg { gen: e.gen, local_from: 0, written: e.written, old, ..Seg::default() }
         } else {
-            tracing::warn!("{}: segment {i} disagrees with the bucket: rebuilding the cache", dir.display());
-            return Ok(None);
+            return Err(disagree(format!("segment {i} disagrees with the bucket")));
         };
         segs.push(s);
     }
@@ -785,24 +890,30 @@ impl Inner {
         if seg >= g.segment_count || u64::from(offset) + buf.len() as u64 > u64::from(g.segment_size) {
             return self.local.read(seg, offset, buf);
         }
-        let local = {
-            let mut st = lock(&self.state);
-            st.clock += 1;
-            let now = st.clock;
-            let s = &mut st.segs[seg as usize];
-            s.last_use = now;
-            offset >= s.local_from
-        };
-        if local {
-            self.hits.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.misses.fetch_add(1, Ordering::Relaxed);
-            self.fetch(seg)?;
-            if let Err(e) = self.evict() {
-                tracing::warn!("{}: trimming the cache: {e}", self.opts.url);
+        let fetched = {
+            // No hole punched under a read.
+            let _g = self.gate.read().unwrap_or_else(|p| p.into_inner());
+            let local = {
+                let mut st = lock(&self.state);
+                st.clock += 1;
+                let now = st.clock;
+                let s = &mut st.segs[seg as usize];
+                s.last_use = now;
+                offset >= s.local_from
+            };
+            if local {
+                self.hits.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.misses.fetch_add(1, Ordering::Relaxed);
+                self.fetch(seg)?;
             }
+            self.local.read(seg, offset, buf)?;
+            !local
+        };
+        if fetched {
+            self.evict().map_err(|e| self.fail(e))?;
         }
-        self.local.read(seg, offset, buf)
+        Ok(())
     }
 
     fn write(&self, seg: u32, offset: u32, data: &[u8]) -> io::Result<()> {
@@ -834,8 +945,11 @@ impl Inner {
         }
         self.local.write(seg, offset, data)?;
         let mut st = lock(&self.state);
+        st.clock += 1;
+        let now = st.clock;
         let s = &mut st.segs[seg as usize];
         s.written = s.written.max(offset + data.len() as u32);
+        s.last_use = now;
         s.dirty = true;
         Ok(())
     }
@@ -847,13 +961,13 @@ impl Inner {
         }
         self.persist_entries().map_err(|e| self.fail(e))?;
         let inline = match self.opts.sync {
-            SyncMode::Remote => self.behind(),
+            SyncMode::Remote => true,
             // Back-pressure: past the backlog allowed, a sync waits for
             // the uploads.
             SyncMode::Local => self.backlog() > self.opts.max_backlog,
         };
         if inline {
-            self.round_now().map_err(|e| self.fail(e))?;
+            self.round(false).map_err(|e| self.fail(e))?;
         }
         Ok(())
     }
@@ -907,7 +1021,7 @@ impl Inner {
         if self.epoch == 0 || !self.behind() {
             return Ok(());
         }
-        self.persist_entries().and_then(|()| self.round_now()).map_err(|e| self.fail(e))
+        self.persist_entries().and_then(|()| self.round(false)).map_err(|e| self.fail(e))
     }
 
     fn ring(&self) {
@@ -919,6 +1033,9 @@ impl Inner {
     fn upload_loop(&self) {
         let mut stop = lock(&self.wake.0);
         loop {
+            if *stop {
+                return;
+            }
             stop = match self.wake.1.wait_timeout(stop, self.opts.upload_every) {
                 Ok((g, _)) => g,
                 Err(p) => p.into_inner().0,
@@ -960,12 +1077,27 @@ impl S3Store {
         let uploader = match uploader {
             Some(Ok(h)) => Some(h),
             Some(Err(e)) => {
-                tracing::warn!("{}: no uploader thread ({e}): uploads happen at syncs", inner.opts.url);
+                tracing::warn!(
+                    "{}: no uploader thread ({e}): uploads happen when the backlog is full and at close",
+                    inner.opts.url
+                );
                 None
             }
             None => None,
         };
-        S3Store { inner, uploader }
+        S3Store { inner, uploader: Mutex::new(uploader) }
+    }
+
+    /// Stop the uploader thread and upload what the bucket lacks.
+    fn finish(&self) -> io::Result<()> {
+        *lock(&self.inner.wake.0) = true;
+        self.inner.ring();
+        if let Some(h) = lock(&self.uploader).take() {
+            if h.join().is_err() {
+                tracing::error!("{}: the uploader thread panicked", self.inner.opts.url);
+            }
+        }
+        self.inner.catch_up()
     }
 }
 
@@ -973,14 +1105,7 @@ impl Drop for S3Store {
     /// A clean close uploads what the bucket lacks (the engine synced
     /// before), so that another machine sees everything.
     fn drop(&mut self) {
-        *lock(&self.inner.wake.0) = true;
-        self.inner.ring();
-        if let Some(h) = self.uploader.take() {
-            if h.join().is_err() {
-                tracing::error!("{}: the uploader thread panicked", self.inner.opts.url);
-            }
-        }
-        if let Err(e) = self.inner.catch_up() {
+        if let Err(e) = self.finish() {
             tracing::error!(
                 "{}: uploading at close: {e} (the cache directory keeps it)",
                 self.inner.opts.url
@@ -1016,5 +1141,8 @@ impl Store for S3Store {
     }
     fn remote_stats(&self) -> Option<RemoteStats> {
         self.inner.remote_stats()
+    }
+    fn close(&self) -> io::Result<()> {
+        self.finish()
     }
 }

@@ -15,7 +15,7 @@ pub const VERSION: u32 = 1;
 /// The metadata slots a manifest carries, in order: superblock,
 /// checkpoint A, checkpoint B, superblock copy (their slot indexes).
 pub const SLOTS: [u64; 4] = [0, 1, 2, 15];
-const HEADER: usize = 64;
+const HEADER: usize = 72;
 /// Most segments an image in a bucket has (16 TiB of 4 MiB segments): the
 /// store keeps a few dozen bytes per segment in memory.
 pub const MAX_SEGMENTS: u32 = 1 << 22;
@@ -49,9 +49,12 @@ pub struct Piece {
     pub offset: u32,
     /// Its length (> 0).
     pub len: u32,
-    /// The epoch of the writer that uploaded it (part of its name, so that
-    /// no two writers ever create the same object).
+    /// The epoch of the writer that uploaded it.
     pub epoch: u64,
+    /// That writer's random id: with the epoch, part of the piece's name,
+    /// so that no two writers ever create the same object (not even two
+    /// that tried to claim the same epoch).
+    pub writer: u64,
 }
 
 impl Piece {
@@ -86,6 +89,9 @@ pub struct Manifest {
     /// The epoch of the writer that wrote it: the number of the manifest
     /// with which that writer claimed the image.
     pub epoch: u64,
+    /// That writer's random id (two writers that tried to claim the same
+    /// number wrote different manifests).
+    pub writer: u64,
     /// Random, fixed at mkfs: tells a cache directory which image it holds.
     pub image_id: [u8; 16],
     /// The segment space.
@@ -114,6 +120,7 @@ impl Manifest {
         Manifest {
             number,
             epoch: number,
+            writer: 0,
             image_id,
             geometry,
             slots: vec![[0u8; META_SLOT_SIZE]; SLOTS.len()],
@@ -125,12 +132,13 @@ impl Manifest {
     pub fn encode(&self) -> Vec<u8> {
         let used: Vec<(usize, &SegObjects)> =
             self.segs.iter().enumerate().filter(|(_, s)| !s.pieces.is_empty()).collect();
-        let mut b = Vec::with_capacity(HEADER + SLOTS.len() * META_SLOT_SIZE + used.len() * 32 + 4);
+        let mut b = Vec::with_capacity(HEADER + SLOTS.len() * META_SLOT_SIZE + used.len() * 40 + 4);
         b.extend_from_slice(MAGIC);
         b.extend_from_slice(&VERSION.to_le_bytes());
         b.extend_from_slice(&0u32.to_le_bytes());
         b.extend_from_slice(&self.number.to_le_bytes());
         b.extend_from_slice(&self.epoch.to_le_bytes());
+        b.extend_from_slice(&self.writer.to_le_bytes());
         b.extend_from_slice(&self.image_id);
         b.extend_from_slice(&self.geometry.segment_size.to_le_bytes());
         b.extend_from_slice(&self.geometry.segment_count.to_le_bytes());
@@ -147,6 +155,7 @@ impl Manifest {
                 b.extend_from_slice(&p.offset.to_le_bytes());
                 b.extend_from_slice(&p.len.to_le_bytes());
                 b.extend_from_slice(&p.epoch.to_le_bytes());
+                b.extend_from_slice(&p.writer.to_le_bytes());
             }
         }
         let crc = crc32c::crc32c(&b);
@@ -173,8 +182,8 @@ impl Manifest {
             return Err(ManifestError::Checksum { stored, computed });
         }
         let mut image_id = [0u8; 16];
-        image_id.copy_from_slice(&b[32..48]);
-        let geometry = Geometry { segment_size: u32_at(b, 48), segment_count: u32_at(b, 52) };
+        image_id.copy_from_slice(&b[40..56]);
+        let geometry = Geometry { segment_size: u32_at(b, 56), segment_count: u32_at(b, 60) };
         zlogfs_engine::validate_geometry(geometry).map_err(|e| ManifestError::Invalid(e.to_string()))?;
         if geometry.segment_count > MAX_SEGMENTS {
             return Err(ManifestError::Invalid(format!(
@@ -182,7 +191,7 @@ impl Manifest {
                 geometry.segment_count
             )));
         }
-        let nsegs = u32_at(b, 56) as usize;
+        let nsegs = u32_at(b, 64) as usize;
         let mut slots = Vec::with_capacity(SLOTS.len());
         for i in 0..SLOTS.len() {
             let at = HEADER + i * META_SLOT_SIZE;
@@ -198,30 +207,44 @@ impl Manifest {
             }
             let (seg, n, gen) = (u32_at(b, at), u32_at(b, at + 4) as usize, u64_at(b, at + 8));
             at += 16;
-            if n.saturating_mul(16) > body - at {
+            if n.saturating_mul(24) > body - at {
                 return Err(ManifestError::NotManifest("piece table cut short"));
             }
             let slot = segs.get_mut(seg as usize).ok_or_else(|| {
                 ManifestError::Invalid(format!("segment {seg} of {}", geometry.segment_count))
             })?;
+            if !slot.pieces.is_empty() || n == 0 {
+                return Err(ManifestError::Invalid(format!(
+                    "segment {seg}: listed twice, or without pieces"
+                )));
+            }
             let mut end = 0u32;
             for _ in 0..n {
-                let (o, l, epoch) = (u32_at(b, at), u32_at(b, at + 4), u64_at(b, at + 8));
-                at += 16;
+                let (o, l) = (u32_at(b, at), u32_at(b, at + 4));
+                let (epoch, writer) = (u64_at(b, at + 8), u64_at(b, at + 16));
+                at += 24;
                 let fits =
                     o == end && l > 0 && u64::from(o) + u64::from(l) <= u64::from(geometry.segment_size);
                 if !fits {
                     return Err(ManifestError::Invalid(format!("segment {seg}: piece at {o} of {l} bytes")));
                 }
                 end = o + l;
-                slot.pieces.push(Piece { offset: o, len: l, epoch });
+                slot.pieces.push(Piece { offset: o, len: l, epoch, writer });
             }
             slot.gen = gen;
         }
         if at != body {
             return Err(ManifestError::Invalid(format!("{} bytes after the segment table", body - at)));
         }
-        Ok(Manifest { number: u64_at(b, 16), epoch: u64_at(b, 24), image_id, geometry, slots, segs })
+        Ok(Manifest {
+            number: u64_at(b, 16),
+            epoch: u64_at(b, 24),
+            writer: u64_at(b, 32),
+            image_id,
+            geometry,
+            slots,
+            segs,
+        })
     }
 }
 
@@ -231,13 +254,14 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     fn p(offset: u32, len: u32, epoch: u64) -> Piece {
-        Piece { offset, len, epoch }
+        Piece { offset, len, epoch, writer: epoch * 7 }
     }
 
     fn sample() -> Manifest {
         let g = Geometry { segment_size: 1 << 20, segment_count: 8 };
         let mut m = Manifest::new(7, [3; 16], g);
         m.epoch = 5;
+        m.writer = 99;
         m.slots[1][0] = 9;
         m.segs[2] = SegObjects { gen: 5 << 32 | 1, pieces: vec![p(0, 4096, 5), p(4096, 100, 6)] };
         m.segs[7] = SegObjects { gen: 2 << 32, pieces: vec![p(0, 1 << 20, 2)] };

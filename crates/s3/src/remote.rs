@@ -162,23 +162,34 @@ impl Remote {
 
     /// Name of a piece of segment `seg`'s generation `gen`.
     pub fn piece_key(&self, seg: u32, gen: u64, p: &Piece) -> Key {
-        self.key(&format!("seg/{seg:08x}/{gen:016x}-{:08x}-{:016x}", p.offset, p.epoch))
+        self.key(&format!("seg/{seg:08x}/{gen:016x}-{:08x}-{:016x}-{:016x}", p.offset, p.epoch, p.writer))
     }
 
-    /// (segment, generation, offset, uploader's epoch) of a piece's name
-    /// under this prefix.
-    pub fn parse_piece(&self, key: &Key) -> Option<(u32, u64, u32, u64)> {
+    /// (segment, generation, piece) of a piece's name under this prefix
+    /// (the piece's length unknown: 0).
+    pub fn parse_piece(&self, key: &Key) -> Option<(u32, u64, Piece)> {
         let rel: Vec<_> = key.prefix_match(&self.prefix)?.map(|p| p.as_ref().to_string()).collect();
         let [dir, seg, name] = rel.as_slice() else { return None };
         let mut f = name.split('-');
-        let (gen, off, epoch) = (f.next()?, f.next()?, f.next()?);
+        let (gen, off, epoch, writer) = (f.next()?, f.next()?, f.next()?, f.next()?);
         (dir == "seg").then_some(())?;
-        Some((
-            u32::from_str_radix(seg, 16).ok()?,
-            u64::from_str_radix(gen, 16).ok()?,
-            u32::from_str_radix(off, 16).ok()?,
-            u64::from_str_radix(epoch, 16).ok()?,
-        ))
+        let piece = Piece {
+            offset: u32::from_str_radix(off, 16).ok()?,
+            len: 0,
+            epoch: u64::from_str_radix(epoch, 16).ok()?,
+            writer: u64::from_str_radix(writer, 16).ok()?,
+        };
+        Some((u32::from_str_radix(seg, 16).ok()?, u64::from_str_radix(gen, 16).ok()?, piece))
+    }
+
+    /// Whether a manifest numbered above `n` exists.
+    pub fn manifest_after(&self, n: u64) -> io::Result<bool> {
+        add(&self.counters.lists, 1);
+        let dir = self.key("manifest");
+        let after = self.manifest_key(n);
+        let what = format!("listing {dir}");
+        let first = self.rt.block_on(async { self.os.list_with_offset(Some(&dir), &after).try_next().await });
+        Ok(first.map_err(|e| io_err(&what, e))?.is_some())
     }
 
     /// Upload `data` as `key` unless an object of that name exists.

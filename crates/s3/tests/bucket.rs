@@ -383,3 +383,108 @@ fn an_unreachable_bucket_fails_the_writer_cleanly() {
     check_range(&e, 0..200);
     e.close().unwrap();
 }
+
+/// A writer that stays idle while a newer one commits past the manifests
+/// kept (old ones are deleted) must still fail at its next upload, and
+/// leave the newer writer's image whole.
+#[test]
+fn a_stale_writer_fails_even_after_old_manifests_are_gone() {
+    let b = bucket("stale");
+    let (c1, c2, c3) = (tempdir("s1"), tempdir("s2"), tempdir("s3"));
+    let oa = opts(&b, &c1.0, SyncMode::Remote);
+    make(&oa);
+    let a = open(&oa);
+    put_range(&a, 0..100);
+    a.sync().unwrap();
+    let bw = open(&opts(&b, &c2.0, SyncMode::Remote));
+    for k in 0..12 {
+        put_range(&bw, 1000 + k * 10..1000 + (k + 1) * 10);
+        bw.sync().unwrap();
+    }
+    // Its first upload after the takeover fails: the number it would
+    // create next was deleted as old, and is free again.
+    let mut w = WriteBatch::new();
+    w.put(key(150), value(150));
+    a.write(&w).unwrap();
+    let err = a.sync().expect_err("the stale writer's first upload fails");
+    assert!(format!("{err:?}").contains("another writer took over"), "{err:?}");
+    drop(a);
+    bw.close().unwrap();
+    let e = open(&opts(&b, &c3.0, SyncMode::Remote));
+    check_range(&e, 0..100);
+    check_range(&e, 1000..1120);
+    assert_eq!(e.get(&key(150)).unwrap(), None);
+    e.close().unwrap();
+}
+
+/// A cache much smaller than the image: segments are evicted while the
+/// uploader runs and fetched again on reads; everything reads back, from
+/// the kept cache and from an empty one.
+#[test]
+fn a_small_cache_evicts_and_fetches_again() {
+    let b = bucket("small");
+    let (c1, c2) = (tempdir("e1"), tempdir("e2"));
+    let o = S3Options { cache_bytes: 600 << 10, ..opts(&b, &c1.0, SyncMode::Local) };
+    make(&o);
+    let e = open(&o);
+    for k in 0..6 {
+        put_range(&e, k * 250..(k + 1) * 250);
+        e.sync().unwrap();
+        check_range(&e, 0..(k + 1) * 250);
+    }
+    let s = e.stats().remote.unwrap();
+    e.close().unwrap();
+    let e = open(&o);
+    check_range(&e, 0..1500);
+    let s2 = e.stats().remote.unwrap();
+    e.close().unwrap();
+    eprintln!("first open {} misses, reopened {} misses", s.cache_misses, s2.cache_misses);
+    assert!(s2.cache_misses > 0, "the cache was trimmed: reads fetched again");
+    let e = open(&opts(&b, &c2.0, SyncMode::Local));
+    check_range(&e, 0..1500);
+    e.close().unwrap();
+}
+
+/// A read-only open builds a reader's cache; a writer later given that
+/// directory rebuilds it from the bucket and sees what was written since.
+#[test]
+fn a_readers_cache_is_not_trusted_by_a_writer() {
+    let b = bucket("reader");
+    let (cw, cr) = (tempdir("w"), tempdir("r"));
+    let ow = opts(&b, &cw.0, SyncMode::Remote);
+    make(&ow);
+    let w = open(&ow);
+    put_range(&w, 0..100);
+    w.close().unwrap();
+    {
+        let ro = S3Options { read_only: true, ..opts(&b, &cr.0, SyncMode::Remote) };
+        let store: Arc<dyn Store> = Arc::new(S3Store::open(ro).unwrap());
+        let e = Engine::open(store, Options { read_only: true, ..engine_opts() }).unwrap();
+        check_range(&e, 0..100);
+    }
+    let w = open(&ow);
+    put_range(&w, 100..300);
+    w.close().unwrap();
+    let e = open(&opts(&b, &cr.0, SyncMode::Remote));
+    check_range(&e, 0..300);
+    e.close().unwrap();
+}
+
+/// A damaged cache record is refused with what to do, not rebuilt over
+/// (it may hold what the bucket lacks).
+#[test]
+fn a_damaged_cache_record_is_refused() {
+    let b = bucket("record");
+    let c = tempdir("rec");
+    let o = opts(&b, &c.0, SyncMode::Local);
+    make(&o);
+    let e = open(&o);
+    put_range(&e, 0..50);
+    e.close().unwrap();
+    let state = c.0.join("state");
+    let mut bytes = std::fs::read(&state).unwrap();
+    bytes[20] ^= 0xff;
+    std::fs::write(&state, &bytes).unwrap();
+    let msg = S3Store::open(o).err().expect("a damaged record is refused").to_string();
+    assert!(msg.contains("damaged") && msg.contains("delete the directory"), "{msg}");
+}

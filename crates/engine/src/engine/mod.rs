@@ -599,7 +599,8 @@ impl Engine {
         self.stop_worker();
         self.check_ok()?;
         self.sync()?;
-        self.settle()
+        self.settle()?;
+        self.sh.store.close().map_err(|e| Error::io("closing the store", e))
     }
 }
 

@@ -275,15 +275,24 @@ impl Store for FileStore {
     }
 
     fn discard(&self, seg: u32) -> io::Result<()> {
-        check_range(self.geometry, seg, 0, 0)?;
+        self.discard_prefix(seg, self.geometry.segment_size)
+    }
+}
+
+impl FileStore {
+    /// Like [`Store::discard`] for bytes `[0, len)` of segment `seg` only
+    /// (what a cache of another store drops; bytes from `len` on keep
+    /// their contents). A hint as well.
+    pub fn discard_prefix(&self, seg: u32, len: u32) -> io::Result<()> {
+        check_range(self.geometry, seg, 0, len as usize)?;
         if self.read_only {
             return Err(read_only_error());
         }
-        if self.block_device {
+        if self.block_device || len == 0 {
             return Ok(());
         }
         let Ok(pos) = i64::try_from(self.segment_pos(seg, 0)) else { return Ok(()) };
-        let len = i64::from(self.geometry.segment_size);
+        let len = i64::from(len);
         let punch = FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE;
         match fallocate(&*self.file, punch, pos, len) {
             // Discard is a hint: a file system that cannot punch holes just

@@ -63,6 +63,10 @@ impl Store for Metered {
         self.0.sealed(seg)
     }
 
+    fn close(&self) -> io::Result<()> {
+        self.0.close()
+    }
+
     fn remote_stats(&self) -> Option<super::RemoteStats> {
         self.0.remote_stats()
     }

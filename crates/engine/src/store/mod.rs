@@ -116,6 +116,11 @@ pub trait Store: Send + Sync {
     /// until it is written again from offset 0. A hint (a store that keeps
     /// segments as objects uploads it whole); the default does nothing.
     fn sealed(&self, _seg: u32) {}
+    /// The engine closes cleanly (after its last sync): a store that keeps
+    /// data elsewhere finishes sending it, and says when it cannot.
+    fn close(&self) -> io::Result<()> {
+        Ok(())
+    }
     /// Of a store that keeps its segments elsewhere (an object store): its
     /// requests, traffic and cache. None for a local store.
     fn remote_stats(&self) -> Option<RemoteStats> {

@@ -149,6 +149,11 @@ impl Store for TwoStore {
         let (s, n) = self.route(seg);
         s.sealed(n)
     }
+
+    fn close(&self) -> io::Result<()> {
+        self.bulk.close()?;
+        self.fast.close()
+    }
 }
 
 /// Check that `fast` and `bulk` are the two devices of one image, each in
