@@ -147,8 +147,11 @@ struct Seg {
     /// `local_from` are in the bucket. Never above `uploaded()`.
     local_from: u32,
     written: u32,
-    /// The pieces of `gen` in the bucket, contiguous from 0.
+    /// The pieces of `gen` the newest manifest names, contiguous from 0.
     pieces: Vec<Piece>,
+    /// Pieces uploaded after those (a sealed segment's, sent at once),
+    /// that the next manifest will name.
+    sent: Vec<Piece>,
     /// Earlier generations' pieces, deleted once a manifest without them
     /// is in the bucket.
     old: Vec<(u64, Vec<Piece>)>,
@@ -159,8 +162,25 @@ struct Seg {
 }
 
 impl Seg {
+    /// Bytes a manifest names.
     fn uploaded(&self) -> u32 {
         self.pieces.last().map_or(0, Piece::end)
+    }
+
+    /// Bytes in the bucket, named by a manifest or not yet.
+    fn sent_end(&self) -> u32 {
+        self.sent.last().map_or_else(|| self.uploaded(), Piece::end)
+    }
+
+    /// A new generation begins (or the segment is written again below
+    /// what was sent): every piece of the old one goes at the next
+    /// manifest.
+    fn retire(&mut self) {
+        let mut old = std::mem::take(&mut self.pieces);
+        old.append(&mut self.sent);
+        if !old.is_empty() {
+            self.old.push((self.gen, old));
+        }
     }
 
     fn entry(&self) -> Entry {
@@ -540,8 +560,9 @@ impl Inner {
             for (gen, pieces) in s.old.drain(..) {
                 deletes.extend(pieces.iter().map(|p| self.remote.piece_key(seg, gen, p)));
             }
-            let from = s.uploaded();
+            let from = s.sent_end();
             let mut pieces = s.pieces.clone();
+            pieces.extend_from_slice(&s.sent);
             if s.written > from {
                 let mut data = vec![0u8; (s.written - from) as usize];
                 self.local.read(seg, from, &mut data)?;
@@ -558,17 +579,64 @@ impl Inner {
     /// The manifest `m` is in the bucket: the pieces it names are.
     fn committed(&self, m: Manifest, uploads: &[Upload]) {
         let mut st = lock(&self.state);
+        for (s, o) in st.segs.iter_mut().zip(&m.segs) {
+            if s.gen == o.gen {
+                s.pieces.clone_from(&o.pieces);
+                s.sent.clear();
+            }
+        }
         for u in uploads {
             let s = &mut st.segs[u.seg as usize];
-            if s.gen == u.gen {
-                s.pieces.push(u.piece);
-            } else {
+            if s.gen != u.gen {
                 // Written again from 0 meanwhile: the piece goes at the
                 // next manifest.
                 s.old.push((u.gen, vec![u.piece]));
             }
         }
         st.manifest = m;
+    }
+
+    /// Upload the bytes of sealed segments the bucket lacks, without a
+    /// manifest: the next round's manifest names them. So that a full
+    /// segment goes up whole, in one request, as soon as it is full.
+    fn upload_sealed(&self) -> io::Result<()> {
+        let _r = lock(&self.round);
+        self.check_ok()?;
+        let uploads: Vec<Upload> = {
+            let st = lock(&self.state);
+            let mut v = Vec::new();
+            for (i, s) in st.segs.iter().enumerate().filter(|(_, s)| s.sealed && s.written > s.sent_end()) {
+                let from = s.sent_end();
+                let mut data = vec![0u8; (s.written - from) as usize];
+                self.local.read(i as u32, from, &mut data)?;
+                let piece =
+                    Piece { offset: from, len: s.written - from, epoch: self.epoch, writer: self.writer };
+                v.push(Upload { seg: i as u32, gen: s.gen, piece, data });
+            }
+            v
+        };
+        for chunk in uploads.chunks(UPLOAD_BATCH) {
+            let items = chunk
+                .iter()
+                .map(|u| (self.remote.piece_key(u.seg, u.gen, &u.piece), u.data.clone()))
+                .collect();
+            if self.remote.put_many(items)?.contains(&Created::Taken) {
+                return Err(err(
+                    io::ErrorKind::AlreadyExists,
+                    format!("{}: a piece was taken: fenced off", self.opts.url),
+                ));
+            }
+        }
+        let mut st = lock(&self.state);
+        for u in uploads {
+            let s = &mut st.segs[u.seg as usize];
+            if s.gen == u.gen && s.sent_end() == u.piece.offset {
+                s.sent.push(u.piece);
+            } else {
+                s.old.push((u.gen, vec![u.piece]));
+            }
+        }
+        Ok(())
     }
 
     /// Delete what the new manifest no longer names, and old manifests;
@@ -683,9 +751,7 @@ impl Inner {
         let mut st = lock(&self.state);
         let gen = next_gen(&mut st);
         let s = &mut st.segs[seg as usize];
-        let pieces = std::mem::take(&mut s.pieces);
-        let old_gen = s.gen;
-        s.old.push((old_gen, pieces));
+        s.retire();
         s.gen = gen;
         s.local_from = 0;
         s.dirty = true;
@@ -930,14 +996,11 @@ impl Inner {
             let gen = if offset == 0 { Some(next_gen(&mut st)) } else { None };
             let s = &mut st.segs[seg as usize];
             if let Some(gen) = gen {
-                if !s.pieces.is_empty() {
-                    let old = (s.gen, std::mem::take(&mut s.pieces));
-                    s.old.push(old);
-                }
+                s.retire();
                 *s = Seg { gen, old: std::mem::take(&mut s.old), dirty: true, ..Seg::default() };
                 false
             } else {
-                offset < s.uploaded()
+                offset < s.sent_end()
             }
         };
         if refetch {
@@ -1031,12 +1094,15 @@ impl Inner {
     /// The uploader thread (sync=local): a round when a segment is sealed
     /// and every `upload_every`, until told to stop.
     fn upload_loop(&self) {
+        let every = self.opts.upload_every;
+        let mut last = std::time::Instant::now();
         let mut stop = lock(&self.wake.0);
         loop {
             if *stop {
                 return;
             }
-            stop = match self.wake.1.wait_timeout(stop, self.opts.upload_every) {
+            let wait = every.saturating_sub(last.elapsed());
+            stop = match self.wake.1.wait_timeout(stop, wait) {
                 Ok((g, _)) => g,
                 Err(p) => p.into_inner().0,
             };
@@ -1044,7 +1110,15 @@ impl Inner {
                 return;
             }
             drop(stop);
-            if let Err(e) = self.catch_up() {
+            // On time: a round with a manifest; else (rung by a sealed
+            // segment) that segment's bytes only.
+            let r = if last.elapsed() >= every {
+                last = std::time::Instant::now();
+                self.catch_up()
+            } else {
+                self.upload_sealed().map_err(|e| self.fail(e))
+            };
+            if let Err(e) = r {
                 tracing::error!("{}: uploading: {e}", self.opts.url);
             }
             stop = lock(&self.wake.0);

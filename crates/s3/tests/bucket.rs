@@ -488,3 +488,27 @@ fn a_damaged_cache_record_is_refused() {
     let msg = S3Store::open(o).err().expect("a damaged record is refused").to_string();
     assert!(msg.contains("damaged") && msg.contains("delete the directory"), "{msg}");
 }
+
+/// Under sync=local a full segment goes up whole, in one request, when
+/// the log leaves it: a writer's PUTs are about one per segment, plus a
+/// few for the claim and the close.
+#[test]
+fn sync_local_puts_each_full_segment_once() {
+    let b = bucket("puts");
+    let c = tempdir("p");
+    let o = S3Options { upload_every: Duration::from_secs(3600), ..opts(&b, &c.0, SyncMode::Local) };
+    make(&o);
+    let e = open(&o);
+    put_range(&e, 0..1500);
+    e.sync().unwrap();
+    let before_close = e.stats().remote.unwrap();
+    e.close().unwrap();
+    let segs = before_close.bytes_up / u64::from(GEO.segment_size);
+    eprintln!("{before_close:?}: {segs} segments' worth");
+    assert!(segs >= 4, "the test wrote several segments");
+    assert!(
+        before_close.puts <= segs + 2,
+        "{} PUTs for {segs} full segments (and the claim)",
+        before_close.puts
+    );
+}
