@@ -1216,6 +1216,9 @@ impl Store for S3Store {
     fn remote_stats(&self) -> Option<RemoteStats> {
         self.inner.remote_stats()
     }
+    fn cached(&self, seg: u32) -> bool {
+        lock(&self.inner.state).segs.get(seg as usize).is_none_or(|s| s.local_from == 0 || s.written == 0)
+    }
     fn close(&self) -> io::Result<()> {
         self.finish()
     }

@@ -41,6 +41,11 @@ pub struct SegBlock {
     pub batch: u64,
 }
 
+/// What reading a segment that must be fetched (from a bucket) counts in
+/// a victim's cost, against 1 for one read locally: a GET of a whole
+/// segment takes a few times a local read, and is paid for.
+pub const REMOTE_READ_COST: f64 = 3.0;
+
 /// A segment worth cleaning.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Victim {
@@ -73,7 +78,10 @@ impl Engine {
     /// segment's last one. Segments more than `max_live` full are left
     /// alone (cleaning them would cost more than it frees). Segments with
     /// nothing live that are kept only for recovery come first: they cost
-    /// nothing to free.
+    /// nothing to free. Reading a segment counts 1 in the cost when the
+    /// store holds it locally and [`REMOTE_READ_COST`] when it must be
+    /// fetched ([`Store::cached`](crate::store::Store::cached)): of two
+    /// alike, the cached one goes first.
     pub fn pick_victims(&self, max: usize, max_live: f64) -> Vec<Victim> {
         self.pick_victims_on(max, max_live, None, None)
     }
@@ -103,7 +111,8 @@ impl Engine {
                     return None;
                 }
                 let age = now.saturating_sub(u.last_batch).max(1) as f64;
-                let score = if u.live == 0 { f64::INFINITY } else { (1.0 - frac) * age / (1.0 + frac) };
+                let read = if self.sh.store.cached(s) { 1.0 } else { REMOTE_READ_COST };
+                let score = if u.live == 0 { f64::INFINITY } else { (1.0 - frac) * age / (read + frac) };
                 Some(Victim { seg: s, live: u.live, score })
             })
             .collect();
@@ -302,5 +311,81 @@ impl Engine {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::store::{Geometry, MemStore, MetaSlot, Store, META_SLOT_SIZE};
+    use crate::{Options, WriteBatch};
+
+    /// A memory store whose odd segments count as not cached while `remote`
+    /// is set.
+    struct HalfRemote(MemStore, AtomicBool);
+
+    impl Store for HalfRemote {
+        fn geometry(&self) -> Geometry {
+            self.0.geometry()
+        }
+        fn read_meta(&self, slot: MetaSlot, buf: &mut [u8; META_SLOT_SIZE]) -> std::io::Result<()> {
+            self.0.read_meta(slot, buf)
+        }
+        fn write_meta(&self, slot: MetaSlot, buf: &[u8; META_SLOT_SIZE]) -> std::io::Result<()> {
+            self.0.write_meta(slot, buf)
+        }
+        fn read(&self, seg: u32, offset: u32, buf: &mut [u8]) -> std::io::Result<()> {
+            self.0.read(seg, offset, buf)
+        }
+        fn write(&self, seg: u32, offset: u32, data: &[u8]) -> std::io::Result<()> {
+            self.0.write(seg, offset, data)
+        }
+        fn sync(&self) -> std::io::Result<()> {
+            self.0.sync()
+        }
+        fn discard(&self, seg: u32) -> std::io::Result<()> {
+            self.0.discard(seg)
+        }
+        fn cached(&self, seg: u32) -> bool {
+            !self.1.load(Ordering::Relaxed) || seg % 2 == 0
+        }
+    }
+
+    #[test]
+    fn victims_the_store_must_fetch_score_lower() {
+        let g = Geometry { segment_size: 256 << 10, segment_count: 64 };
+        let store = Arc::new(HalfRemote(MemStore::new(g), AtomicBool::new(false)));
+        crate::mkfs(store.clone()).unwrap();
+        let e = Engine::open(store.clone(), Options { background: false, ..Options::default() }).unwrap();
+        for i in 0..300u32 {
+            let mut b = WriteBatch::new();
+            let v: Vec<u8> = (0..8192u32).map(|j| (j.wrapping_mul(2654435761) ^ i) as u8).collect();
+            b.put(format!("k{i:05}").into_bytes(), v);
+            e.write(&b).unwrap();
+        }
+        e.sync().unwrap();
+        e.settle().unwrap();
+        for i in (0..300u32).step_by(2) {
+            let mut b = WriteBatch::new();
+            b.delete(format!("k{i:05}").into_bytes());
+            e.write(&b).unwrap();
+        }
+        e.settle().unwrap();
+        let local = e.pick_victims(usize::MAX, 1.0);
+        store.1.store(true, Ordering::Relaxed);
+        let mixed = e.pick_victims(usize::MAX, 1.0);
+        let finite: Vec<&Victim> = local.iter().filter(|v| v.score.is_finite()).collect();
+        assert!(finite.iter().any(|v| v.seg % 2 == 1), "some odd segment to compare");
+        for v in finite {
+            let m = mixed.iter().find(|m| m.seg == v.seg).unwrap();
+            if v.seg % 2 == 0 {
+                assert_eq!(m.score, v.score, "a cached segment keeps its score");
+            } else {
+                assert!(m.score < v.score, "segment {}: {} fetched vs {} local", v.seg, m.score, v.score);
+            }
+        }
     }
 }

@@ -67,6 +67,10 @@ impl Store for Metered {
         self.0.close()
     }
 
+    fn cached(&self, seg: u32) -> bool {
+        self.0.cached(seg)
+    }
+
     fn remote_stats(&self) -> Option<super::RemoteStats> {
         self.0.remote_stats()
     }

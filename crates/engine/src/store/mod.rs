@@ -116,6 +116,12 @@ pub trait Store: Send + Sync {
     /// until it is written again from offset 0. A hint (a store that keeps
     /// segments as objects uploads it whole); the default does nothing.
     fn sealed(&self, _seg: u32) {}
+    /// Whether segment `seg` can be read without a request to another
+    /// machine (a store in a bucket: whether its cache holds it whole).
+    /// The cleaner prefers such victims. True for a local store.
+    fn cached(&self, _seg: u32) -> bool {
+        true
+    }
     /// The engine closes cleanly (after its last sync): a store that keeps
     /// data elsewhere finishes sending it, and says when it cannot.
     fn close(&self) -> io::Result<()> {

@@ -150,6 +150,11 @@ impl Store for TwoStore {
         s.sealed(n)
     }
 
+    fn cached(&self, seg: u32) -> bool {
+        let (s, n) = self.route(seg);
+        s.cached(n)
+    }
+
     fn close(&self) -> io::Result<()> {
         self.bulk.close()?;
         self.fast.close()
