@@ -21,7 +21,8 @@
 #              127.0.0.1, issue 30): pjdfstest and fsx with sync=remote;
 #              /usr/include copied in and fsynced, the daemon killed -9
 #              and remounted, in both sync modes; export through an empty
-#              cache directory; fsck after each
+#              cache directory; the Linux source tree in and out the same
+#              way (when test.sh unpacked it); fsck after each
 #
 # pjdfstest and fsx run on each transport: FUSE over io_uring (-o uring,
 # which turns the fuse module's enable_uring on) and /dev/fuse
@@ -405,6 +406,25 @@ fd = os.open(sys.argv[1], os.O_RDONLY); os.fsync(fd); os.close(fd)' "$mnt/includ
         head -20 "$work/export.log" "$work/diff.log"
     fi
     rm -rf "$work/export" "$work/empty-cache"
+    # The Linux source tree when test.sh unpacked it (ZLOGFS_ROUNDTRIP_TREES).
+    linux=""
+    for t in ${ZLOGFS_ROUNDTRIP_TREES:-}; do [[ "$t" == *linux* ]] && linux=$t; done
+    if [ -n "$linux" ]; then
+        echo "== object store: the Linux source tree in (sync=local), unmount, export through an empty cache"
+        "$zlogfs" mount -o "cache=$cache" "$url" "$mnt"
+        rm -rf "$mnt/include"
+        cp -a "$linux" "$mnt/linux"
+        "$zlogfs" stats "$mnt" 2>/dev/null | grep 'object store' | sed 's/^/    /' || true
+        s3_unmount_and_check "the Linux tree in"
+        if "$zlogfs" export --cache "$work/empty-cache" --path /linux "$url" "$work/export" >/dev/null 2>"$work/export.log" &&
+            diff -r --no-dereference "$linux" "$work/export" >"$work/diff.log" 2>&1; then
+            ok "the Linux tree through a bucket: exported through an empty cache, identical"
+        else
+            bad "the Linux tree through a bucket"
+            head -20 "$work/export.log" "$work/diff.log"
+        fi
+        rm -rf "$work/export" "$work/empty-cache"
+    fi
     kill "$moto_pid"
     wait "$moto_pid" 2>/dev/null || true
 fi

@@ -512,3 +512,49 @@ fn sync_local_puts_each_full_segment_once() {
         before_close.puts
     );
 }
+
+/// Two writers open the same image at once, each then writes and syncs:
+/// the claims race (one retries past the other), and never do both go on
+/// succeeding; the image holds the last claimant's writes whole.
+#[test]
+fn two_writers_opening_at_once_never_both_succeed() {
+    let b = bucket("race");
+    let c0 = tempdir("r0");
+    make(&opts(&b, &c0.0, SyncMode::Remote));
+    for round in 0..3u32 {
+        let dirs = [tempdir("ra"), tempdir("rb")];
+        let outcomes: Vec<(u32, bool)> = std::thread::scope(|s| {
+            let hs: Vec<_> = dirs
+                .iter()
+                .enumerate()
+                .map(|(w, d)| {
+                    let o = opts(&b, &d.0, SyncMode::Remote);
+                    s.spawn(move || {
+                        let base = 10_000 * (round * 2 + w as u32 + 1);
+                        let e = open(&o);
+                        let mut ok = true;
+                        for k in 0..5 {
+                            for i in base + k * 20..base + (k + 1) * 20 {
+                                let mut wb = WriteBatch::new();
+                                wb.put(key(i), value(i));
+                                ok &= e.write(&wb).is_ok();
+                            }
+                            ok &= e.sync().is_ok();
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        ok &= e.close().is_ok();
+                        (base, ok)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let winners: Vec<u32> = outcomes.iter().filter(|o| o.1).map(|o| o.0).collect();
+        assert!(winners.len() <= 1, "round {round}: both writers succeeded: {outcomes:?}");
+        let e = open(&opts(&b, &c0.0, SyncMode::Remote));
+        for base in winners {
+            check_range(&e, base..base + 100);
+        }
+        e.close().unwrap();
+    }
+}
