@@ -43,6 +43,12 @@ use remote::{Created, Remote};
 const KEEP_MANIFESTS: u64 = 8;
 /// Pieces uploaded at once in a round.
 const UPLOAD_BATCH: usize = 8;
+/// A read the cache misses takes a ranged request for its own bytes when
+/// it is at most this long, and it is among the first such reads of its
+/// segment since the segment was last fetched; otherwise the segment is
+/// fetched whole (what sequential readers and the cleaner want).
+const RANGE_READ_MAX: usize = 256 << 10;
+const RANGE_READS_BEFORE_FETCH: u32 = 2;
 
 /// `s3://BUCKET/PREFIX`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,6 +163,8 @@ struct Seg {
     old: Vec<(u64, Vec<Piece>)>,
     sealed: bool,
     last_use: u64,
+    /// Reads served by ranged requests since the segment came local.
+    misses: u32,
     /// Its cache record entry changed since the last sync.
     dirty: bool,
 }
@@ -737,7 +745,42 @@ impl Inner {
             self.local.write(seg, p.offset, body)?;
         }
         s.local_from = s.local_from.min(want.first().map_or(s.local_from, |p| p.offset));
+        s.misses = 0;
         s.dirty = true;
+        Ok(())
+    }
+
+    /// Read `buf` at `offset` of segment `seg` with ranged requests for
+    /// the bytes below `local_from` (from `pieces` of generation `gen`),
+    /// and from the local image for the rest; nothing is cached.
+    fn read_range(
+        &self,
+        seg: u32,
+        gen: u64,
+        pieces: &[Piece],
+        local_from: u32,
+        offset: u32,
+        buf: &mut [u8],
+    ) -> io::Result<()> {
+        let end = offset + buf.len() as u32;
+        let remote_end = end.min(local_from);
+        buf.fill(0);
+        for p in pieces.iter().filter(|p| p.offset < remote_end && p.end() > offset) {
+            let (a, b) = (p.offset.max(offset), p.end().min(remote_end));
+            let key = self.remote.piece_key(seg, gen, p);
+            let data = self.remote.get(&key, Some(u64::from(a - p.offset)..u64::from(b - p.offset)))?;
+            if data.len() != (b - a) as usize {
+                return Err(err(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: piece {} is shorter than the manifest says", self.opts.url, key.as_ref()),
+                ));
+            }
+            buf[(a - offset) as usize..(b - offset) as usize].copy_from_slice(&data);
+        }
+        if end > local_from {
+            let from = local_from.max(offset);
+            self.local.read(seg, from, &mut buf[(from - offset) as usize..])?;
+        }
         Ok(())
     }
 
@@ -777,6 +820,16 @@ fn next_gen(st: &mut State) -> u64 {
 
 fn libc_eio() -> i32 {
     5
+}
+
+/// How a read finds its bytes.
+enum Miss {
+    /// In the local image.
+    No,
+    /// With ranged requests: the generation, its pieces, `local_from`.
+    Range(u64, Vec<Piece>, u32),
+    /// By fetching the segment whole first.
+    Whole,
 }
 
 struct Upload {
@@ -959,22 +1012,43 @@ impl Inner {
         let fetched = {
             // No hole punched under a read.
             let _g = self.gate.read().unwrap_or_else(|p| p.into_inner());
-            let local = {
+            let how = {
                 let mut st = lock(&self.state);
                 st.clock += 1;
                 let now = st.clock;
                 let s = &mut st.segs[seg as usize];
                 s.last_use = now;
-                offset >= s.local_from
+                if offset >= s.local_from {
+                    Miss::No
+                } else {
+                    s.misses += 1;
+                    if s.misses <= RANGE_READS_BEFORE_FETCH && buf.len() <= RANGE_READ_MAX {
+                        let mut pieces = s.pieces.clone();
+                        pieces.extend_from_slice(&s.sent);
+                        Miss::Range(s.gen, pieces, s.local_from)
+                    } else {
+                        Miss::Whole
+                    }
+                }
             };
-            if local {
-                self.hits.fetch_add(1, Ordering::Relaxed);
-            } else {
-                self.misses.fetch_add(1, Ordering::Relaxed);
-                self.fetch(seg)?;
+            match how {
+                Miss::No => {
+                    self.hits.fetch_add(1, Ordering::Relaxed);
+                    self.local.read(seg, offset, buf)?;
+                    false
+                }
+                Miss::Range(gen, pieces, local_from) => {
+                    self.misses.fetch_add(1, Ordering::Relaxed);
+                    self.read_range(seg, gen, &pieces, local_from, offset, buf)?;
+                    false
+                }
+                Miss::Whole => {
+                    self.misses.fetch_add(1, Ordering::Relaxed);
+                    self.fetch(seg)?;
+                    self.local.read(seg, offset, buf)?;
+                    true
+                }
             }
-            self.local.read(seg, offset, buf)?;
-            !local
         };
         if fetched {
             self.evict().map_err(|e| self.fail(e))?;

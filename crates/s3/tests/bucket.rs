@@ -506,9 +506,12 @@ fn sync_local_puts_each_full_segment_once() {
     let segs = before_close.bytes_up / u64::from(GEO.segment_size);
     eprintln!("{before_close:?}: {segs} segments' worth");
     assert!(segs >= 4, "the test wrote several segments");
+    // Segments are not filled to the last byte, and an upload may be
+    // under way (counted, its bytes not yet): a margin, far below the
+    // three PUTs a segment took when each seal made a round.
     assert!(
-        before_close.puts <= segs + 2,
-        "{} PUTs for {segs} full segments (and the claim)",
+        before_close.puts <= segs * 3 / 2 + 3,
+        "{} PUTs for {segs} segments' worth (and the claim)",
         before_close.puts
     );
 }
@@ -557,4 +560,31 @@ fn two_writers_opening_at_once_never_both_succeed() {
         }
         e.close().unwrap();
     }
+}
+
+/// A cold cache answers a few scattered reads with ranged requests (one
+/// per read, a few KiB each), not by fetching whole segments.
+#[test]
+fn scattered_reads_from_a_cold_cache_use_ranged_requests() {
+    let b = bucket("range");
+    let (c1, c2) = (tempdir("g1"), tempdir("g2"));
+    let o = opts(&b, &c1.0, SyncMode::Remote);
+    make(&o);
+    let e = open(&o);
+    put_range(&e, 0..1500);
+    e.close().unwrap();
+    let e = open(&opts(&b, &c2.0, SyncMode::Remote));
+    let before = e.stats().remote.unwrap();
+    for i in [7, 700, 1400] {
+        assert_eq!(e.get(&key(i)).unwrap(), Some(value(i)));
+    }
+    let after = e.stats().remote.unwrap();
+    let (gets, down) = (after.gets - before.gets, after.bytes_down - before.bytes_down);
+    eprintln!("3 reads: {gets} GETs, {down} bytes");
+    assert!(
+        gets >= 1 && down < u64::from(GEO.segment_size),
+        "{gets} GETs of {down} bytes: not whole segments"
+    );
+    check_range(&e, 0..1500);
+    e.close().unwrap();
 }
