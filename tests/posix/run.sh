@@ -131,6 +131,26 @@ unmount_and_check() { # what
     fi
 }
 
+stress_with_cleaner() { # what: stress.py on $mnt with `zlogfs clean` in a loop beside it
+    local seed=$((RANDOM * 32768 + RANDOM)) stop="$work/stress.stop" loop
+    rm -f "$stop"
+    (while [ ! -e "$stop" ]; do "$zlogfs" clean "$mnt" >/dev/null 2>>"$work/cleanloop.err" || true; done) &
+    loop=$!
+    if python3 "$here/stress.py" "$mnt" "$stress_secs" "$seed" 4 4 >"$work/stress.log" 2>&1; then
+        ok "stress.py, seed $seed, $1"
+    else
+        bad "stress.py, seed $seed, $1 (replay: python3 $here/stress.py MNT $stress_secs $seed)"
+        tail -n 20 "$work/stress.log"
+    fi
+    touch "$stop"
+    wait "$loop"
+    if [ -s "$work/cleanloop.err" ]; then
+        bad "zlogfs clean in the loop said:"
+        sort "$work/cleanloop.err" | uniq -c | head -10
+        rm -f "$work/cleanloop.err"
+    fi
+}
+
 if [[ " $suites " == *" pjdfstest "* ]]; then
     # The EROFS cases remount the file system read-only, which fails with
     # EBUSY on any file system (tmpfs too) while earlier cases of the same
@@ -252,24 +272,7 @@ if [[ " $suites " == *" stress "* ]]; then
     for opt in "$first" "$first,nopatches"; do
         echo "== writers, readers and zlogfs clean in a loop, ${stress_secs} s, -o $opt"
         fresh 256M "$opt"
-        seed=$((RANDOM * 32768 + RANDOM))
-        stop="$work/stress.stop"
-        rm -f "$stop"
-        (while [ ! -e "$stop" ]; do "$zlogfs" clean "$mnt" >/dev/null 2>>"$work/cleanloop.err" || true; done) &
-        loop=$!
-        if python3 "$here/stress.py" "$mnt" "$stress_secs" "$seed" 4 4 >"$work/stress.log" 2>&1; then
-            ok "stress.py, seed $seed, -o $opt"
-        else
-            bad "stress.py, seed $seed, -o $opt (replay: python3 $here/stress.py MNT $stress_secs $seed)"
-            tail -n 20 "$work/stress.log"
-        fi
-        touch "$stop"
-        wait "$loop"
-        if [ -s "$work/cleanloop.err" ]; then
-            bad "zlogfs clean in the loop said:"
-            sort "$work/cleanloop.err" | uniq -c | head -10
-            rm -f "$work/cleanloop.err"
-        fi
+        stress_with_cleaner "-o $opt"
         unmount_and_check "the stress run (-o $opt)"
     done
 fi
@@ -303,24 +306,7 @@ if [[ " $suites " == *" two "* ]]; then
     unmount_and_check "fsx on two devices"
     echo "== two devices: writers, readers and zlogfs clean, ${stress_secs} s, a 12 MiB fast device, -o $first"
     fresh_two 256M 12M "$first"
-    seed=$((RANDOM * 32768 + RANDOM))
-    stop="$work/stress.stop"
-    rm -f "$stop"
-    (while [ ! -e "$stop" ]; do "$zlogfs" clean "$mnt" >/dev/null 2>>"$work/cleanloop.err" || true; done) &
-    loop=$!
-    if python3 "$here/stress.py" "$mnt" "$stress_secs" "$seed" 4 4 >"$work/stress.log" 2>&1; then
-        ok "stress.py on two devices, seed $seed"
-    else
-        bad "stress.py on two devices, seed $seed (replay: python3 $here/stress.py MNT $stress_secs $seed)"
-        tail -n 20 "$work/stress.log"
-    fi
-    touch "$stop"
-    wait "$loop"
-    if [ -s "$work/cleanloop.err" ]; then
-        bad "zlogfs clean in the loop said:"
-        sort "$work/cleanloop.err" | uniq -c | head -10
-        rm -f "$work/cleanloop.err"
-    fi
+    stress_with_cleaner "on two devices"
     "$zlogfs" stats "$mnt" 2>/dev/null | grep -E 'device:' | sed 's/^/    /' || true
     unmount_and_check "the stress run on two devices"
 fi
