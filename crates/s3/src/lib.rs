@@ -165,6 +165,10 @@ struct Seg {
     last_use: u64,
     /// Reads served by ranged requests since the segment came local.
     misses: u32,
+    /// Bumped whenever bytes come local (a fetch) or are chosen to go (an
+    /// eviction): an eviction punches only if nothing did either since
+    /// it chose.
+    local_ver: u64,
     /// Its cache record entry changed since the last sync.
     dirty: bool,
 }
@@ -228,8 +232,8 @@ struct Inner {
     failed: AtomicBool,
     hits: AtomicU64,
     misses: AtomicU64,
-    /// The uploader's doorbell: set to stop it.
-    wake: (Mutex<bool>, Condvar),
+    /// The uploader's doorbell: (stop, rung).
+    wake: (Mutex<(bool, bool)>, Condvar),
 }
 
 /// See the crate documentation.
@@ -389,7 +393,7 @@ impl Inner {
             failed: AtomicBool::new(false),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
-            wake: (Mutex::new(false), Condvar::new()),
+            wake: (Mutex::new((false, false)), Condvar::new()),
         }
     }
 
@@ -694,8 +698,9 @@ impl Inner {
                 let s = &mut st.segs[seg as usize];
                 over = over.saturating_sub(u64::from(s.written - s.local_from));
                 s.local_from = s.written;
+                s.local_ver += 1;
                 s.dirty = true;
-                out.push((seg, s.gen, s.written));
+                out.push((seg, s.local_ver, s.written));
             }
             out
         };
@@ -705,9 +710,9 @@ impl Inner {
         self.persist_entries()?;
         let _g = self.gate.write().unwrap_or_else(|p| p.into_inner());
         let st = lock(&self.state);
-        for (seg, gen, upto) in victims {
+        for (seg, ver, upto) in victims {
             let s = &st.segs[seg as usize];
-            if s.gen == gen && s.local_from == upto {
+            if s.local_ver == ver && s.local_from == upto {
                 self.local.discard_prefix(seg, upto)?;
             }
         }
@@ -745,14 +750,15 @@ impl Inner {
             self.local.write(seg, p.offset, body)?;
         }
         s.local_from = s.local_from.min(want.first().map_or(s.local_from, |p| p.offset));
+        s.local_ver += 1;
         s.misses = 0;
         s.dirty = true;
         Ok(())
     }
 
-    /// Read `buf` at `offset` of segment `seg` with ranged requests for
-    /// the bytes below `local_from` (from `pieces` of generation `gen`),
-    /// and from the local image for the rest; nothing is cached.
+    /// Fill the part of `buf` (read at `offset` of segment `seg`) below
+    /// `local_from` with ranged requests to `pieces` of generation `gen`;
+    /// nothing is cached.
     fn read_range(
         &self,
         seg: u32,
@@ -762,9 +768,8 @@ impl Inner {
         offset: u32,
         buf: &mut [u8],
     ) -> io::Result<()> {
-        let end = offset + buf.len() as u32;
-        let remote_end = end.min(local_from);
-        buf.fill(0);
+        let remote_end = (offset + buf.len() as u32).min(local_from);
+        let mut got = 0u32;
         for p in pieces.iter().filter(|p| p.offset < remote_end && p.end() > offset) {
             let (a, b) = (p.offset.max(offset), p.end().min(remote_end));
             let key = self.remote.piece_key(seg, gen, p);
@@ -776,10 +781,13 @@ impl Inner {
                 ));
             }
             buf[(a - offset) as usize..(b - offset) as usize].copy_from_slice(&data);
+            got += b - a;
         }
-        if end > local_from {
-            let from = local_from.max(offset);
-            self.local.read(seg, from, &mut buf[(from - offset) as usize..])?;
+        if got != remote_end.saturating_sub(offset) {
+            return Err(err(
+                io::ErrorKind::InvalidData,
+                format!("{}: segment {seg}: no piece holds bytes {offset}..{remote_end}", self.opts.url),
+            ));
         }
         Ok(())
     }
@@ -795,6 +803,7 @@ impl Inner {
         let gen = next_gen(&mut st);
         let s = &mut st.segs[seg as usize];
         s.retire();
+        s.local_ver += 1;
         s.gen = gen;
         s.local_from = 0;
         s.dirty = true;
@@ -820,6 +829,15 @@ fn next_gen(st: &mut State) -> u64 {
 
 fn libc_eio() -> i32 {
     5
+}
+
+/// What a read does after the part it did under the gate.
+enum Next {
+    Done,
+    /// Ranged requests for the bytes below `local_from`.
+    Range(u64, Vec<Piece>, u32),
+    /// Trim the cache (a segment was fetched whole).
+    Evict,
 }
 
 /// How a read finds its bytes.
@@ -981,6 +999,20 @@ fn trusted_cache(dir: &Path, m: &Manifest) -> io::Result<Option<(FileStore, Cach
         } else if e.gen > o.gen && e.local_from == 0 {
             let old = if o.pieces.is_empty() { vec![] } else { vec![(o.gen, o.pieces.clone())] };
             Seg { gen: e.gen, local_from: 0, written: e.written, old, ..Seg::default() }
+        } else if e.gen < o.gen {
+            // A round named a generation the record had not caught up
+            // with when the process died: no sync covered it (each one
+            // records every changed entry first), so the bucket's is the
+            // state to go on from.
+            let end = o.end();
+            Seg {
+                gen: o.gen,
+                local_from: end,
+                written: end,
+                pieces: o.pieces.clone(),
+                dirty: true,
+                ..Seg::default()
+            }
         } else {
             return Err(disagree(format!("segment {i} disagrees with the bucket")));
         };
@@ -1009,7 +1041,10 @@ impl Inner {
         if seg >= g.segment_count || u64::from(offset) + buf.len() as u64 > u64::from(g.segment_size) {
             return self.local.read(seg, offset, buf);
         }
-        let fetched = {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let ranged = {
             // No hole punched under a read.
             let _g = self.gate.read().unwrap_or_else(|p| p.into_inner());
             let how = {
@@ -1035,25 +1070,34 @@ impl Inner {
                 Miss::No => {
                     self.hits.fetch_add(1, Ordering::Relaxed);
                     self.local.read(seg, offset, buf)?;
-                    false
+                    Next::Done
                 }
                 Miss::Range(gen, pieces, local_from) => {
+                    // The local part now; the requests without the gate
+                    // (pieces never change), so no read waits on them.
                     self.misses.fetch_add(1, Ordering::Relaxed);
-                    self.read_range(seg, gen, &pieces, local_from, offset, buf)?;
-                    false
+                    let end = offset + buf.len() as u32;
+                    if end > local_from {
+                        let from = local_from.max(offset);
+                        self.local.read(seg, from, &mut buf[(from - offset) as usize..])?;
+                    }
+                    Next::Range(gen, pieces, local_from)
                 }
                 Miss::Whole => {
                     self.misses.fetch_add(1, Ordering::Relaxed);
                     self.fetch(seg)?;
                     self.local.read(seg, offset, buf)?;
-                    true
+                    Next::Evict
                 }
             }
         };
-        if fetched {
-            self.evict().map_err(|e| self.fail(e))?;
+        match ranged {
+            Next::Done => Ok(()),
+            Next::Range(gen, pieces, local_from) => {
+                self.read_range(seg, gen, &pieces, local_from, offset, buf)
+            }
+            Next::Evict => self.evict().map_err(|e| self.fail(e)),
         }
-        Ok(())
     }
 
     fn write(&self, seg: u32, offset: u32, data: &[u8]) -> io::Result<()> {
@@ -1071,7 +1115,8 @@ impl Inner {
             let s = &mut st.segs[seg as usize];
             if let Some(gen) = gen {
                 s.retire();
-                *s = Seg { gen, old: std::mem::take(&mut s.old), dirty: true, ..Seg::default() };
+                let local_ver = s.local_ver + 1;
+                *s = Seg { gen, old: std::mem::take(&mut s.old), local_ver, dirty: true, ..Seg::default() };
                 false
             } else {
                 offset < s.sent_end()
@@ -1123,7 +1168,7 @@ impl Inner {
     fn remote_stats(&self) -> Option<RemoteStats> {
         let c = &self.remote.counters;
         let st = lock(&self.state);
-        let backlog = st.segs.iter().map(|s| u64::from(s.written.saturating_sub(s.uploaded()))).sum();
+        let backlog = st.segs.iter().map(|s| u64::from(s.written.saturating_sub(s.sent_end()))).sum();
         Some(RemoteStats {
             puts: c.puts.load(Ordering::Relaxed),
             gets: c.gets.load(Ordering::Relaxed),
@@ -1149,7 +1194,7 @@ impl Inner {
 
     /// Bytes the cache holds that the bucket lacks.
     fn backlog(&self) -> u64 {
-        lock(&self.state).segs.iter().map(|s| u64::from(s.written.saturating_sub(s.uploaded()))).sum()
+        lock(&self.state).segs.iter().map(|s| u64::from(s.written.saturating_sub(s.sent_end()))).sum()
     }
 
     /// Upload what the bucket lacks, now; a failure latches the store.
@@ -1162,6 +1207,7 @@ impl Inner {
     }
 
     fn ring(&self) {
+        lock(&self.wake.0).1 = true;
         self.wake.1.notify_one();
     }
 
@@ -1170,20 +1216,23 @@ impl Inner {
     fn upload_loop(&self) {
         let every = self.opts.upload_every;
         let mut last = std::time::Instant::now();
-        let mut stop = lock(&self.wake.0);
+        let mut bell = lock(&self.wake.0);
         loop {
-            if *stop {
+            if bell.0 {
                 return;
             }
-            let wait = every.saturating_sub(last.elapsed());
-            stop = match self.wake.1.wait_timeout(stop, wait) {
-                Ok((g, _)) => g,
-                Err(p) => p.into_inner().0,
-            };
-            if *stop || self.failed.load(Ordering::Acquire) {
+            if !bell.1 {
+                let wait = every.saturating_sub(last.elapsed());
+                bell = match self.wake.1.wait_timeout(bell, wait) {
+                    Ok((g, _)) => g,
+                    Err(p) => p.into_inner().0,
+                };
+            }
+            if bell.0 || self.failed.load(Ordering::Acquire) {
                 return;
             }
-            drop(stop);
+            bell.1 = false;
+            drop(bell);
             // On time: a round with a manifest; else (rung by a sealed
             // segment) that segment's bytes only.
             let r = if last.elapsed() >= every {
@@ -1195,7 +1244,7 @@ impl Inner {
             if let Err(e) = r {
                 tracing::error!("{}: uploading: {e}", self.opts.url);
             }
-            stop = lock(&self.wake.0);
+            bell = lock(&self.wake.0);
         }
     }
 }
@@ -1238,7 +1287,7 @@ impl S3Store {
 
     /// Stop the uploader thread and upload what the bucket lacks.
     fn finish(&self) -> io::Result<()> {
-        *lock(&self.inner.wake.0) = true;
+        lock(&self.inner.wake.0).0 = true;
         self.inner.ring();
         if let Some(h) = lock(&self.uploader).take() {
             if h.join().is_err() {
