@@ -74,9 +74,9 @@ unmount() {
     for _ in $(seq 600); do pgrep -f "$1" >/dev/null || break; sleep 0.1; done
 }
 
-mount_sys() { # system bucket [cache]
+mount_sys() { # system bucket [cache [extra zlogfs mount options]]
     case $1 in
-    zlogfs) "$z" mount "s3://$2/img" "$m" -o "cache=$3" ;;
+    zlogfs) "$z" mount "s3://$2/img" "$m" -o "cache=$3${4:+,$4}" ;;
     s3fs) s3fs "$2" "$m" -o "url=$endpoint,use_path_request_style,passwd_file=$work/passwd" ;;
     # Files up to 64 MiB go up in one PUT: moto refuses rclone's streamed
     # multipart uploads.
@@ -94,8 +94,8 @@ echo "# A tree through a bucket: zlogfs, s3fs, rclone mount ($(date -u +%F), com
 echo
 echo "Tree: $tree ($files files, $raw bytes). Server: moto $("$(dirname "$moto_bin")/python" -c 'import moto; print(moto.__version__)') on 127.0.0.1, through the counting proxy."
 echo
-echo "| system | copy in + unmount (s) | PUT | GET | LIST | DELETE | bytes stored | read back (s) | read GETs |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| system | copy in + unmount (s) | PUT | GET | HEAD | LIST | DELETE | bytes stored | read back (s) | read GETs | entries refused |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 declare -A put_of stored_of
 for sys in $systems; do
     bucket="b-$sys"
@@ -105,8 +105,10 @@ for sys in $systems; do
     proxy /__reset >/dev/null
     mount_sys "$sys" "$bucket" "$cache"
     t0=$(now)
-    # cp -r: rclone mount cannot keep owners and modes (cp -a gets EIO).
-    cp -r "$tree" "$m/tree"
+    # cp -r: rclone mount cannot keep owners and modes (cp -a gets EIO),
+    # nor make symbolic links: what a system refuses is counted, not fatal.
+    cp -r "$tree" "$m/tree" 2>"$work/cp.err" || true
+    refused=$(grep -c . "$work/cp.err" || true)
     unmount "$(pattern "$sys" "$bucket")"
     t1=$(now)
     s=$(proxy /__stats)
@@ -115,20 +117,22 @@ for sys in $systems; do
     bytes=$(stored "$bucket")
     put_of[$sys]=$put
     stored_of[$sys]=$bytes
-    # Read back: zlogfs through an empty cache (another machine's view);
-    # the read GETs count from the mount on.
+    # Read back: zlogfs through an empty cache, read-only (another
+    # machine's view: a writer there would take the image over, and the
+    # writer's own cache would no longer be warm); the read GETs count
+    # from the mount on.
     [ "$sys" = zlogfs ] && cache=$work/cache-empty
     drop
     proxy /__reset >/dev/null
-    mount_sys "$sys" "$bucket" "$cache"
+    mount_sys "$sys" "$bucket" "$cache" ro
     t2=$(now)
-    tar -C "$m" -cf - tree | cat >/dev/null
+    tar -C "$m" -cf - tree 2>/dev/null | cat >/dev/null
     t3=$(now)
     rs=$(proxy /__stats)
     unmount "$(pattern "$sys" "$bucket")"
-    printf '| %s | %.1f | %s | %s | %s | %s | %s | %.1f | %s |\n' "$sys" "$(echo "$t1 - $t0" | bc)" "$put" \
-        "$(count "$s" GET)" "$(count "$s" LIST)" "$(count "$s" DELETE)" "$bytes" "$(echo "$t3 - $t2" | bc)" \
-        "$(count "$rs" GET)"
+    printf '| %s | %.1f | %s | %s | %s | %s | %s | %s | %.1f | %s | %s |\n' "$sys" "$(echo "$t1 - $t0" | bc)" "$put" \
+        "$(count "$s" GET)" "$(count "$s" HEAD)" "$(count "$s" LIST)" "$(count "$s" DELETE)" "$bytes" \
+        "$(echo "$t3 - $t2" | bc)" "$(count "$rs" GET)" "$refused"
 done
 if [[ " $systems " == *" zlogfs "* ]]; then
     # Warm: the writer's own cache, against a local image file.
