@@ -375,5 +375,9 @@ fn two_devices_from_the_command_line() {
     assert!(e.contains("its fast device") && e.contains("fast.img"), "{e}");
     let moved = format!("--fast={}", w.join("moved.img").display());
     ok(&[s("ls".as_ref()), s(&bulk), moved.as_ref()]);
+    // Opened read-write from there, the bulk device records the new path.
+    ok(&[s("sync".as_ref()), s(&bulk), moved.as_ref()]);
+    let listed = ok(&[s("ls".as_ref()), s(&bulk)]);
+    assert!(listed.contains("small"), "{listed}");
     let _ = std::fs::remove_dir_all(&w);
 }

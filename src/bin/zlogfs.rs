@@ -694,6 +694,9 @@ pub(crate) fn open_image(
             let f =
                 f.with_geometry(g(sb.geometry.segment_count - fast_segs)).map_err(|e| at(e.to_string()))?;
             let two = TwoStore::new(Arc::new(ff), Arc::new(f), names, true).map_err(|e| at(e.to_string()))?;
+            if !read_only && sb.partner != absolute(&path).display().to_string() {
+                record_partner(&two).map_err(|e| at(format!("recording its fast device's new path: {e}")))?;
+            }
             Ok(Arc::new(two))
         }
     }
@@ -749,6 +752,20 @@ fn open_s3(url: zlogfs_s3::S3Url, read_only: bool, fast: Option<&Path>) -> Resul
             Err(e) => return Err(e.to_string()),
         }
     }
+}
+
+/// Write the superblock and its copy again through `two`, so that the
+/// bulk device records where its fast device is now (opened read-write
+/// from another path than the one recorded).
+fn record_partner(two: &TwoStore) -> std::io::Result<()> {
+    use zlogfs::store::{MetaSlot, META_SLOT_SIZE};
+    let mut buf = [0u8; META_SLOT_SIZE];
+    two.read_meta(MetaSlot::Super, &mut buf)?;
+    for slot in [MetaSlot::Super, MetaSlot::SuperCopy] {
+        two.write_meta(slot, &buf)?;
+        two.sync()?;
+    }
+    Ok(())
 }
 
 /// `open` an image, waiting a few seconds for another process to let go of
