@@ -510,24 +510,7 @@ impl Inner {
             return Ok(());
         }
         let (next, uploads, deletes) = self.cut()?;
-        for chunk in uploads.chunks(UPLOAD_BATCH) {
-            let items = chunk
-                .iter()
-                .map(|u| (self.remote.piece_key(u.seg, u.gen, &u.piece), u.data.clone()))
-                .collect();
-            let created = self.remote.put_many(items)?;
-            if let Some(i) = created.iter().position(|c| *c == Created::Taken) {
-                let u = &chunk[i];
-                return Err(err(
-                    io::ErrorKind::AlreadyExists,
-                    format!(
-                        "{}: piece {:?} was written by another writer: this writer was fenced off",
-                        self.opts.url,
-                        self.remote.piece_key(u.seg, u.gen, &u.piece).as_ref()
-                    ),
-                ));
-            }
-        }
+        self.put_pieces(&uploads)?;
         let key = self.remote.manifest_key(next.number);
         // A manifest above this one means another writer took over, even
         // if this number was free (deleted as old).
@@ -608,6 +591,30 @@ impl Inner {
         st.manifest = m;
     }
 
+    /// Create the pieces of `uploads`, a few at once. A name already taken
+    /// with other bytes means another writer took over.
+    fn put_pieces(&self, uploads: &[Upload]) -> io::Result<()> {
+        for chunk in uploads.chunks(UPLOAD_BATCH) {
+            let items = chunk
+                .iter()
+                .map(|u| (self.remote.piece_key(u.seg, u.gen, &u.piece), u.data.clone()))
+                .collect();
+            let created = self.remote.put_many(items)?;
+            if let Some(i) = created.iter().position(|c| *c == Created::Taken) {
+                let u = &chunk[i];
+                return Err(err(
+                    io::ErrorKind::AlreadyExists,
+                    format!(
+                        "{}: piece {:?} was written by another writer: this writer was fenced off",
+                        self.opts.url,
+                        self.remote.piece_key(u.seg, u.gen, &u.piece).as_ref()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Upload the bytes of sealed segments the bucket lacks, without a
     /// manifest: the next round's manifest names them. So that a full
     /// segment goes up whole, in one request, as soon as it is full.
@@ -627,18 +634,7 @@ impl Inner {
             }
             v
         };
-        for chunk in uploads.chunks(UPLOAD_BATCH) {
-            let items = chunk
-                .iter()
-                .map(|u| (self.remote.piece_key(u.seg, u.gen, &u.piece), u.data.clone()))
-                .collect();
-            if self.remote.put_many(items)?.contains(&Created::Taken) {
-                return Err(err(
-                    io::ErrorKind::AlreadyExists,
-                    format!("{}: a piece was taken: fenced off", self.opts.url),
-                ));
-            }
-        }
+        self.put_pieces(&uploads)?;
         let mut st = lock(&self.state);
         for u in uploads {
             let s = &mut st.segs[u.seg as usize];

@@ -194,23 +194,8 @@ impl Remote {
 
     /// Upload `data` as `key` unless an object of that name exists.
     pub fn put_create(&self, key: &Key, data: Vec<u8>) -> io::Result<Created> {
-        let len = data.len() as u64;
-        let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
-        add(&self.counters.puts, 1);
-        let payload = PutPayload::from(data.clone());
-        match self.rt.block_on(self.os.put_opts(key, payload, opts)) {
-            Ok(_) => {
-                add(&self.counters.bytes_up, len);
-                Ok(Created::Yes)
-            }
-            Err(object_store::Error::AlreadyExists { .. }) => {
-                // A retried request whose first try got through reads back
-                // as ours.
-                let theirs = self.get(key, None)?;
-                Ok(if theirs == data { Created::Yes } else { Created::Taken })
-            }
-            Err(e) => Err(io_err(&format!("uploading {key}"), e)),
-        }
+        let mut done = self.put_many(vec![(key.clone(), data)])?;
+        done.pop().ok_or_else(|| io::Error::other("no reply to an upload"))
     }
 
     /// Upload several objects at once, create-only.
@@ -234,6 +219,8 @@ impl Remote {
                     Created::Yes
                 }
                 Err(object_store::Error::AlreadyExists { .. }) => {
+                    // A retried request whose first try got through reads
+                    // back as ours.
                     if self.get(&key, None)? == data {
                         Created::Yes
                     } else {
