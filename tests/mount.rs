@@ -437,6 +437,17 @@ fn missing_mount_point_and_image_get_clear_errors() {
     let o =
         zlogfs(&["mount", "-o", "bogus", d.img().to_str().expect("utf8"), d.mnt().to_str().expect("utf8")]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("unknown mount option"));
+    // Following a writer is for read-only mounts of an image in a bucket.
+    let o = zlogfs(&[
+        "mount",
+        "-f",
+        "-o",
+        "ro,refresh=1",
+        d.img().to_str().expect("utf8"),
+        d.mnt().to_str().expect("utf8"),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("option refresh is for read-only mounts of an image in a bucket"), "{err}");
 }
 
 /// Run a shell script as nobody (65534, no groups), through the kernel's

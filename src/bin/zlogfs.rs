@@ -130,7 +130,11 @@ enum Cmd {
         /// ago such as 2h, or a clock token of `zlogfs changes`),
         /// snapdir=hidden|visible|off (DIR/.snapshots/NAME/ reads each
         /// snapshot read-only; hidden, the default, leaves it out of the
-        /// root's listing).
+        /// root's listing), cache=DIR, sync=local|remote, cache_size=SIZE
+        /// (of an image in a bucket, as --cache, --s3-sync, --cache-size),
+        /// ro,refresh=SECONDS (a read-only mount of an image in a bucket
+        /// moves to the writer's newest uploaded state this often;
+        /// default 5, 0 never).
         /// Every generic option of mount(8) is taken as well: nosuid,
         /// nodev, noexec, nosymfollow go to the kernel; sync and dirsync
         /// make each change (each directory change) durable when it

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 
 use super::{Handler, VERSION};
-use crate::fs::{CleanOptions, Fs, ScrubOptions};
+use crate::fs::{CleanOptions, Fs, Live, ScrubOptions};
 use crate::tools::report;
 
 /// What the daemon serves.
@@ -26,8 +26,12 @@ pub struct Info {
 const PROGRESS_EVERY: Duration = Duration::from_millis(200);
 
 /// The requests of a daemon serving `fs`.
-pub fn handler(fs: Arc<Fs>, info: Info) -> Handler {
+pub fn handler(live: Arc<Live>, info: Info) -> Handler {
     Arc::new(move |req: &Map<String, Value>, progress: &mut dyn FnMut(Value)| {
+        // The whole request on one state (a mount that follows its
+        // writer does not move on under a check).
+        let _hold = live.hold();
+        let fs = live.get();
         let image = info.image.display().to_string();
         match req.get("op").and_then(Value::as_str) {
             Some("hello") => Ok(json!({

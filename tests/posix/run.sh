@@ -92,6 +92,7 @@ if [ ! -e "$helper" ]; then
 fi
 cleanup() {
     mountpoint -q "$mnt" && umount "$mnt" || true
+    mountpoint -q "$work/reader" && umount "$work/reader" || true
     [ "$made_helper" = 1 ] && rm -f "$helper"
     rm -rf "$work"
 }
@@ -384,6 +385,77 @@ fd = os.open(sys.argv[1], os.O_RDONLY); os.fsync(fd); os.close(fd)' "$mnt/includ
         "$zlogfs" stats "$mnt" 2>/dev/null | grep 'object store' | sed 's/^/    /' || true
         s3_unmount_and_check "kill -9 and remount (sync=$mode)"
     done
+    echo "== object store: a read-only mount follows the writer (-o ro,refresh=1)"
+    fsync_tree() { # dir: every file in it, and it, fsynced (sync(1) does not reach a FUSE daemon)
+        python3 -c 'import os, sys
+for d, _, fs in os.walk(sys.argv[1]):
+    for n in fs + ["."]:
+        p = os.path.join(d, n)
+        if not os.path.islink(p):
+            fd = os.open(p, os.O_RDONLY); os.fsync(fd); os.close(fd)' "$1"
+    }
+    # Waits up to 30 s for the reader to show what `check` looks for.
+    reader_sees() { # check-command...
+        for _ in $(seq 60); do "$@" >/dev/null 2>&1 && return 0; sleep 0.5; done
+        return 1
+    }
+    reader="$work/reader"
+    mkdir -p "$reader"
+    "$zlogfs" mount -o "sync=remote,cache=$cache" "$url" "$mnt"
+    "$zlogfs" mount -o "ro,refresh=1,cache=$work/reader-cache" "$url" "$reader"
+    rm -rf "$mnt/follow"
+    mkdir "$mnt/follow"
+    cp -a /usr/include/linux "$mnt/follow/stable"
+    fsync_tree "$mnt/follow"
+    if reader_sees diff -r --no-dereference /usr/include/linux "$reader/follow/stable"; then
+        ok "a read-only mount shows a tree the writer synced after it mounted"
+    else
+        bad "the read-only mount did not follow the writer"
+        diff -r --no-dereference /usr/include/linux "$reader/follow/stable" | head -5
+    fi
+    # The writer replaces trees and cleans while the reader reads a tree
+    # nobody changes: every pass of it is whole and right, across the
+    # reader's refreshes.
+    (
+        for i in 1 2 3 4 5; do
+            cp -a /usr/include/sound "$mnt/follow/churn$i"
+            rm -rf "$mnt/follow/churn$((i - 1))"
+            fsync_tree "$mnt/follow"
+            "$zlogfs" clean "$mnt" >/dev/null 2>&1
+            sleep 1
+        done
+    ) &
+    churn=$!
+    reader_manifest() { "$zlogfs" stats "$reader" 2>/dev/null | grep -o 'manifest [0-9]*' | grep -o '[0-9]*'; }
+    before=$(reader_manifest)
+    passes=0
+    wrong=0
+    while kill -0 "$churn" 2>/dev/null; do
+        diff -r --no-dereference /usr/include/linux "$reader/follow/stable" >"$work/diff.log" 2>&1 || wrong=$((wrong + 1))
+        passes=$((passes + 1))
+    done
+    wait "$churn"
+    after=$(reader_manifest)
+    if [ "$wrong" = 0 ] && [ "$passes" -gt 0 ] && [ "${after:-0}" -gt "${before:-0}" ]; then
+        ok "$passes reads of an unchanged tree during the writer's changes and cleaning, the reader from manifest $before to $after: all right"
+    else
+        bad "$wrong of $passes reads of an unchanged tree went wrong while following (manifest $before to $after)"
+        head -5 "$work/diff.log"
+    fi
+    if reader_sees diff -r --no-dereference /usr/include/sound "$reader/follow/churn5" &&
+        reader_sees test ! -e "$reader/follow/churn4"; then
+        ok "the reader ends at the writer's last state"
+    else
+        bad "the reader did not reach the writer's last state"
+    fi
+    if touch "$reader/follow/x" 2>"$work/touch.log" || ! grep -q 'Read-only' "$work/touch.log"; then
+        bad "a write through the read-only mount: $(cat "$work/touch.log")"
+    else
+        ok "the read-only mount refuses writes (EROFS)"
+    fi
+    umount "$reader"
+    rm -rf "$work/reader-cache"
+    s3_unmount_and_check "following"
     echo "== object store: export from an empty cache (another machine's view)"
     rm -rf "$work/export"
     if "$zlogfs" export --cache "$work/empty-cache" "$url" "$work/export" >/dev/null 2>"$work/export.log" &&

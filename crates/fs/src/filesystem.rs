@@ -116,6 +116,11 @@ impl Fs {
         *self.invalidator.write().unwrap_or_else(|p| p.into_inner()) = f;
     }
 
+    /// The [`Invalidator`] set.
+    pub fn invalidator(&self) -> Option<Invalidator> {
+        self.invalidator.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     /// Bytes `[off, off + len)` of `ino` changed through a front end that
     /// is not the one that set the [`Invalidator`]: tell it.
     pub fn changed_elsewhere(&self, ino: Ino, off: u64, len: u64) {

@@ -189,6 +189,17 @@ impl Listings {
         Ok(l)
     }
 
+    /// Every directory may have changed: forget every listing.
+    pub fn clear(&self) {
+        let mut c = self.lock();
+        c.map.clear();
+        c.order.clear();
+        c.bytes = 0;
+        for e in c.loading.values_mut() {
+            e.1 = true;
+        }
+    }
+
     /// The entries of `dir` change (or may have): forget its listing.
     /// Call after the change is made and before it is acknowledged.
     pub fn changed(&self, dir: Ino) {

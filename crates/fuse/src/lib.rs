@@ -45,6 +45,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -57,7 +58,7 @@ pub use past::Snapdir;
 
 use self::abi::{fopen, DirBuf, FileAttr, InHeader, Op};
 use crate::dirlist::{Listing, Listings};
-use zlogfs_fs::{Attr, Caller, DirEntry, Error, Fs, Ino, Kind, SetAttr, Time, ROOT, XATTR_KILL_SGID};
+use zlogfs_fs::{Attr, Caller, DirEntry, Error, Fs, Ino, Kind, Live, SetAttr, Time, ROOT, XATTR_KILL_SGID};
 
 /// Whether requests come through io_uring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -324,7 +325,9 @@ const LISTING_BYTES: usize = 32 << 20;
 
 /// The adapter from FUSE requests to an [`Fs`].
 pub struct ZlogFuse {
-    fs: Arc<Fs>,
+    live: Arc<Live>,
+    /// The [`Live::generation`] whose file system the caches below hold.
+    seen: AtomicU64,
     opts: MountOptions,
     workers: Workers,
     listings: Listings,
@@ -471,18 +474,55 @@ fn set_time(t: Option<Option<(i64, u32)>>) -> Option<Option<Time>> {
 
 impl ZlogFuse {
     /// An adapter serving `fs`.
-    fn new(fs: Arc<Fs>, opts: MountOptions, n: &dev::Negotiated) -> ZlogFuse {
+    fn new(live: Arc<Live>, opts: MountOptions, n: &dev::Negotiated) -> ZlogFuse {
         let workers = Workers::new(opts.threads);
         let listings = Listings::new(LISTING_BYTES);
         let held_dirs = Mutex::new(HashMap::new());
-        let past = past::Past::new(Arc::clone(&fs), opts.snapdir);
-        ZlogFuse { fs, opts, workers, listings, no_opendir: n.no_opendir, flags: n.flags, held_dirs, past }
+        let past = past::Past::new(Arc::clone(&live), opts.snapdir);
+        let seen = AtomicU64::new(live.generation());
+        ZlogFuse {
+            live,
+            seen,
+            opts,
+            workers,
+            listings,
+            no_opendir: n.no_opendir,
+            flags: n.flags,
+            held_dirs,
+            past,
+        }
+    }
+
+    /// The file system a request is served by (taken once per request).
+    fn fs(&self) -> Arc<Fs> {
+        self.live.get()
+    }
+
+    /// After the live file system was replaced by a newer state, the
+    /// listings of the old one go, and the snapshot views open again on
+    /// the new one.
+    fn catch_up(&self) {
+        let g = self.live.generation();
+        if self.seen.swap(g, Ordering::AcqRel) != g {
+            self.listings.clear();
+            self.past.reopen_views();
+        }
+    }
+
+    /// Flags of an opened file: a mount that follows a writer elsewhere
+    /// lets the kernel keep no pages across opens.
+    fn open_flags(&self) -> u32 {
+        if self.live.follows() {
+            fopen::NOFLUSH
+        } else {
+            OPEN_FLAGS
+        }
     }
 
     /// Whether `ino` has a set-ID bit (only then does a change's caller
     /// matter).
     fn has_setid(&self, ino: Ino) -> bool {
-        self.fs.getattr(ino).is_ok_and(|a| a.mode & (libc::S_ISUID | libc::S_ISGID) != 0)
+        self.fs().getattr(ino).is_ok_and(|a| a.mode & (libc::S_ISUID | libc::S_ISGID) != 0)
     }
 
     /// Who sent `h`, for the set-ID rules, when the kernel leaves those to
@@ -515,7 +555,7 @@ impl ZlogFuse {
         let mut held = self.held_dirs.lock().unwrap_or_else(|p| p.into_inner());
         let n = held.entry(a.ino).or_insert(0);
         if *n == 0 {
-            if let Err(e) = self.fs.open_file(a.ino) {
+            if let Err(e) = self.fs().open_file(a.ino) {
                 reply_errno(e);
             }
         }
@@ -530,7 +570,7 @@ impl ZlogFuse {
         if *c == 0 {
             held.remove(&ino);
             // Deletes it if it was removed meanwhile.
-            if let Err(e) = self.fs.release_file(ino) {
+            if let Err(e) = self.fs().release_file(ino) {
                 reply_errno(e);
             }
         }
@@ -546,7 +586,7 @@ impl ZlogFuse {
     /// Owner, group and mode of a new entry of `parent` made by `h`'s
     /// caller.
     fn owner(&self, h: &InHeader, parent: Ino, mode: u32) -> Result<(u32, u32, u32), Error> {
-        let p = self.fs.getattr(parent)?;
+        let p = self.fs().getattr(parent)?;
         if p.mode & libc::S_ISGID != 0 {
             let dir = mode & libc::S_IFMT == libc::S_IFDIR;
             Ok((h.uid, p.gid, if dir { mode | libc::S_ISGID } else { mode }))
@@ -558,7 +598,7 @@ impl ZlogFuse {
     fn make(&self, h: &InHeader, name: &[u8], mode: u32, umask: u32, rdev: u64) -> Result<Attr, Error> {
         let parent = h.nodeid;
         let (uid, gid, mode) = self.owner(h, parent, mode)?;
-        let r = self.fs.mknod_umask(parent, name, mode, umask, (uid, gid), rdev);
+        let r = self.fs().mknod_umask(parent, name, mode, umask, (uid, gid), rdev);
         self.changed(&[parent]);
         r
     }
@@ -567,7 +607,7 @@ impl ZlogFuse {
     /// the mount shows it).
     fn listing(&self, ino: Ino) -> Result<Arc<Listing>, Error> {
         self.listings.get(ino, || {
-            let mut all = read_dir(&self.fs, ino)?;
+            let mut all = read_dir(&self.fs(), ino)?;
             if ino == ROOT && self.past.mode() != Snapdir::Off {
                 // A real entry of that name is out of reach (snapdir=off
                 // reaches it).
@@ -600,7 +640,7 @@ impl ZlogFuse {
             return Ok(());
         }
         if off < dirlist::DOTDOT {
-            let parent = self.fs.lookup(ino, b"..")?.ino;
+            let parent = self.fs().lookup(ino, b"..")?.ino;
             if !f(parent, dirlist::DOTDOT, Kind::Dir, b"..") {
                 return Ok(());
             }
@@ -632,7 +672,7 @@ impl ZlogFuse {
                 return buf.add_plus_unlooked(child, off, libc::S_IFDIR, name);
             }
             // An entry removed since it was listed is left out.
-            match self.fs.getattr(child) {
+            match self.fs().getattr(child) {
                 Ok(a) => {
                     let added = buf.add_plus(&file_attr(&a), off, name, et, at);
                     // The kernel counts a lookup of each entry but "." and "..".
@@ -651,7 +691,7 @@ impl ZlogFuse {
     }
 
     fn lookup(&self, parent: Ino, name: &[u8], reply: Reply) {
-        match self.fs.lookup(parent, name) {
+        match self.fs().lookup(parent, name) {
             Err(e) if matches!(e, Error::NotFound(_)) && !self.opts.negative_timeout.is_zero() => {
                 // A node id of 0 is a negative entry the kernel may cache.
                 let mut b = Vec::with_capacity(abi::ENTRY_OUT);
@@ -681,13 +721,14 @@ impl Handler for ZlogFuse {
 
     /// One request: a call per operation, so that each reads on its own.
     fn serve(&self, h: &InHeader, op: Op<'_>, reply: Reply) {
+        self.catch_up();
         let Some(reply) = self.serve_past(h, &op, reply) else { return };
         let ino = h.nodeid;
         match op {
             Op::Lookup { name } => self.lookup(ino, name, reply),
-            Op::Getattr => self.attr(self.fs.getattr(ino), reply),
+            Op::Getattr => self.attr(self.fs().getattr(ino), reply),
             Op::Setattr(s) => self.setattr(h, &s, reply),
-            Op::Readlink => data(self.fs.readlink(ino), reply),
+            Op::Readlink => data(self.fs().readlink(ino), reply),
             Op::Mknod { name, mode, rdev, umask } => {
                 self.entry(self.make(h, name, mode, umask, u64::from(rdev)), reply)
             }
@@ -695,13 +736,13 @@ impl Handler for ZlogFuse {
                 self.entry(self.make(h, name, libc::S_IFDIR | (mode & 0o7777), umask, 0), reply)
             }
             Op::Symlink { name, target } => self.symlink(h, name, target, reply),
-            Op::Unlink { name } => self.in_dirs(&[ino], self.fs.unlink(ino, name), reply),
-            Op::Rmdir { name } => self.in_dirs(&[ino], self.fs.rmdir(ino, name), reply),
+            Op::Unlink { name } => self.in_dirs(&[ino], self.fs().unlink(ino, name), reply),
+            Op::Rmdir { name } => self.in_dirs(&[ino], self.fs().rmdir(ino, name), reply),
             Op::Rename { name, newdir, newname, flags } => {
-                self.in_dirs(&[ino, newdir], self.fs.rename(ino, name, newdir, newname, flags), reply)
+                self.in_dirs(&[ino, newdir], self.fs().rename(ino, name, newdir, newname, flags), reply)
             }
             Op::Link { ino: target, newname } => {
-                let r = self.fs.link(target, ino, newname);
+                let r = self.fs().link(target, ino, newname);
                 self.changed(&[ino]);
                 self.entry(r, reply)
             }
@@ -709,31 +750,31 @@ impl Handler for ZlogFuse {
             Op::Read { offset, size } => self.read(ino, offset, size, reply),
             Op::Write { offset, data, kill_setid } => self.write(h, offset, data, kill_setid, reply),
             Op::Statfs => self.statfs(reply),
-            Op::Release => empty(self.fs.release_file(ino), reply),
+            Op::Release => empty(self.fs().release_file(ino), reply),
             Op::Flush | Op::Releasedir | Op::Destroy => reply.ok(),
             Op::Fsync { datasync } | Op::Fsyncdir { datasync } => {
-                let fs = Arc::clone(&self.fs);
+                let fs = self.fs();
                 self.workers.run(move || empty(fs.fsync(ino, datasync), reply));
             }
             Op::Syncfs => {
-                let fs = Arc::clone(&self.fs);
+                let fs = self.fs();
                 self.workers.run(move || empty(fs.sync(), reply));
             }
             Op::Setxattr { name, value, flags, kill_sgid } => {
                 let flags = if kill_sgid { flags | XATTR_KILL_SGID } else { flags & !XATTR_KILL_SGID };
-                empty(self.fs.setxattr(ino, name, value, flags), reply)
+                empty(self.fs().setxattr(ino, name, value, flags), reply)
             }
-            Op::Getxattr { name, size } => match self.fs.getxattr(ino, name) {
+            Op::Getxattr { name, size } => match self.fs().getxattr(ino, name) {
                 Ok(v) => Self::xattr(&v, size, reply),
                 Err(e) => reply.error(reply_errno(e)),
             },
             Op::Listxattr { size } => self.listxattr(ino, size, reply),
-            Op::Removexattr { name } => empty(self.fs.removexattr(ino, name), reply),
+            Op::Removexattr { name } => empty(self.fs().removexattr(ino, name), reply),
             Op::Opendir => self.opendir(ino, reply),
             Op::Readdir { offset, size, plus } => self.readdir(ino, offset, size, plus, reply),
             // The kernel checks permissions (default_permissions); this
             // only says whether the inode exists.
-            Op::Access => empty(self.fs.getattr(ino).map(|_| ()), reply),
+            Op::Access => empty(self.fs().getattr(ino).map(|_| ()), reply),
             Op::Create { name, mode, umask } => self.create(h, name, mode, umask, reply),
             Op::Fallocate { offset, length, mode } => self.fallocate(h, offset, length, mode, reply),
             Op::Lseek { offset, whence } => self.lseek(ino, offset, whence, reply),
@@ -777,14 +818,14 @@ impl ZlogFuse {
             btime: None,
             by,
         };
-        self.attr(self.fs.setattr(ino, &a), reply)
+        self.attr(self.fs().setattr(ino, &a), reply)
     }
 
     fn symlink(&self, h: &InHeader, name: &[u8], target: &[u8], reply: Reply) {
         let dir = h.nodeid;
         let r = self
             .owner(h, dir, libc::S_IFLNK)
-            .and_then(|(uid, gid, _)| self.fs.symlink(dir, name, target, uid, gid));
+            .and_then(|(uid, gid, _)| self.fs().symlink(dir, name, target, uid, gid));
         self.changed(&[dir]);
         self.entry(r, reply)
     }
@@ -796,10 +837,10 @@ impl ZlogFuse {
     }
 
     fn open(&self, ino: Ino, reply: Reply) {
-        match self.fs.open_file(ino) {
+        match self.fs().open_file(ino) {
             Ok(_) => {
                 let mut b = Vec::with_capacity(16);
-                abi::put_open(&mut b, OPEN_FLAGS);
+                abi::put_open(&mut b, self.open_flags());
                 reply.data(&b)
             }
             Err(e) => reply.error(reply_errno(e)),
@@ -808,7 +849,7 @@ impl ZlogFuse {
 
     /// A read, large ones on a worker.
     fn read(&self, ino: Ino, offset: u64, size: u32, reply: Reply) {
-        let fs = Arc::clone(&self.fs);
+        let fs = self.fs();
         let serve = move || data(fs.read(ino, offset, size as usize), reply);
         if size as usize >= LARGE_IO {
             self.workers.run(serve);
@@ -829,16 +870,16 @@ impl ZlogFuse {
         if data.len() >= LARGE_IO {
             // The request's buffer is the transport's: a worker needs a
             // copy.
-            let fs = Arc::clone(&self.fs);
+            let fs = self.fs();
             let data = data.to_vec();
             self.workers.run(move || written(write(&fs, &data), reply));
             return;
         }
-        written(write(&self.fs, data), reply)
+        written(write(&self.fs(), data), reply)
     }
 
     fn statfs(&self, reply: Reply) {
-        match self.fs.statfs() {
+        match self.fs().statfs() {
             Ok(s) => reply.data(&abi::statfs_out(
                 s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize,
             )),
@@ -847,7 +888,7 @@ impl ZlogFuse {
     }
 
     fn listxattr(&self, ino: Ino, size: u32, reply: Reply) {
-        match self.fs.listxattr(ino) {
+        match self.fs().listxattr(ino) {
             Ok(names) => {
                 let mut v = Vec::new();
                 for n in names {
@@ -867,10 +908,11 @@ impl ZlogFuse {
         if self.no_opendir {
             return reply.error(libc::ENOSYS);
         }
-        match self.fs.getattr(ino) {
+        match self.fs().getattr(ino) {
             Ok(a) if a.kind == Kind::Dir => {
                 let mut b = Vec::with_capacity(16);
-                abi::put_open(&mut b, fopen::KEEP_CACHE | fopen::CACHE_DIR);
+                let keep = if self.live.follows() { 0 } else { fopen::KEEP_CACHE | fopen::CACHE_DIR };
+                abi::put_open(&mut b, keep);
                 reply.data(&b)
             }
             Ok(_) => reply.error(libc::ENOTDIR),
@@ -881,11 +923,11 @@ impl ZlogFuse {
     fn create(&self, h: &InHeader, name: &[u8], mode: u32, umask: u32, reply: Reply) {
         let r = self
             .make(h, name, libc::S_IFREG | (mode & 0o7777), umask, 0)
-            .and_then(|a| self.fs.open_file(a.ino));
+            .and_then(|a| self.fs().open_file(a.ino));
         match r {
             Ok(a) => {
                 let mut b = self.entry_bytes(&a);
-                abi::put_open(&mut b, OPEN_FLAGS);
+                abi::put_open(&mut b, self.open_flags());
                 reply.data(&b)
             }
             Err(e) => reply.error(reply_errno(e)),
@@ -897,7 +939,7 @@ impl ZlogFuse {
         // The kernel leaves the set-ID bits to us and says nothing of the
         // caller's CAP_FSETID: we look.
         let by = self.has_setid(ino).then(|| self.caller(h, None));
-        let fs = Arc::clone(&self.fs);
+        let fs = self.fs();
         self.workers.run(move || {
             let r = match &by {
                 Some(c) => fs.fallocate_by(ino, mode, offset, length, c),
@@ -916,7 +958,7 @@ impl ZlogFuse {
         if (offset as i64) < 0 {
             return reply.error(libc::ENXIO);
         }
-        match self.fs.lseek(ino, offset, data) {
+        match self.fs().lseek(ino, offset, data) {
             Ok(o) => reply.data(&abi::lseek_out(o)),
             Err(e) => reply.error(reply_errno(e)),
         }
@@ -928,7 +970,7 @@ impl ZlogFuse {
         // (callers loop on short copies).
         let len = len.min(1 << 30);
         let by = self.has_setid(ino_out).then(|| self.caller(h, None));
-        let fs = Arc::clone(&self.fs);
+        let fs = self.fs();
         self.workers.run(move || {
             let r = fs.copy_file_range_by(ino, off_in, ino_out, off_out, len, by.as_ref());
             written(r.map(|n| n as usize), reply)
@@ -1010,8 +1052,8 @@ impl Session {
             }
         }
         self.handler.workers.stop();
-        self.handler.fs.set_invalidator(None);
-        if let Err(e) = self.handler.fs.sync() {
+        self.handler.fs().set_invalidator(None);
+        if let Err(e) = self.handler.fs().sync() {
             tracing::error!("sync at unmount: {e}");
         }
         served
@@ -1021,7 +1063,7 @@ impl Session {
 /// Mount `fs` on `dir`: the kernel mount is in place when this returns;
 /// [`Session::run`] serves it until it is unmounted (by `fusermount3 -u`,
 /// `umount`, or the [`Unmounter`]).
-pub fn mount(fs: Arc<Fs>, dir: &Path, opts: &MountOptions) -> io::Result<(Session, Unmounter)> {
+pub fn mount(live: Arc<Live>, dir: &Path, opts: &MountOptions) -> io::Result<(Session, Unmounter)> {
     let rings = prepare_rings(opts.uring)?;
     let (dev, mut unmounter) = kmount::mount(dir, opts)?;
     let dev = Arc::new(dev);
@@ -1043,8 +1085,10 @@ pub fn mount(fs: Arc<Fs>, dir: &Path, opts: &MountOptions) -> io::Result<(Sessio
     };
     // Writes by other front ends (NBD) drop the kernel's cached pages.
     let notify = Arc::clone(&dev);
-    fs.set_invalidator(Some(Arc::new(move |ino, off, len| dev::notify_inval_inode(&notify, ino, off, len))));
-    let handler = Arc::new(ZlogFuse::new(fs, opts.clone(), &n));
+    live.get().set_invalidator(Some(Arc::new(move |ino, off, len| {
+        dev::notify_inval_inode(&notify, ino, off, len)
+    })));
+    let handler = Arc::new(ZlogFuse::new(live, opts.clone(), &n));
     let queues = match rings {
         Some(r) if n.uring => {
             let h: Arc<dyn Handler> = handler.clone();

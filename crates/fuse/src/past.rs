@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use zlogfs_fs::{Attr, DirEntry, Error, Fs, Ino, Kind, Time, ROOT};
+use zlogfs_fs::{Attr, DirEntry, Error, Fs, Ino, Kind, Live, Time, ROOT};
 
 use crate::abi::{self, fopen, DirBuf, InHeader, Op};
 use crate::dirlist::{self, Listing};
@@ -124,7 +124,7 @@ pub enum Node {
 
 /// The views of a mount.
 pub struct Past {
-    live: Arc<Fs>,
+    live: Arc<Live>,
     mode: Snapdir,
     views: RwLock<Views>,
     /// A hash of the snapshot list last seen, and since when.
@@ -139,8 +139,32 @@ struct Views {
 }
 
 impl Past {
-    pub fn new(live: Arc<Fs>, mode: Snapdir) -> Past {
+    pub fn new(live: Arc<Live>, mode: Snapdir) -> Past {
         Past { live, mode, views: RwLock::new(Views::default()), seen: Mutex::new(None) }
+    }
+
+    /// The live file system was replaced by a newer state (a mount that
+    /// follows its writer): each open view is opened again on it, under
+    /// the same node ids, while its snapshot is still there (a snapshot
+    /// never changes); the others go (their node ids answer ESTALE).
+    pub fn reopen_views(&self) {
+        let live = self.live.get();
+        let mut views = self.views.write().unwrap_or_else(|p| p.into_inner());
+        let open: Vec<(String, u64)> = views.by_name.iter().map(|(n, &k)| (n.clone(), k)).collect();
+        for (name, k) in open {
+            let i = (k - 1) as usize;
+            let Some(old) = views.list[i].clone() else { continue };
+            match live.view(&name, VIEW_CACHE) {
+                Ok((fs, seq)) if seq == old.seq => {
+                    let gen = AtomicU64::new(live.held_generation());
+                    views.list[i] = Some(Arc::new(View { k, seq, fs, gen }));
+                }
+                _ => {
+                    views.list[i] = None;
+                    views.by_name.remove(&name);
+                }
+            }
+        }
     }
 
     pub fn mode(&self) -> Snapdir {
@@ -164,7 +188,7 @@ impl Past {
                 _ => return Node::Stale,
             }
         };
-        if !self.live.engine().retains(v.seq) {
+        if !self.live.get().engine().retains(v.seq) {
             let mut views = self.views.write().unwrap_or_else(|p| p.into_inner());
             views.list[i] = None;
             views.by_name.retain(|_, &mut k| k != v.k);
@@ -183,7 +207,7 @@ impl Past {
     /// it is: the directory's modification time, so that the kernel
     /// drops a listing it cached when the list changes.
     fn observe(&self) -> Result<(Vec<String>, Time), Error> {
-        let list = self.live.snapshots()?;
+        let list = self.live.get().snapshots()?;
         let mut hash = std::hash::DefaultHasher::new();
         for (name, snap) in &list {
             std::hash::Hash::hash(&(name, snap.seq), &mut hash);
@@ -193,7 +217,7 @@ impl Past {
         let t = match *seen {
             Some((h, t)) if h == hash => t,
             _ => {
-                let t = if seen.is_none() { self.live.getattr(ROOT)?.mtime } else { zlogfs_fs::now() };
+                let t = if seen.is_none() { self.live.get().getattr(ROOT)?.mtime } else { zlogfs_fs::now() };
                 *seen = Some((hash, t));
                 t
             }
@@ -204,7 +228,7 @@ impl Past {
     /// The attributes of the `.snapshots` directory: the root's owner,
     /// read and search for all, nothing to write.
     pub fn dir_attr(&self) -> Result<Attr, Error> {
-        let root = self.live.getattr(ROOT)?;
+        let root = self.live.get().getattr(ROOT)?;
         let (_, t) = self.observe()?;
         Ok(Attr {
             ino: SNAPDIR,
@@ -240,7 +264,7 @@ impl Past {
     pub fn view(&self, name: &[u8]) -> Result<Arc<View>, Error> {
         let name = std::str::from_utf8(name)
             .map_err(|_| Error::NotFound(format!("no snapshot called {}", String::from_utf8_lossy(name))))?;
-        let seq = self.live.snapshot_seq(name)?;
+        let seq = self.live.get().snapshot_seq(name)?;
         {
             let views = self.views.read().unwrap_or_else(|p| p.into_inner());
             let open = views.by_name.get(name).and_then(|&k| views.list[(k - 1) as usize].as_ref());
@@ -248,7 +272,7 @@ impl Past {
                 return Ok(v.clone());
             }
         }
-        let (fs, seq) = self.live.view(name, VIEW_CACHE)?;
+        let (fs, seq) = self.live.get().view(name, VIEW_CACHE)?;
         let mut views = self.views.write().unwrap_or_else(|p| p.into_inner());
         let k = views.list.len() as u64 + 1;
         if k > MAX_VIEWS {
@@ -256,7 +280,7 @@ impl Past {
                 "this mount opened {MAX_VIEWS} snapshots through .snapshots; mount again for more"
             )));
         }
-        let v = Arc::new(View { k, seq, fs, gen: AtomicU64::new(self.live.held_generation()) });
+        let v = Arc::new(View { k, seq, fs, gen: AtomicU64::new(self.live.get().held_generation()) });
         views.list.push(Some(v.clone()));
         views.by_name.insert(name.to_string(), k);
         Ok(v)
@@ -264,7 +288,7 @@ impl Past {
 
     /// `op`, a read through `v` (see [`read_view`]).
     pub fn read<T>(&self, v: &View, op: impl Fn() -> Result<T, i32>) -> Result<T, i32> {
-        read_view(&self.live, v, op)
+        read_view(&self.live.get(), v, op)
     }
 }
 
@@ -336,7 +360,7 @@ impl ZlogFuse {
     fn serve_snapdir(&self, op: &Op<'_>, reply: Reply) {
         match *op {
             Op::Lookup { name: b"." } => self.virtual_entry(self.past.dir_attr().map_err(e), reply),
-            Op::Lookup { name: b".." } => self.virtual_entry(self.fs.getattr(ROOT).map_err(e), reply),
+            Op::Lookup { name: b".." } => self.virtual_entry(self.fs().getattr(ROOT).map_err(e), reply),
             Op::Lookup { name } => {
                 let r = self.past.view(name).map_err(e).and_then(|v| {
                     self.past.read(&v, || v.fs.getattr(ROOT).map_err(e)).and_then(|a| v.tag(a))
@@ -423,7 +447,7 @@ impl ZlogFuse {
                 Err(err) => reply.error(e(err)),
             },
             Op::Read { offset, size } => {
-                let (live, v) = (Arc::clone(&self.fs), Arc::clone(v));
+                let (live, v) = (self.fs(), Arc::clone(v));
                 self.workers.run(move || {
                     let r = read_view(&live, &v, || v.fs.read(ino, offset, size as usize).map_err(e));
                     match r {

@@ -25,13 +25,15 @@
 mod cache;
 pub mod manifest;
 mod remote;
+#[doc(hidden)]
+pub mod testing;
 
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use zlogfs_engine::store::{FileStore, Geometry, MetaSlot, RemoteStats, Store, META_SLOT_SIZE};
 
@@ -125,6 +127,9 @@ pub struct S3Options {
     pub endpoint: Option<String>,
     /// How long a request is retried (with backoff) before it fails.
     pub retry_for: Duration,
+    /// How long a writer keeps the pieces a new manifest no longer names:
+    /// readers still on an older manifest read them until they refresh.
+    pub keep_replaced: Duration,
 }
 
 impl S3Options {
@@ -141,6 +146,7 @@ impl S3Options {
             max_backlog: 256 << 20,
             endpoint: None,
             retry_for: Duration::from_secs(60),
+            keep_replaced: Duration::from_secs(60),
         }
     }
 }
@@ -212,9 +218,12 @@ struct State {
 
 /// The store's state, shared with its uploader thread.
 struct Inner {
-    remote: Remote,
-    local: FileStore,
-    cache: CacheFile,
+    remote: Arc<Remote>,
+    /// The cache directory's image and record: shared with the stores a
+    /// reader's [`Inner::refresh`] made (each segment's bytes in it are
+    /// the newest store's; an older one, once retired, reads none).
+    local: Arc<FileStore>,
+    cache: Arc<CacheFile>,
     opts: S3Options,
     geometry: Geometry,
     /// This writer's epoch (0 when read-only).
@@ -225,10 +234,16 @@ struct Inner {
     /// One upload round at a time.
     round: Mutex<()>,
     /// One writer of the cache record at a time.
-    persist: Mutex<()>,
+    persist: Arc<Mutex<()>>,
     /// Reads of the local image hold it shared; punching holes in it
-    /// (eviction) exclusive.
-    gate: RwLock<()>,
+    /// (eviction) or handing it to a newer store, exclusive.
+    gate: Arc<RwLock<()>>,
+    /// A reader that a newer store of the same cache replaced: it reads
+    /// every byte from the bucket.
+    retired: AtomicBool,
+    /// Pieces no manifest names since the time given, deleted once
+    /// `keep_replaced` has passed.
+    doomed: Mutex<Vec<(Instant, Vec<object_store::path::Path>)>>,
     failed: AtomicBool,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -379,17 +394,19 @@ impl Inner {
         let next_gen = top.unwrap_or(0).max(manifest.segs.iter().map(|s| s.gen).max().unwrap_or(0)) + 1;
         let state = State { segs, manifest, next_gen, meta_dirty: false, clock: 0 };
         Inner {
-            remote,
-            local,
-            cache,
+            remote: Arc::new(remote),
+            local: Arc::new(local),
+            cache: Arc::new(cache),
             opts,
             geometry,
             epoch,
             writer,
             state: Mutex::new(state),
             round: Mutex::new(()),
-            persist: Mutex::new(()),
-            gate: RwLock::new(()),
+            persist: Arc::new(Mutex::new(())),
+            gate: Arc::new(RwLock::new(())),
+            retired: AtomicBool::new(false),
+            doomed: Mutex::new(Vec::new()),
             failed: AtomicBool::new(false),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -424,9 +441,10 @@ impl Inner {
         Ok(())
     }
 
-    /// Delete pieces no manifest of this writer references that older
-    /// writers left (a crash between pieces and manifest, or a fenced
-    /// writer's uploads). Newer writers' pieces are never touched.
+    /// Delete, `keep_replaced` from now, pieces the newest manifest does
+    /// not name that older writers left (replaced pieces not yet deleted,
+    /// a crash between pieces and manifest, a fenced writer's uploads).
+    /// Newer writers' pieces are never touched.
     fn collect_garbage(&self, m: &Manifest) -> io::Result<()> {
         let mut dead = Vec::new();
         for key in self.remote.list("seg")? {
@@ -443,8 +461,9 @@ impl Inner {
             }
         }
         if !dead.is_empty() {
-            tracing::info!("{}: deleting {} unreferenced pieces", self.opts.url, dead.len());
-            self.remote.delete(dead)?;
+            // Readers may still be on the manifest that named some of them.
+            tracing::info!("{}: {} unreferenced pieces, deleted in a while", self.opts.url, dead.len());
+            self.doom(dead);
         }
         Ok(())
     }
@@ -647,21 +666,48 @@ impl Inner {
         Ok(())
     }
 
-    /// Delete what the new manifest no longer names, and old manifests;
-    /// then keep the cache within its budget. Failures only leave
-    /// garbage (collected at the next claim): they are logged.
-    fn after_commit(&self, mut deletes: Vec<object_store::path::Path>) {
+    /// Delete old manifests, and what manifests stopped naming
+    /// `keep_replaced` ago (`deletes` now stop); then keep the cache
+    /// within its budget. Failures only leave garbage (collected at the
+    /// next claim): they are logged.
+    fn after_commit(&self, deletes: Vec<object_store::path::Path>) {
         let n = lock(&self.state).manifest.number;
+        let mut due = Vec::new();
         if n > KEEP_MANIFESTS {
-            deletes.push(self.remote.manifest_key(n - KEEP_MANIFESTS));
+            due.push(self.remote.manifest_key(n - KEEP_MANIFESTS));
         }
-        if !deletes.is_empty() {
-            if let Err(e) = self.remote.delete(deletes) {
-                tracing::warn!("{}: deleting objects no longer referenced: {e}", self.opts.url);
-            }
-        }
+        self.doom(deletes);
+        due.extend(self.take_due());
+        self.delete_unreferenced(due);
         if let Err(e) = self.evict() {
             tracing::error!("{}: trimming the cache: {}", self.opts.url, self.fail(e));
+        }
+    }
+
+    /// `keys` are named by no manifest from now on: deleted once
+    /// `keep_replaced` has passed.
+    fn doom(&self, keys: Vec<object_store::path::Path>) {
+        if !keys.is_empty() {
+            lock(&self.doomed).push((Instant::now(), keys));
+        }
+    }
+
+    /// What [`Inner::doom`] was given `keep_replaced` ago or earlier.
+    fn take_due(&self) -> Vec<object_store::path::Path> {
+        let mut doomed = lock(&self.doomed);
+        let keep = self.opts.keep_replaced;
+        let ripe = doomed.iter().take_while(|(t, _)| t.elapsed() >= keep).count();
+        doomed.drain(..ripe).flat_map(|(_, d)| d).collect()
+    }
+
+    /// Delete `keys`, which no manifest names any more; a failure only
+    /// leaves garbage (collected at the next claim): logged.
+    fn delete_unreferenced(&self, keys: Vec<object_store::path::Path>) {
+        if keys.is_empty() {
+            return;
+        }
+        if let Err(e) = self.remote.delete(keys) {
+            tracing::warn!("{}: deleting objects no longer referenced: {e}", self.opts.url);
         }
     }
 
@@ -671,6 +717,9 @@ impl Inner {
     /// of a generation nobody changed meanwhile (an append lands past
     /// them; a fetch or a new generation makes the segment be skipped).
     fn evict(&self) -> io::Result<()> {
+        if self.retired.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let victims: Vec<(u32, u64, u32)> = {
             let mut st = lock(&self.state);
             let cached: u64 = st.segs.iter().map(|s| u64::from(s.written.saturating_sub(s.local_from))).sum();
@@ -705,6 +754,10 @@ impl Inner {
         }
         self.persist_entries()?;
         let _g = self.gate.write().unwrap_or_else(|p| p.into_inner());
+        if self.retired.load(Ordering::Acquire) {
+            // The local image is a newer store's now.
+            return Ok(());
+        }
         let st = lock(&self.state);
         for (seg, ver, upto) in victims {
             let s = &st.segs[seg as usize];
@@ -786,6 +839,86 @@ impl Inner {
             ));
         }
         Ok(())
+    }
+
+    /// A reader's store of the newest manifest, if it is newer than this
+    /// one's: it takes over the cache directory (the segments whose
+    /// generation and length did not change keep their cached bytes), and
+    /// this store retires, reading every byte from the bucket from then
+    /// on, so that the engines open on it still see their state.
+    fn refresh(&self) -> io::Result<Option<Inner>> {
+        if self.epoch != 0 {
+            return Ok(None);
+        }
+        if self.retired.load(Ordering::Acquire) {
+            return Err(err(
+                io::ErrorKind::Other,
+                format!("{}: this store was replaced by a newer one: refresh that", self.opts.url),
+            ));
+        }
+        let have = lock(&self.state).manifest.number;
+        if self.remote.manifests()?.last().is_none_or(|&n| n <= have) {
+            return Ok(None);
+        }
+        let m = latest_manifest(&self.remote)?;
+        let st0 = lock(&self.state);
+        if m.image_id != st0.manifest.image_id || m.geometry != self.geometry {
+            return Err(err(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{}: manifest {} is of another image (or another geometry) than manifest {}: the \
+                     image was made again; remount",
+                    self.opts.url, m.number, st0.manifest.number
+                ),
+            ));
+        }
+        drop(st0);
+        // No read of the local image in flight, no eviction, while it
+        // changes hands.
+        let _g = self.gate.write().unwrap_or_else(|p| p.into_inner());
+        let st = lock(&self.state);
+        let mut segs = Vec::with_capacity(m.segs.len());
+        for (old, o) in st.segs.iter().zip(&m.segs) {
+            let end = o.end();
+            let same = old.gen == o.gen && old.written == end;
+            let local_from = if same { old.local_from } else { end };
+            segs.push(Seg {
+                gen: o.gen,
+                local_from,
+                written: end,
+                pieces: o.pieces.clone(),
+                last_use: old.last_use,
+                dirty: !same && o.gen != 0,
+                ..Seg::default()
+            });
+        }
+        for (&i, b) in SLOTS.iter().zip(&m.slots) {
+            self.local.write_meta(slot_of(i), b)?;
+        }
+        self.retired.store(true, Ordering::Release);
+        let next_gen = st.next_gen;
+        let clock = st.clock;
+        drop(st);
+        let state = State { segs, manifest: m, next_gen, meta_dirty: false, clock };
+        Ok(Some(Inner {
+            remote: Arc::clone(&self.remote),
+            local: Arc::clone(&self.local),
+            cache: Arc::clone(&self.cache),
+            opts: self.opts.clone(),
+            geometry: self.geometry,
+            epoch: 0,
+            writer: self.writer,
+            state: Mutex::new(state),
+            round: Mutex::new(()),
+            persist: Arc::clone(&self.persist),
+            gate: Arc::clone(&self.gate),
+            retired: AtomicBool::new(false),
+            doomed: Mutex::new(Vec::new()),
+            failed: AtomicBool::new(false),
+            hits: AtomicU64::new(self.hits.load(Ordering::Relaxed)),
+            misses: AtomicU64::new(self.misses.load(Ordering::Relaxed)),
+            wake: (Mutex::new((false, false)), Condvar::new()),
+        }))
     }
 
     /// A write at `offset` into bytes the bucket already holds (the log
@@ -1019,6 +1152,14 @@ fn trusted_cache(dir: &Path, m: &Manifest) -> io::Result<Option<(FileStore, Cach
 
 impl Inner {
     fn read_meta(&self, slot: MetaSlot, buf: &mut [u8; META_SLOT_SIZE]) -> io::Result<()> {
+        if self.retired.load(Ordering::Acquire) {
+            // The local image has a newer store's slots: its own are in
+            // its manifest.
+            if let Some(j) = SLOTS.iter().position(|&i| slot_of(i) == slot) {
+                buf.copy_from_slice(&lock(&self.state).manifest.slots[j]);
+                return Ok(());
+            }
+        }
         self.local.read_meta(slot, buf)
     }
 
@@ -1045,11 +1186,18 @@ impl Inner {
             let _g = self.gate.read().unwrap_or_else(|p| p.into_inner());
             let how = {
                 let mut st = lock(&self.state);
+                let retired = self.retired.load(Ordering::Acquire);
                 st.clock += 1;
                 let now = st.clock;
                 let s = &mut st.segs[seg as usize];
                 s.last_use = now;
-                if offset >= s.local_from {
+                if retired {
+                    let mut pieces = s.pieces.clone();
+                    pieces.extend_from_slice(&s.sent);
+                    // Past the end of the pieces is no byte of its state:
+                    // an error, never the local image's.
+                    Miss::Range(s.gen, pieces, u32::MAX)
+                } else if offset >= s.local_from {
                     Miss::No
                 } else {
                     s.misses += 1;
@@ -1281,6 +1429,16 @@ impl S3Store {
         S3Store { inner, uploader: Mutex::new(uploader) }
     }
 
+    /// Stop as a process killed at this moment would (for tests of
+    /// recovery): nothing more goes to the bucket or the cache directory
+    /// from this store, and its operations fail with EIO; the cache
+    /// directory keeps what reached it.
+    pub fn abandon(&self) {
+        self.inner.failed.store(true, Ordering::Release);
+        lock(&self.inner.wake.0).0 = true;
+        self.inner.ring();
+    }
+
     /// Stop the uploader thread and upload what the bucket lacks.
     fn finish(&self) -> io::Result<()> {
         lock(&self.inner.wake.0).0 = true;
@@ -1290,7 +1448,14 @@ impl S3Store {
                 tracing::error!("{}: the uploader thread panicked", self.inner.opts.url);
             }
         }
-        self.inner.catch_up()
+        let r = self.inner.catch_up();
+        if r.is_ok() {
+            // What is not yet due stays (readers may still read it) until
+            // a later writer has been open long enough.
+            let due = self.inner.take_due();
+            self.inner.delete_unreferenced(due);
+        }
+        r
     }
 }
 
@@ -1340,5 +1505,8 @@ impl Store for S3Store {
     }
     fn close(&self) -> io::Result<()> {
         self.finish()
+    }
+    fn refresh(&self) -> io::Result<Option<Arc<dyn Store>>> {
+        Ok(self.inner.refresh()?.map(|i| Arc::new(S3Store::start(i)) as Arc<dyn Store>))
     }
 }

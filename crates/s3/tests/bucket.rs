@@ -295,16 +295,16 @@ fn a_damaged_or_newer_manifest_is_refused_with_its_name() {
     let e = open(&o);
     put_range(&e, 0..10);
     e.close().unwrap();
-    let m = moto();
-    let newest = (1..100).rev().find(|n| m.object(&b, &format!("img/manifest/{n:020}")).is_some()).unwrap();
-    let mut bytes = m.object(&b, &format!("img/manifest/{newest:020}")).unwrap();
+    let newest =
+        (1..100).rev().find(|n| moto::object(&b, &format!("img/manifest/{n:020}")).is_some()).unwrap();
+    let mut bytes = moto::object(&b, &format!("img/manifest/{newest:020}")).unwrap();
     bytes[100] ^= 0xff;
-    m.put(&b, &format!("img/manifest/{:020}", newest + 1), &bytes);
+    moto::put(&b, &format!("img/manifest/{:020}", newest + 1), &bytes);
     let o2 = opts(&b, &c2.0, SyncMode::Remote);
     let msg = S3Store::open(o2.clone()).err().expect("a damaged manifest is refused").to_string();
     assert!(msg.contains(&format!("manifest {}", newest + 1)) && msg.contains("checksum"), "{msg}");
     bytes[8] = 9;
-    m.put(&b, &format!("img/manifest/{:020}", newest + 1), &bytes);
+    moto::put(&b, &format!("img/manifest/{:020}", newest + 1), &bytes);
     let msg = S3Store::open(o2).err().expect("a newer manifest is refused").to_string();
     assert!(msg.contains("newer zlogfs"), "{msg}");
 }
@@ -587,4 +587,106 @@ fn scattered_reads_from_a_cold_cache_use_ranged_requests() {
     );
     check_range(&e, 0..1500);
     e.close().unwrap();
+}
+
+fn value_v(i: u32, round: u32) -> Vec<u8> {
+    let mut v = value(i);
+    v.extend_from_slice(&round.to_le_bytes());
+    v
+}
+
+fn put_round(e: &Engine, n: u32, round: u32) {
+    for i in 0..n {
+        let mut b = WriteBatch::new();
+        b.put(key(i), value_v(i, round));
+        e.write(&b).unwrap();
+    }
+}
+
+/// Every key of `0..n` as of `round`, or an error: never another round's
+/// value.
+fn check_round(e: &Engine, n: u32, round: u32) -> usize {
+    let mut errors = 0;
+    for i in 0..n {
+        match e.get(&key(i)) {
+            Ok(v) => assert_eq!(v, Some(value_v(i, round)), "key {i}: not round {round}'s value"),
+            Err(_) => errors += 1,
+        }
+    }
+    errors
+}
+
+fn open_reader(o: &S3Options) -> Engine {
+    let ro = S3Options { read_only: true, ..o.clone() };
+    let store: Arc<dyn Store> = Arc::new(S3Store::open(ro).unwrap());
+    Engine::open(store, reader_opts()).unwrap()
+}
+
+/// A reader's engine, with no block cache: every read reaches the store.
+fn reader_opts() -> Options {
+    Options { read_only: true, cache_bytes: 0, ..engine_opts() }
+}
+
+/// A reader follows the writer: its engine keeps reading the state it
+/// opened (while the writer rewrites every key and reuses segments), a
+/// refresh gives a store of the newest state, and the old engine still
+/// reads its own state through the retired store.
+#[test]
+fn a_reader_keeps_its_state_and_follows_the_writer() {
+    let b = bucket("follow");
+    let (c1, c2) = (tempdir("w"), tempdir("r"));
+    let o = opts(&b, &c1.0, SyncMode::Remote);
+    make(&o);
+    let w = open(&o);
+    const N: u32 = 1200;
+    put_round(&w, N, 0);
+    w.sync().unwrap();
+    let r = open_reader(&opts(&b, &c2.0, SyncMode::Local));
+    assert_eq!(check_round(&r, N, 0), 0);
+    assert!(r.store().refresh().unwrap().is_none(), "nothing newer yet");
+    // Rewrites well past the image's 24 MiB: segments are reused.
+    for round in 1..=8 {
+        put_round(&w, N, round);
+        w.sync().unwrap();
+    }
+    assert_eq!(check_round(&r, N, 0), 0, "the reader's state stays while the writer keeps its pieces");
+    let s2 = r.store().refresh().unwrap().expect("a newer manifest");
+    let r2 = Engine::open(s2, reader_opts()).unwrap();
+    assert_eq!(check_round(&r2, N, 8), 0);
+    // The retired store reads the old state from the bucket, never the
+    // cache the new one fills.
+    let before = r.stats().remote.unwrap().bytes_down;
+    assert_eq!(check_round(&r, N, 0), 0, "the old engine still reads its state");
+    assert!(r.stats().remote.unwrap().bytes_down > before, "through the bucket");
+    drop(r);
+    assert_eq!(check_round(&r2, N, 8), 0);
+    assert!(r2.store().refresh().unwrap().is_none());
+    put_round(&w, N, 9);
+    w.close().unwrap();
+    let s3 = r2.store().refresh().unwrap().expect("the writer's last manifest");
+    let r3 = Engine::open(s3, reader_opts()).unwrap();
+    assert_eq!(check_round(&r3, N, 9), 0);
+}
+
+/// With no time kept for readers, a reader left on an old manifest gets
+/// errors for what the writer deleted, never another state's bytes.
+#[test]
+fn a_reader_behind_a_writer_that_keeps_nothing_gets_errors_not_wrong_data() {
+    let b = bucket("behind");
+    let (c1, c2) = (tempdir("w"), tempdir("r"));
+    let o = S3Options { keep_replaced: Duration::ZERO, ..opts(&b, &c1.0, SyncMode::Remote) };
+    make(&o);
+    let w = open(&o);
+    const N: u32 = 1200;
+    put_round(&w, N, 0);
+    w.sync().unwrap();
+    let r = open_reader(&S3Options { cache_bytes: 0, ..opts(&b, &c2.0, SyncMode::Local) });
+    for round in 1..=8 {
+        put_round(&w, N, round);
+        w.sync().unwrap();
+    }
+    let errors = check_round(&r, N, 0);
+    eprintln!("{errors} of {N} keys gone under the reader");
+    assert!(w.stats().remote.unwrap().deletes > 0, "the writer deleted replaced pieces");
+    w.close().unwrap();
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use zlogfs::fs::Fs;
+use zlogfs::fs::{Fs, Live};
 use zlogfs::tools::metrics::prometheus;
 
 /// The endpoint while it serves; dropping it stops it.
@@ -15,7 +15,7 @@ pub struct Endpoint {
 }
 
 /// Serve the figures of `fs` (and the process's) on `addr`.
-pub fn serve(addr: &str, fs: Arc<Fs>) -> Result<Endpoint, String> {
+pub fn serve(addr: &str, live: Arc<Live>) -> Result<Endpoint, String> {
     let server = tiny_http::Server::http(addr).map_err(|e| {
         format!("cannot serve metrics on {addr}: {e} (give a free HOST:PORT, e.g. metrics=127.0.0.1:9184)")
     })?;
@@ -25,7 +25,7 @@ pub fn serve(addr: &str, fs: Arc<Fs>) -> Result<Endpoint, String> {
         .name("zlogfs-metrics".into())
         .spawn(move || {
             for req in s.incoming_requests() {
-                answer(req, &fs);
+                answer(req, &live.get());
             }
         })
         .map_err(|e| format!("cannot start the metrics thread: {e}"))?;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use zlogfs::control;
 use zlogfs::engine::Options;
 use zlogfs::frontends::fuse::{self, MountOptions, Snapdir, Uring};
-use zlogfs::fs::{Atime, Fs, FsOptions, SyncMode};
+use zlogfs::fs::{Atime, Fs, FsOptions, Live, SyncMode};
 
 use super::logging::{self, Sink};
 use super::Res;
@@ -21,6 +21,13 @@ const READY_ENV: &str = "ZLOGFS_DAEMON_READY";
 
 /// The commit interval without `-o commit`.
 const COMMIT: Duration = Duration::from_secs(5);
+
+/// How often a read-only mount of an image in a bucket looks for a newer
+/// state without `-o refresh`.
+const REFRESH: Duration = Duration::from_secs(5);
+/// The longest `-o refresh`: well inside the minute a writer keeps what a
+/// newer state replaced (crates/s3, `keep_replaced`).
+const MAX_REFRESH: Duration = Duration::from_secs(30);
 
 /// What `-o` gives, with the file system's own options apart.
 pub struct Parsed {
@@ -55,6 +62,9 @@ pub struct Parsed {
     /// `-o cache=DIR,sync=local|remote,cache_size=SIZE`: of an image in
     /// an object store.
     pub s3: super::S3Flags,
+    /// `-o refresh=SECONDS`: how often a read-only mount of an image in a
+    /// bucket looks for the writer's newer state (0: never).
+    pub refresh: Option<Duration>,
 }
 
 /// Parse a `-o` list (several `-o` are joined). Every generic option of
@@ -80,6 +90,7 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
         s3: super::S3Flags::default(),
         snapshot: None,
         at: None,
+        refresh: None,
     };
     for opt in lists.iter().flat_map(|l| l.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
         let (k, v) = match opt.split_once('=') {
@@ -92,7 +103,7 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
             return Err(format!(
                 "unknown mount option {opt:?} (known: the generic options of mount(8), and allow_other, \
                  default_permissions, patches, nopatches, uring[=on|off|auto], spin=US, attr_timeout=S, \
-                 entry_timeout=S, negative_timeout=S, threads=N, commit=SECONDS, metrics=HOST:PORT, nbd=PATH, snapshot=NAME, at=TIME, snapdir=hidden|visible|off, log=LEVEL, logfile=PATH, fast=PATH, cache=DIR, sync=local|remote, cache_size=SIZE)"
+                 entry_timeout=S, negative_timeout=S, threads=N, commit=SECONDS, metrics=HOST:PORT, nbd=PATH, snapshot=NAME, at=TIME, snapdir=hidden|visible|off, log=LEVEL, logfile=PATH, fast=PATH, cache=DIR, sync=local|remote, cache_size=SIZE, refresh=SECONDS)"
             ));
         }
     }
@@ -164,6 +175,7 @@ impl Parsed {
                 self.commit = if s == 0 { COMMIT } else { Duration::from_secs(s) };
             }
             "nbd" => self.nbd = Some(PathBuf::from(v.ok_or("option nbd needs the path of a Unix socket")?)),
+            "refresh" => self.refresh = Some(secs(k, v)?),
             "sync" => {
                 let v = v.ok_or("option sync=MODE needs local or remote")?;
                 self.s3.sync = Some(v.parse().map_err(|e| format!("option sync: {e}"))?);
@@ -286,7 +298,12 @@ pub fn open_for_mount(image: &Path, p: &Parsed) -> Result<Fs, String> {
     // Read-only, the image is opened so (with a shared lock): it may be
     // read-only to the caller, and other read-only users may share it.
     let f = super::open_image(image, p.mount.read_only, p.fast.as_deref())?;
-    let opts = FsOptions {
+    Fs::open(f, fs_options(p)).map_err(|e: zlogfs::fs::Error| format!("{}: {e}", image.display()))
+}
+
+/// The file system's options a mount's `-o` list gives.
+fn fs_options(p: &Parsed) -> FsOptions {
+    FsOptions {
         engine: Options::default(),
         atime: p.atime,
         read_only: p.mount.read_only,
@@ -297,8 +314,82 @@ pub fn open_for_mount(image: &Path, p: &Parsed) -> Result<Fs, String> {
         snapshot: p.snapshot.clone(),
         at: p.at.clone(),
         ..FsOptions::default()
-    };
-    Fs::open(f, opts).map_err(|e: zlogfs::fs::Error| format!("{}: {e}", image.display()))
+    }
+}
+
+/// How often a mount of `image` looks for a newer state: a read-only
+/// mount of an image in a bucket follows its writer (every 5 seconds
+/// unless `-o refresh` says otherwise; not with `-o nbd`, whose exports
+/// stay on the state they opened).
+fn refresh_interval(image: &Path, p: &Parsed) -> Result<Option<Duration>, String> {
+    let bucket = super::s3_url(image)?.is_some();
+    match p.refresh {
+        Some(_) if !bucket || !p.mount.read_only => {
+            Err("option refresh is for read-only mounts of an image in a bucket (-o ro,refresh=SECONDS)"
+                .into())
+        }
+        Some(_) if p.nbd.is_some() => {
+            Err("option refresh: a mount that serves NBD (-o nbd) does not follow \
+                                          its writer; give one of them"
+                .into())
+        }
+        Some(d) if d.is_zero() => Ok(None),
+        Some(d) if d > MAX_REFRESH => Err(format!(
+            "option refresh: at most {} seconds (the writer keeps what a newer state replaced for a \
+             minute; a reader that refreshes less often may find it gone)",
+            MAX_REFRESH.as_secs()
+        )),
+        Some(d) => Ok(Some(d)),
+        None if bucket && p.mount.read_only && p.nbd.is_none() => Ok(Some(REFRESH)),
+        None => Ok(None),
+    }
+}
+
+/// The thread of a mount that follows its writer: it looks for a newer
+/// state every interval, until dropped.
+struct Follower {
+    stop: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Follower {
+    fn start(live: Arc<Live>, every: Duration) -> Result<Follower, String> {
+        let stop = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+        let s = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("zlogfs-follow".into())
+            .spawn(move || loop {
+                {
+                    let stopped = s.0.lock().unwrap_or_else(|p| p.into_inner());
+                    let stopped = match s.1.wait_timeout_while(stopped, every, |stop| !*stop) {
+                        Ok((g, _)) => g,
+                        Err(p) => p.into_inner().0,
+                    };
+                    if *stopped {
+                        return;
+                    }
+                }
+                match live.refresh() {
+                    Ok(true) => tracing::info!("following the writer: now at the image's newest state"),
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!("looking for the writer's newer state: {e}"),
+                }
+            })
+            .map_err(|e| format!("cannot start the refresh thread: {e}"))?;
+        Ok(Follower { stop, thread: Some(thread) })
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        *self.stop.0.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.stop.1.notify_all();
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() {
+                tracing::error!("the refresh thread panicked");
+            }
+        }
+    }
 }
 
 /// `zlogfs mount IMAGE DIR [-o OPTS] [-f]`.
@@ -323,13 +414,19 @@ pub fn mount(image: &Path, dir: &Path, opts: &[String], foreground: bool) -> Res
     }
     // The figures of `stats --latency` count from here.
     zlogfs::metrics::global();
+    let refresh = refresh_interval(image, &parsed).map_err(|e| ready_fail(daemon_child, e))?;
     let fs = Arc::new(open_for_mount(image, &parsed).map_err(|e| ready_fail(daemon_child, e))?);
-    let control = start_control(&fs, image, dir).map_err(|e| ready_fail(daemon_child, e))?;
+    let live = Arc::new(match refresh {
+        Some(_) => Live::following(Arc::clone(&fs), fs_options(&parsed)),
+        None => Live::fixed(Arc::clone(&fs)),
+    });
+    drop(fs);
+    let control = start_control(&live, image, dir).map_err(|e| ready_fail(daemon_child, e))?;
     let nbd = match &parsed.nbd {
         Some(p) => Some(
             crate::nbd::Server::start(
                 crate::nbd::Listen::Unix(p.clone()),
-                Arc::clone(&fs),
+                live.get(),
                 parsed.mount.read_only,
             )
             .map_err(|e| ready_fail(daemon_child, e))?,
@@ -338,11 +435,11 @@ pub fn mount(image: &Path, dir: &Path, opts: &[String], foreground: bool) -> Res
     };
     let endpoint = match &parsed.metrics {
         Some(a) => {
-            Some(crate::metrics_http::serve(a, Arc::clone(&fs)).map_err(|e| ready_fail(daemon_child, e))?)
+            Some(crate::metrics_http::serve(a, Arc::clone(&live)).map_err(|e| ready_fail(daemon_child, e))?)
         }
         None => None,
     };
-    let (session, mut unmounter) = fuse::mount(fs.clone(), dir, &parsed.mount)
+    let (session, mut unmounter) = fuse::mount(Arc::clone(&live), dir, &parsed.mount)
         .map_err(|e| ready_fail(daemon_child, format!("cannot mount on {}: {e}", dir.display())))?;
     let mut signals = signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP])
         .map_err(|e| format!("cannot install signal handlers: {e}"))?;
@@ -368,11 +465,18 @@ pub fn mount(image: &Path, dir: &Path, opts: &[String], foreground: bool) -> Res
             session.transport()
         );
     }
+    let follower = match refresh {
+        Some(every) => {
+            Some(Follower::start(Arc::clone(&live), every).map_err(|e| ready_fail(daemon_child, e))?)
+        }
+        None => None,
+    };
     let served = session.run();
+    drop(follower);
     drop(control);
     drop(endpoint);
     drop(nbd);
-    let closed = close_when_free(fs, image);
+    let closed = close_when_free(live, image);
     served.map_err(|e| format!("serving {}: {e}", dir.display()))?;
     closed?;
     if !daemon_child {
@@ -384,27 +488,36 @@ pub fn mount(image: &Path, dir: &Path, opts: &[String], foreground: bool) -> Res
 /// Serve the control channel of the mount on `dir` (docs/CONTROL.md), for
 /// this process's user and root. `zlogfs nbd` serves its image's with the
 /// image as `dir`.
-pub fn start_control(fs: &Arc<Fs>, image: &Path, dir: &Path) -> Result<control::Server, String> {
+pub fn start_control(live: &Arc<Live>, image: &Path, dir: &Path) -> Result<control::Server, String> {
     // Before the mount: once mounted, resolving the path would ask this
     // process, which does not serve yet.
     let mountpoint = dir.canonicalize().map_err(|e| format!("{}: {e}", dir.display()))?;
     let image = image.canonicalize().unwrap_or_else(|_| image.to_path_buf());
     let owner = nix::unistd::geteuid().as_raw();
     let path = control::socket_path(&mountpoint, owner);
-    let handler = control::handler(Arc::clone(fs), control::Info { image, mountpoint });
+    let handler = control::handler(Arc::clone(live), control::Info { image, mountpoint });
     control::Server::start(path.clone(), owner, handler)
         .map_err(|e| format!("cannot serve the control socket {}: {e}", path.display()))
 }
 
-/// Close `fs` once the session and the control channel let go of it
-/// (a control request still running is waited for, up to a minute): close
-/// writes a checkpoint so that the next open has nothing to replay. The
-/// session synced as it ended (`Session::run`).
-pub fn close_when_free(mut fs: Arc<Fs>, image: &Path) -> Result<(), String> {
+/// Close the file system once the session and the control channel let go
+/// of it (a control request still running is waited for, up to a minute):
+/// close writes a checkpoint so that the next open has nothing to replay.
+/// The session synced as it ended (`Session::run`).
+pub fn close_when_free(live: Arc<Live>, image: &Path) -> Result<(), String> {
+    let (mut live, mut fs) = (Some(live), None);
     for _ in 0..600 {
-        match Arc::try_unwrap(fs) {
-            Ok(fs) => return fs.close().map_err(|e| format!("closing {}: {e}", image.display())),
-            Err(still) => fs = still,
+        if let Some(l) = live.take() {
+            match Arc::try_unwrap(l) {
+                Ok(l) => fs = Some(l.into_inner()),
+                Err(l) => live = Some(l),
+            }
+        }
+        if let Some(f) = fs.take() {
+            match Arc::try_unwrap(f) {
+                Ok(f) => return f.close().map_err(|e| format!("closing {}: {e}", image.display())),
+                Err(f) => fs = Some(f),
+            }
         }
         std::thread::sleep(Duration::from_millis(100));
     }

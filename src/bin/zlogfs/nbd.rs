@@ -253,7 +253,8 @@ pub fn nbd(image: &Path, at: Listen, create: &[String], chunk: Option<&str>, opt
         .map_err(|e| format!("cannot install signal handlers: {e}"))?;
     let server = Server::start(at.clone(), Arc::clone(&fs), ro)?;
     // The admin commands reach the image through it while it is served.
-    let control = super::mount::start_control(&fs, image, image)?;
+    let live = Arc::new(zlogfs::fs::Live::fixed(Arc::clone(&fs)));
+    let control = super::mount::start_control(&live, image, image)?;
     eprintln!(
         "zlogfs: serving the files of {} at {at}{}; stop with Ctrl-C or SIGTERM",
         image.display(),
@@ -262,7 +263,8 @@ pub fn nbd(image: &Path, at: Listen, create: &[String], chunk: Option<&str>, opt
     signals.forever().next();
     drop(server);
     drop(control);
-    super::mount::close_when_free(fs, image)?;
+    drop(fs);
+    super::mount::close_when_free(live, image)?;
     eprintln!("zlogfs: {} closed cleanly", image.display());
     Ok(ExitCode::SUCCESS)
 }

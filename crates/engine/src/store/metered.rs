@@ -74,4 +74,8 @@ impl Store for Metered {
     fn remote_stats(&self) -> Option<super::RemoteStats> {
         self.0.remote_stats()
     }
+
+    fn refresh(&self) -> io::Result<Option<Arc<dyn Store>>> {
+        self.0.refresh()
+    }
 }

@@ -14,6 +14,7 @@
 //! - nothing is durable until [`Store::sync`] returns `Ok`.
 
 use std::io;
+use std::sync::Arc;
 
 #[cfg(any(test, feature = "testing"))]
 mod fault;
@@ -126,6 +127,15 @@ pub trait Store: Send + Sync {
     /// data elsewhere finishes sending it, and says when it cannot.
     fn close(&self) -> io::Result<()> {
         Ok(())
+    }
+    /// Of a read-only store of an image that another process writes
+    /// elsewhere (an object store): a store of the image's newest durable
+    /// state, when it is newer than this one's; open a new engine on it.
+    /// This store keeps serving the state it had to the engines open on
+    /// it (reads may get slower), for as long as the writer keeps that
+    /// state's data. None for a local store, or when nothing is newer.
+    fn refresh(&self) -> io::Result<Option<Arc<dyn Store>>> {
+        Ok(None)
     }
     /// Of a store that keeps its segments elsewhere (an object store): its
     /// requests, traffic and cache. None for a local store.
