@@ -13,7 +13,7 @@ mod common;
 mod feed;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -21,6 +21,7 @@ use zlogfs::codec::{CodecId, CodecSpec};
 use zlogfs::frontends::fuse::errno as fuse_errno;
 use zlogfs::fs::{self, Fs, FsOptions, Ino, Kind, MkfsOptions, SetAttr, ROOT};
 use zlogfs::store::{CrashMode, FaultConfig, FaultStore, Geometry, Store, TwoStore};
+use zlogfs_s3::{S3Options, S3Store, S3Url, SyncMode as BucketSync};
 
 fn mkfs_opts(chunk: u32, history: bool) -> MkfsOptions {
     MkfsOptions {
@@ -45,15 +46,83 @@ fn fs_opts() -> FsOptions {
     }
 }
 
-/// The stores of a run's image: one, or a fast and a bulk one (issue 29).
+/// The stores of a run's image: one, or a fast and a bulk one (issue 29),
+/// or an image in a bucket (issue 30).
 struct Rig {
-    /// The only store, or the fast one.
+    /// The only store, or the fast one (unused with a bucket).
     st: Arc<FaultStore>,
     bulk: Option<Arc<FaultStore>>,
+    s3: Option<BucketRig>,
+}
+
+/// An image in a bucket of a real S3 server (moto on 127.0.0.1): the
+/// store of the current process and its cache directory.
+struct BucketRig {
+    opts: S3Options,
+    /// The store mkfs writes through (taken by the first [`Rig::store`]).
+    made: Mutex<Option<S3Store>>,
+    cur: Mutex<Option<Arc<S3Store>>>,
+}
+
+impl BucketRig {
+    /// A new image of `geometry` in a bucket of its own.
+    fn new(sync: BucketSync, geometry: Geometry) -> BucketRig {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let bucket = format!("model-{}-{n}", std::process::id());
+        zlogfs_s3::testing::moto().bucket(&bucket);
+        let cache = std::env::temp_dir().join(format!("zlogfs-model-{bucket}"));
+        let _ = std::fs::remove_dir_all(&cache);
+        let url = S3Url { bucket, prefix: "img".into() };
+        let opts = S3Options {
+            sync,
+            upload_every: std::time::Duration::from_millis(100),
+            ..S3Options::new(url, cache)
+        };
+        let made = S3Store::create(opts.clone(), geometry).expect("an image in the bucket");
+        BucketRig { opts, made: Mutex::new(Some(made)), cur: Mutex::new(None) }
+    }
+
+    /// The store of the running process: opened (the image claimed) when
+    /// the last one was closed or crashed.
+    fn store(&self) -> Arc<dyn Store> {
+        let mut cur = self.cur.lock().expect("rig");
+        if let Some(made) = self.made.lock().expect("rig").take() {
+            return cur.insert(Arc::new(made)).clone();
+        }
+        if cur.as_ref().is_some_and(|s| Arc::strong_count(s) == 1) {
+            // Its file system closed: a clean close uploads everything.
+            *cur = None;
+        }
+        cur.get_or_insert_with(|| Arc::new(S3Store::open(self.opts.clone()).expect("opening the image")))
+            .clone()
+    }
+
+    /// The process is killed: nothing more is uploaded, the cache
+    /// directory keeps what reached it. Under sync=remote every other
+    /// crash loses the machine and its cache directory as well.
+    fn crash(&self, seed: u64) {
+        if let Some(s) = self.cur.lock().expect("rig").take() {
+            s.abandon();
+            assert_eq!(Arc::strong_count(&s), 1, "the crashed file system still holds its store");
+        }
+        if self.opts.sync == BucketSync::Remote && seed % 2 == 0 {
+            std::fs::remove_dir_all(&self.opts.cache_dir).expect("removing the cache directory");
+        }
+    }
+}
+
+impl Drop for BucketRig {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.opts.cache_dir);
+    }
 }
 
 impl Rig {
     fn store(&self) -> Arc<dyn Store> {
+        if let Some(b) = &self.s3 {
+            return b.store();
+        }
         match &self.bulk {
             None => self.st.clone(),
             Some(b) => {
@@ -66,6 +135,9 @@ impl Rig {
     /// Power cut. On two stores, by `seed`: to both, or to one while the
     /// other keeps every write it had (its cache reached it).
     fn power_cut(&self, mode: CrashMode, seed: u64) {
+        if let Some(b) = &self.s3 {
+            return b.crash(seed);
+        }
         if let Some(b) = &self.bulk {
             let keep = |s: &FaultStore| {
                 // Its writes reach it (faults of the run aside).
@@ -93,12 +165,18 @@ impl Rig {
 
 /// On two stores, files above 4 KiB keep their chunks on the bulk one, so
 /// that the model's files use both.
-fn fresh(chunk: u32, history: bool, two: bool) -> Rig {
+fn fresh(chunk: u32, history: bool, two: bool, bucket: Option<BucketSync>) -> Rig {
     let g = |n: u32| Geometry { segment_size: 512 << 10, segment_count: n };
-    let rig = if two {
-        Rig { st: Arc::new(FaultStore::new(g(32))), bulk: Some(Arc::new(FaultStore::new(g(64)))) }
-    } else {
-        Rig { st: Arc::new(FaultStore::new(g(96))), bulk: None }
+    let rig = match bucket {
+        Some(sync) => {
+            Rig { st: Arc::new(FaultStore::new(g(1))), bulk: None, s3: Some(BucketRig::new(sync, g(96))) }
+        }
+        None if two => Rig {
+            st: Arc::new(FaultStore::new(g(32))),
+            bulk: Some(Arc::new(FaultStore::new(g(64)))),
+            s3: None,
+        },
+        None => Rig { st: Arc::new(FaultStore::new(g(96))), bulk: None, s3: None },
     };
     let o = MkfsOptions {
         small_max: if two { 4096 } else { fs::DEFAULT_SMALL_MAX },
@@ -555,6 +633,9 @@ struct Setup {
     history: bool,
     /// An image of two stores, power cut each or both.
     two: bool,
+    /// An image in a bucket, with this sync mode (crashes kill the
+    /// process; io_errors must be off).
+    bucket: Option<BucketSync>,
 }
 
 /// On images of chunks above 4 KiB, a third of new files and directories
@@ -574,9 +655,9 @@ fn set_chunk(f: &Fs, ino: Ino, chunk: Option<u32>) -> Res {
 
 /// One seeded run; the number of patches its commits wrote.
 fn run(seed: u64, steps: usize, setup: Setup) -> u64 {
-    let Setup { io_errors, chunk, clean, history: keep_points, two } = setup;
+    let Setup { io_errors, chunk, clean, history: keep_points, two, bucket } = setup;
     let mut r = common::rng(seed);
-    let st = fresh(chunk, keep_points, two);
+    let st = fresh(chunk, keep_points, two, bucket);
     let mut f = open(&st);
     let mut m = Model::new();
     // Models after each accepted operation since the last sync.
@@ -1031,7 +1112,7 @@ fn fs_matches_model_through_crashes() {
         run(
             base.wrapping_add(k),
             1500,
-            Setup { io_errors: false, chunk: 4096, clean: false, history: false, two: false },
+            Setup { io_errors: false, chunk: 4096, clean: false, history: false, two: false, bucket: None },
         );
     }
 }
@@ -1046,7 +1127,7 @@ fn fs_matches_model_keeping_every_commit() {
         run(
             base.wrapping_add(k),
             1500,
-            Setup { io_errors: false, chunk: 4096, clean: false, history: true, two: false },
+            Setup { io_errors: false, chunk: 4096, clean: false, history: true, two: false, bucket: None },
         );
     }
 }
@@ -1072,6 +1153,7 @@ fn fs_matches_model_with_patches() {
                 clean: true,
                 history: base.wrapping_add(k) % 2 == 1,
                 two: false,
+                bucket: None,
             },
         );
     }
@@ -1091,7 +1173,7 @@ fn fs_matches_model_through_io_errors() {
         run(
             base.wrapping_add(k),
             1500,
-            Setup { io_errors: true, chunk: 4096, clean: false, history: false, two: false },
+            Setup { io_errors: true, chunk: 4096, clean: false, history: false, two: false, bucket: None },
         );
     }
 }
@@ -1108,10 +1190,45 @@ fn fs_matches_model_on_two_devices() {
     for k in 0..runs {
         // By the seed, so that a replay runs the same setup.
         let setup = match base.wrapping_add(k) % 3 {
-            0 => Setup { io_errors: false, chunk: 4096, clean: false, history: false, two: true },
-            1 => Setup { io_errors: false, chunk: 32 << 10, clean: true, history: true, two: true },
-            _ => Setup { io_errors: true, chunk: 4096, clean: false, history: false, two: true },
+            0 => {
+                Setup { io_errors: false, chunk: 4096, clean: false, history: false, two: true, bucket: None }
+            }
+            1 => Setup {
+                io_errors: false,
+                chunk: 32 << 10,
+                clean: true,
+                history: true,
+                two: true,
+                bucket: None,
+            },
+            _ => {
+                Setup { io_errors: true, chunk: 4096, clean: false, history: false, two: true, bucket: None }
+            }
         };
         run(base.wrapping_add(k), 1500, setup);
+    }
+}
+
+/// The model test on an image in a bucket of a real S3 server (issue 30;
+/// moto on 127.0.0.1): crashes kill the process (nothing more uploaded,
+/// the cache directory keeps what reached it), and under sync=remote
+/// every other crash loses the cache directory too, so the bucket alone
+/// must hold everything synced. Runs alternate sync=local on 4 KiB chunks
+/// with sync=remote on 32 KiB chunks with patches, the cleaner and every
+/// commit kept.
+#[test]
+fn fs_matches_model_in_a_bucket() {
+    let base = common::seed("fs_matches_model_in_a_bucket");
+    let runs = if std::env::var("ZLOGFS_SEED").is_ok() { 1 } else { 4 };
+    for k in 0..runs {
+        let s = base.wrapping_add(k);
+        let setup = if s % 2 == 0 {
+            let bucket = Some(BucketSync::Local);
+            Setup { io_errors: false, chunk: 4096, clean: false, history: false, two: false, bucket }
+        } else {
+            let bucket = Some(BucketSync::Remote);
+            Setup { io_errors: false, chunk: 32 << 10, clean: true, history: true, two: false, bucket }
+        };
+        run(s, 1000, setup);
     }
 }
