@@ -208,6 +208,9 @@ impl Seg {
 
 struct State {
     segs: Vec<Seg>,
+    /// Segments emptied by [`Inner::freed`] whose local bytes are still to
+    /// be punched: (segment, its `local_ver` then, bytes).
+    freed: Vec<(u32, u64, u32)>,
     /// The newest manifest in the bucket that this store knows (read at
     /// open or written since).
     manifest: Manifest,
@@ -392,7 +395,7 @@ impl Inner {
         // knows.
         let top = segs.iter().flat_map(|s| std::iter::once(s.gen).chain(s.old.iter().map(|o| o.0))).max();
         let next_gen = top.unwrap_or(0).max(manifest.segs.iter().map(|s| s.gen).max().unwrap_or(0)) + 1;
-        let state = State { segs, manifest, next_gen, meta_dirty: false, clock: 0 };
+        let state = State { segs, freed: Vec::new(), manifest, next_gen, meta_dirty: false, clock: 0 };
         Inner {
             remote: Arc::new(remote),
             local: Arc::new(local),
@@ -716,39 +719,46 @@ impl Inner {
     /// before the bytes go, and only the bytes chosen go: `[0, written)`
     /// of a generation nobody changed meanwhile (an append lands past
     /// them; a fetch or a new generation makes the segment be skipped).
+    /// Freed segments' bytes go too.
     fn evict(&self) -> io::Result<()> {
         if self.retired.load(Ordering::Acquire) {
             return Ok(());
         }
         let victims: Vec<(u32, u64, u32)> = {
             let mut st = lock(&self.state);
+            let mut out = std::mem::take(&mut st.freed);
             let cached: u64 = st.segs.iter().map(|s| u64::from(s.written.saturating_sub(s.local_from))).sum();
-            if cached <= self.opts.cache_bytes {
-                return Ok(());
-            }
-            let mut clean: Vec<(u64, u32)> = st
-                .segs
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| s.written > s.local_from && s.written == s.uploaded())
-                .map(|(i, s)| (s.last_use, i as u32))
-                .collect();
-            clean.sort_unstable();
-            let mut over = cached - self.opts.cache_bytes;
-            let mut out = Vec::new();
-            for (_, seg) in clean {
-                if over == 0 {
-                    break;
+            if cached > self.opts.cache_bytes {
+                let mut clean: Vec<(u64, u32)> = st
+                    .segs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.written > s.local_from && s.written == s.uploaded())
+                    .map(|(i, s)| (s.last_use, i as u32))
+                    .collect();
+                clean.sort_unstable();
+                let mut over = cached - self.opts.cache_bytes;
+                for (_, seg) in clean {
+                    if over == 0 {
+                        break;
+                    }
+                    let s = &mut st.segs[seg as usize];
+                    over = over.saturating_sub(u64::from(s.written - s.local_from));
+                    s.local_from = s.written;
+                    s.local_ver += 1;
+                    s.dirty = true;
+                    out.push((seg, s.local_ver, s.written));
                 }
-                let s = &mut st.segs[seg as usize];
-                over = over.saturating_sub(u64::from(s.written - s.local_from));
-                s.local_from = s.written;
-                s.local_ver += 1;
-                s.dirty = true;
-                out.push((seg, s.local_ver, s.written));
             }
             out
         };
+        self.punch(victims)
+    }
+
+    /// Punch out `[0, upto)` of each segment of `victims` (segment,
+    /// `local_ver` when chosen, `upto`) that nothing changed since: the
+    /// record says so (durably) first.
+    fn punch(&self, victims: Vec<(u32, u64, u32)>) -> io::Result<()> {
         if victims.is_empty() {
             return Ok(());
         }
@@ -761,11 +771,38 @@ impl Inner {
         let st = lock(&self.state);
         for (seg, ver, upto) in victims {
             let s = &st.segs[seg as usize];
-            if s.local_ver == ver && s.local_from == upto {
+            // Evicted: nothing came local since (an append lands past
+            // `upto`); freed: not written again.
+            if s.local_ver == ver && (s.local_from == upto || s.written == 0) {
                 self.local.discard_prefix(seg, upto)?;
             }
         }
         Ok(())
+    }
+
+    /// The engine needs nothing of segment `seg` any more: its pieces go
+    /// (after the next manifest, and `keep_replaced`), its cached bytes at
+    /// the next eviction.
+    fn freed(&self, seg: u32) {
+        if self.epoch == 0 {
+            return;
+        }
+        let mut st = lock(&self.state);
+        match st.segs.get(seg as usize) {
+            Some(s) if s.written > 0 || s.sent_end() > 0 => {}
+            _ => return,
+        }
+        // A new generation, with nothing in it: an upload of the old one
+        // still in flight is then known as stale when it lands.
+        let gen = next_gen(&mut st);
+        let s = &mut st.segs[seg as usize];
+        let upto = s.written;
+        s.retire();
+        let local_ver = s.local_ver + 1;
+        *s = Seg { gen, old: std::mem::take(&mut s.old), local_ver, dirty: true, ..Seg::default() };
+        st.freed.push((seg, local_ver, upto));
+        // The next manifest differs: a round is due.
+        st.meta_dirty = true;
     }
 
     /// Bring segment `seg`'s bytes from the bucket into the local image.
@@ -899,7 +936,7 @@ impl Inner {
         let next_gen = st.next_gen;
         let clock = st.clock;
         drop(st);
-        let state = State { segs, manifest: m, next_gen, meta_dirty: false, clock };
+        let state = State { segs, freed: Vec::new(), manifest: m, next_gen, meta_dirty: false, clock };
         Ok(Some(Inner {
             remote: Arc::clone(&self.remote),
             local: Arc::clone(&self.local),
@@ -1496,6 +1533,9 @@ impl Store for S3Store {
     }
     fn sealed(&self, seg: u32) {
         self.inner.sealed(seg)
+    }
+    fn freed(&self, seg: u32) {
+        self.inner.freed(seg)
     }
     fn remote_stats(&self) -> Option<RemoteStats> {
         self.inner.remote_stats()

@@ -84,3 +84,18 @@ impl Moto {
         assert!(reply.starts_with("HTTP/1.1 200"), "creating bucket {name}: {reply}");
     }
 }
+
+/// How many objects there are under `prefix` of `bucket`, and their bytes.
+pub fn stored(bucket: &str, prefix: &str) -> (u64, u64) {
+    use futures::TryStreamExt;
+    use object_store::ObjectStore;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+    let os = object_store::aws::AmazonS3Builder::from_env()
+        .with_bucket_name(bucket)
+        .with_allow_http(true)
+        .build()
+        .expect("an S3 client");
+    let key = object_store::path::Path::from(prefix);
+    let all: Vec<object_store::ObjectMeta> = rt.block_on(os.list(Some(&key)).try_collect()).expect("listing");
+    (all.len() as u64, all.iter().map(|m| m.size).sum())
+}

@@ -206,6 +206,7 @@ impl Engine {
         core.ckpt.number = number;
         core.log.keep_from_batch = core.ckpt.prev_replay_batch.min(replay.batch_seq);
         core.ckpt.prev_replay_batch = replay.batch_seq;
+        core.log.tell_freed();
         Ok(())
     }
 }

@@ -220,6 +220,8 @@ pub struct LogWriter {
     pub journal_blocks: Vec<(u64, u32, u32)>,
     /// Drawn at open; written into every batch header.
     epoch: u32,
+    /// Per segment: [`Store::freed`] was called since it was last in use.
+    told_freed: Vec<bool>,
 }
 
 /// How much of the reserve of free segments a write may use.
@@ -294,6 +296,21 @@ impl LogWriter {
             device_kind_bytes: [[0; 8]; 2],
             journal_blocks: Vec::new(),
             epoch: rand::random(),
+            told_freed: vec![false; geometry.segment_count as usize],
+        }
+    }
+
+    /// Tell the store of each segment ever written that is free now and
+    /// was not when it was last told ([`Store::freed`]).
+    pub fn tell_freed(&mut self) {
+        for seg in 0..self.geometry.segment_count {
+            let i = seg as usize;
+            if !self.is_free(seg) {
+                self.told_freed[i] = false;
+            } else if !self.told_freed[i] && self.usage[i].last_batch != 0 {
+                self.told_freed[i] = true;
+                self.store.freed(seg);
+            }
         }
     }
 

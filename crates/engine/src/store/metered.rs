@@ -63,6 +63,10 @@ impl Store for Metered {
         self.0.sealed(seg)
     }
 
+    fn freed(&self, seg: u32) {
+        self.0.freed(seg)
+    }
+
     fn close(&self) -> io::Result<()> {
         self.0.close()
     }

@@ -117,6 +117,11 @@ pub trait Store: Send + Sync {
     /// until it is written again from offset 0. A hint (a store that keeps
     /// segments as objects uploads it whole); the default does nothing.
     fn sealed(&self, _seg: u32) {}
+    /// Segment `seg` holds nothing the image needs any more (nothing
+    /// live, nothing recovery reads from either checkpoint): the engine
+    /// may write it again from offset 0 at any time. A hint (a store that
+    /// keeps segments as objects deletes them); the default does nothing.
+    fn freed(&self, _seg: u32) {}
     /// Whether segment `seg` can be read without a request to another
     /// machine (a store in a bucket: whether its cache holds it whole).
     /// The cleaner prefers such victims. True for a local store.

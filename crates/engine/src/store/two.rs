@@ -150,6 +150,11 @@ impl Store for TwoStore {
         s.sealed(n)
     }
 
+    fn freed(&self, seg: u32) {
+        let (s, n) = self.route(seg);
+        s.freed(n)
+    }
+
     fn cached(&self, seg: u32) -> bool {
         let (s, n) = self.route(seg);
         s.cached(n)
