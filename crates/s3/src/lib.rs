@@ -392,9 +392,12 @@ impl Inner {
     ) -> Inner {
         let geometry = manifest.geometry;
         // Generations only grow: past every one the bucket or the cache
-        // knows.
+        // knows, and (a writer's) from its epoch in the high 32 bits up, so
+        // that one a manifest never named (an emptied segment's) is not
+        // given again by a later writer that lost the cache.
         let top = segs.iter().flat_map(|s| std::iter::once(s.gen).chain(s.old.iter().map(|o| o.0))).max();
-        let next_gen = top.unwrap_or(0).max(manifest.segs.iter().map(|s| s.gen).max().unwrap_or(0)) + 1;
+        let known = top.unwrap_or(0).max(manifest.segs.iter().map(|s| s.gen).max().unwrap_or(0));
+        let next_gen = (known + 1).max(epoch << 32);
         let state = State { segs, freed: Vec::new(), manifest, next_gen, meta_dirty: false, clock: 0 };
         Inner {
             remote: Arc::new(remote),
@@ -796,11 +799,11 @@ impl Inner {
         // still in flight is then known as stale when it lands.
         let gen = next_gen(&mut st);
         let s = &mut st.segs[seg as usize];
-        let upto = s.written;
         s.retire();
         let local_ver = s.local_ver + 1;
         *s = Seg { gen, old: std::mem::take(&mut s.old), local_ver, dirty: true, ..Seg::default() };
-        st.freed.push((seg, local_ver, upto));
+        // All of it: bytes of an earlier, longer generation may be there.
+        st.freed.push((seg, local_ver, self.geometry.segment_size));
         // The next manifest differs: a round is due.
         st.meta_dirty = true;
     }
@@ -1165,6 +1168,11 @@ fn trusted_cache(dir: &Path, m: &Manifest) -> io::Result<Option<(FileStore, Cach
         } else if e.gen > o.gen && e.local_from == 0 {
             let old = if o.pieces.is_empty() { vec![] } else { vec![(o.gen, o.pieces.clone())] };
             Seg { gen: e.gen, local_from: 0, written: e.written, old, ..Seg::default() }
+        } else if e.gen > o.gen && o.pieces.is_empty() {
+            // Emptied (the engine freed it) by a round whose manifest is
+            // in the bucket, before the record said so: nothing of it is
+            // needed.
+            Seg { gen: e.gen, dirty: true, ..Seg::default() }
         } else if e.gen < o.gen {
             // A round named a generation the record had not caught up
             // with when the process died: no sync covered it (each one
@@ -1548,5 +1556,34 @@ impl Store for S3Store {
     }
     fn refresh(&self) -> io::Result<Option<Arc<dyn Store>>> {
         Ok(self.inner.refresh()?.map(|i| Arc::new(S3Store::start(i)) as Arc<dyn Store>))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kill after a round's manifest dropped a freed segment but before
+    /// the record said so: the record's older entry (evicted in part) is
+    /// read as the segment emptied, not as a disagreement that would make
+    /// the cache directory unopenable.
+    #[test]
+    fn a_record_behind_a_manifest_that_emptied_a_segment_opens() {
+        let dir = std::env::temp_dir().join(format!("zlogfs-s3-unit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let geometry = Geometry { segment_size: 64 << 10, segment_count: 4 };
+        let mut m = Manifest::new(3, [7; 16], geometry);
+        m.epoch = 2;
+        m.writer = 9;
+        let (local, cache) = fresh_cache(&dir, &m, 2, 9).unwrap();
+        // Segment 1: generation 5, the first 4 KiB uploaded and evicted,
+        // written to 8 KiB; the manifest names nothing of it (emptied).
+        cache.set_entry(1, Entry { gen: 5, local_from: 4096, written: 8192 }).unwrap();
+        cache.sync().unwrap();
+        drop((local, cache));
+        let (_, _, segs) = trusted_cache(&dir, &m).unwrap().expect("the cache is this writer's");
+        assert_eq!((segs[1].gen, segs[1].written, segs[1].local_from), (5, 0, 0));
+        assert!(segs[1].dirty, "the record is brought up to date");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
