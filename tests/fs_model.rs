@@ -178,6 +178,11 @@ fn fresh(chunk: u32, history: bool, two: bool, bucket: Option<BucketSync>) -> Ri
         },
         None => Rig { st: Arc::new(FaultStore::new(g(96))), bulk: None, s3: None },
     };
+    // As an object store deletes them: a read of a freed segment fails.
+    rig.st.junk_freed(true);
+    if let Some(b) = &rig.bulk {
+        b.junk_freed(true);
+    }
     let o = MkfsOptions {
         small_max: if two { 4096 } else { fs::DEFAULT_SMALL_MAX },
         ..mkfs_opts(chunk, history)

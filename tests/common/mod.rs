@@ -40,8 +40,12 @@ pub fn small_opts() -> Options {
 }
 
 /// A new image on a fault-injecting store.
+/// A new image on a fault-injecting store that turns every segment the
+/// engine frees to junk (as an object store deletes it): a test that
+/// reads a freed segment fails.
 pub fn fresh_store() -> Arc<FaultStore> {
     let s = Arc::new(FaultStore::new(GEOMETRY));
+    s.junk_freed(true);
     zlogfs::mkfs(s.clone()).expect("mkfs");
     s
 }

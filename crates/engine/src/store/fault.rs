@@ -153,6 +153,8 @@ struct State {
     bytes_written: u64,
     /// Per segment, the highest end offset ever written.
     written_end: Vec<Option<u32>>,
+    /// Turn freed segments to junk ([`FaultStore::junk_freed`]).
+    junk_freed: bool,
 }
 
 impl State {
@@ -247,8 +249,18 @@ impl FaultStore {
                 sync_count: 0,
                 bytes_written: 0,
                 written_end: vec![None; geometry.segment_count as usize],
+                junk_freed: false,
             }),
         }
+    }
+
+    /// From now on, act as a store that deletes what the engine frees (an
+    /// object store does): a segment's bytes become junk the moment
+    /// [`Store::freed`] names it, durably too, so that a test in which the
+    /// engine reads a segment it said it no longer needs fails its
+    /// checksums. Settings of [`FaultStore::set_faults`] leave it as is.
+    pub fn junk_freed(&self, on: bool) {
+        self.lock().junk_freed = on;
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -452,6 +464,18 @@ impl Store for FaultStore {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         Ok(())
+    }
+
+    /// See [`FaultStore::junk_freed`]; otherwise nothing.
+    fn freed(&self, seg: u32) {
+        let mut st = self.lock();
+        if !st.junk_freed {
+            return;
+        }
+        let Some(i) = (seg < st.geometry.segment_count).then_some(seg as usize) else { return };
+        let junk = Arc::new(vec![0xa5u8; st.geometry.segment_size as usize]);
+        st.current.segments[i] = Some(Arc::clone(&junk));
+        st.durable.segments[i] = Some(junk);
     }
 }
 
