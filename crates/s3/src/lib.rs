@@ -918,10 +918,15 @@ impl Inner {
         let _g = self.gate.write().unwrap_or_else(|p| p.into_inner());
         let st = lock(&self.state);
         let mut segs = Vec::with_capacity(m.segs.len());
-        for (old, o) in st.segs.iter().zip(&m.segs) {
+        // Cached bytes of states no store reads from now on.
+        let mut stale = Vec::new();
+        for (i, (old, o)) in st.segs.iter().zip(&m.segs).enumerate() {
             let end = o.end();
             let same = old.gen == o.gen && old.written == end;
             let local_from = if same { old.local_from } else { end };
+            if !same && old.written > old.local_from {
+                stale.push((i as u32, old.written));
+            }
             segs.push(Seg {
                 gen: o.gen,
                 local_from,
@@ -936,6 +941,14 @@ impl Inner {
             self.local.write_meta(slot_of(i), b)?;
         }
         self.retired.store(true, Ordering::Release);
+        for (seg, upto) in stale {
+            if let Err(e) = self.local.discard_prefix(seg, upto) {
+                tracing::warn!(
+                    "{}: dropping segment {seg}'s cached bytes of an older state: {e}",
+                    self.opts.url
+                );
+            }
+        }
         let next_gen = st.next_gen;
         let clock = st.clock;
         drop(st);

@@ -650,7 +650,13 @@ fn a_reader_keeps_its_state_and_follows_the_writer() {
         w.sync().unwrap();
     }
     assert_eq!(check_round(&r, N, 0), 0, "the reader's state stays while the writer keeps its pieces");
+    let cached =
+        || std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(c2.0.join("image")).unwrap()) * 512;
+    let before = cached();
     let s2 = r.store().refresh().unwrap().expect("a newer manifest");
+    let after = cached();
+    eprintln!("reader's cache: {before} bytes before the refresh, {after} after");
+    assert!(after < before / 2, "bytes of the replaced state leave the reader's cache: {after} of {before}");
     let r2 = Engine::open(s2, reader_opts()).unwrap();
     assert_eq!(check_round(&r2, N, 8), 0);
     // The retired store reads the old state from the bucket, never the
