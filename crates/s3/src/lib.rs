@@ -185,6 +185,13 @@ impl Seg {
         self.pieces.last().map_or(0, Piece::end)
     }
 
+    /// The pieces in the bucket, named by a manifest or not yet, in order.
+    fn all_pieces(&self) -> Vec<Piece> {
+        let mut pieces = self.pieces.clone();
+        pieces.extend_from_slice(&self.sent);
+        pieces
+    }
+
     /// Bytes in the bucket, named by a manifest or not yet.
     fn sent_end(&self) -> u32 {
         self.sent.last().map_or_else(|| self.uploaded(), Piece::end)
@@ -252,6 +259,15 @@ struct Inner {
     misses: AtomicU64,
     /// The uploader's doorbell: (stop, rung).
     wake: (Mutex<(bool, bool)>, Condvar),
+}
+
+/// What a reader's newer store shares with the one it replaces.
+struct CacheParts {
+    remote: Arc<Remote>,
+    local: Arc<FileStore>,
+    cache: Arc<CacheFile>,
+    persist: Arc<Mutex<()>>,
+    gate: Arc<RwLock<()>>,
 }
 
 /// See the crate documentation.
@@ -390,7 +406,6 @@ impl Inner {
         segs: Vec<Seg>,
         (epoch, writer): (u64, u64),
     ) -> Inner {
-        let geometry = manifest.geometry;
         // Generations only grow: past every one the bucket or the cache
         // knows, and (a writer's) from its epoch in the high 32 bits up, so
         // that one a manifest never named (an emptied segment's) is not
@@ -399,24 +414,55 @@ impl Inner {
         let known = top.unwrap_or(0).max(manifest.segs.iter().map(|s| s.gen).max().unwrap_or(0));
         let next_gen = (known + 1).max(epoch << 32);
         let state = State { segs, freed: Vec::new(), manifest, next_gen, meta_dirty: false, clock: 0 };
-        Inner {
+        let parts = CacheParts {
             remote: Arc::new(remote),
             local: Arc::new(local),
             cache: Arc::new(cache),
+            persist: Arc::new(Mutex::new(())),
+            gate: Arc::new(RwLock::new(())),
+        };
+        Inner::with_parts(parts, opts, state, (epoch, writer), (0, 0))
+    }
+
+    /// A store of `state` on `parts` (its own, or shared with the store
+    /// it replaces), its cache counters starting at `(hits, misses)`.
+    fn with_parts(
+        parts: CacheParts,
+        opts: S3Options,
+        state: State,
+        (epoch, writer): (u64, u64),
+        (hits, misses): (u64, u64),
+    ) -> Inner {
+        let CacheParts { remote, local, cache, persist, gate } = parts;
+        Inner {
+            remote,
+            local,
+            cache,
             opts,
-            geometry,
+            geometry: state.manifest.geometry,
             epoch,
             writer,
             state: Mutex::new(state),
             round: Mutex::new(()),
-            persist: Arc::new(Mutex::new(())),
-            gate: Arc::new(RwLock::new(())),
+            persist,
+            gate,
             retired: AtomicBool::new(false),
             doomed: Mutex::new(Vec::new()),
             failed: AtomicBool::new(false),
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
+            hits: AtomicU64::new(hits),
+            misses: AtomicU64::new(misses),
             wake: (Mutex::new((false, false)), Condvar::new()),
+        }
+    }
+
+    /// The cache directory and the client, to share with a newer store.
+    fn parts(&self) -> CacheParts {
+        CacheParts {
+            remote: Arc::clone(&self.remote),
+            local: Arc::clone(&self.local),
+            cache: Arc::clone(&self.cache),
+            persist: Arc::clone(&self.persist),
+            gate: Arc::clone(&self.gate),
         }
     }
 
@@ -581,8 +627,7 @@ impl Inner {
                 deletes.extend(pieces.iter().map(|p| self.remote.piece_key(seg, gen, p)));
             }
             let from = s.sent_end();
-            let mut pieces = s.pieces.clone();
-            pieces.extend_from_slice(&s.sent);
+            let mut pieces = s.all_pieces();
             if s.written > from {
                 let mut data = vec![0u8; (s.written - from) as usize];
                 self.local.read(seg, from, &mut data)?;
@@ -897,10 +942,11 @@ impl Inner {
             ));
         }
         let have = lock(&self.state).manifest.number;
-        if self.remote.manifests()?.last().is_none_or(|&n| n <= have) {
-            return Ok(None);
-        }
-        let m = latest_manifest(&self.remote)?;
+        let newest = match self.remote.manifests()?.last() {
+            Some(&n) if n > have => n,
+            _ => return Ok(None),
+        };
+        let m = read_manifest(&self.remote, newest)?;
         let st0 = lock(&self.state);
         if m.image_id != st0.manifest.image_id || m.geometry != self.geometry {
             return Err(err(
@@ -953,25 +999,8 @@ impl Inner {
         let clock = st.clock;
         drop(st);
         let state = State { segs, freed: Vec::new(), manifest: m, next_gen, meta_dirty: false, clock };
-        Ok(Some(Inner {
-            remote: Arc::clone(&self.remote),
-            local: Arc::clone(&self.local),
-            cache: Arc::clone(&self.cache),
-            opts: self.opts.clone(),
-            geometry: self.geometry,
-            epoch: 0,
-            writer: self.writer,
-            state: Mutex::new(state),
-            round: Mutex::new(()),
-            persist: Arc::clone(&self.persist),
-            gate: Arc::clone(&self.gate),
-            retired: AtomicBool::new(false),
-            doomed: Mutex::new(Vec::new()),
-            failed: AtomicBool::new(false),
-            hits: AtomicU64::new(self.hits.load(Ordering::Relaxed)),
-            misses: AtomicU64::new(self.misses.load(Ordering::Relaxed)),
-            wake: (Mutex::new((false, false)), Condvar::new()),
-        }))
+        let counts = (self.hits.load(Ordering::Relaxed), self.misses.load(Ordering::Relaxed));
+        Ok(Some(Inner::with_parts(self.parts(), self.opts.clone(), state, (0, self.writer), counts)))
     }
 
     /// A write at `offset` into bytes the bucket already holds (the log
@@ -1047,6 +1076,11 @@ fn latest_manifest(remote: &Remote) -> io::Result<Manifest> {
             format!("{} holds no zlogfs image (make one with `zlogfs mkfs {}`)", remote.url(), remote.url()),
         ));
     };
+    read_manifest(remote, n)
+}
+
+/// Manifest number `n`, checked.
+fn read_manifest(remote: &Remote, n: u64) -> io::Result<Manifest> {
     let bytes = remote.get(&remote.manifest_key(n), None)?;
     let m = Manifest::decode(&bytes)
         .map_err(|e| err(io::ErrorKind::InvalidData, format!("{}: manifest {n}: {e}", remote.url())))?;
@@ -1250,8 +1284,7 @@ impl Inner {
                 let s = &mut st.segs[seg as usize];
                 s.last_use = now;
                 if retired {
-                    let mut pieces = s.pieces.clone();
-                    pieces.extend_from_slice(&s.sent);
+                    let pieces = s.all_pieces();
                     // Past the end of the pieces is no byte of its state:
                     // an error, never the local image's.
                     Miss::Range(s.gen, pieces, u32::MAX)
@@ -1260,8 +1293,7 @@ impl Inner {
                 } else {
                     s.misses += 1;
                     if s.misses <= RANGE_READS_BEFORE_FETCH && buf.len() <= RANGE_READ_MAX {
-                        let mut pieces = s.pieces.clone();
-                        pieces.extend_from_slice(&s.sent);
+                        let pieces = s.all_pieces();
                         Miss::Range(s.gen, pieces, s.local_from)
                     } else {
                         Miss::Whole

@@ -85,16 +85,22 @@ impl Moto {
     }
 }
 
-/// How many objects there are under `prefix` of `bucket`, and their bytes.
-pub fn stored(bucket: &str, prefix: &str) -> (u64, u64) {
-    use futures::TryStreamExt;
-    use object_store::ObjectStore;
+/// A client of `bucket` on the test server, with a runtime to block on.
+pub fn client(bucket: &str) -> (tokio::runtime::Runtime, object_store::aws::AmazonS3) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
     let os = object_store::aws::AmazonS3Builder::from_env()
         .with_bucket_name(bucket)
         .with_allow_http(true)
         .build()
         .expect("an S3 client");
+    (rt, os)
+}
+
+/// How many objects there are under `prefix` of `bucket`, and their bytes.
+pub fn stored(bucket: &str, prefix: &str) -> (u64, u64) {
+    use futures::TryStreamExt;
+    use object_store::ObjectStore;
+    let (rt, os) = client(bucket);
     let key = object_store::path::Path::from(prefix);
     let all: Vec<object_store::ObjectMeta> = rt.block_on(os.list(Some(&key)).try_collect()).expect("listing");
     (all.len() as u64, all.iter().map(|m| m.size).sum())

@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as Key;
 use object_store::{ObjectStoreExt, PutPayload};
+use zlogfs_s3::testing::client;
 pub use zlogfs_s3::testing::moto;
 
 /// An object's bytes, or None when missing.
@@ -22,16 +22,6 @@ pub fn object(bucket: &str, key: &str) -> Option<Vec<u8>> {
 pub fn put(bucket: &str, key: &str, data: &[u8]) {
     let (rt, os) = client(bucket);
     rt.block_on(os.put(&Key::from(key), PutPayload::from(data.to_vec()))).expect("uploading");
-}
-
-fn client(bucket: &str) -> (tokio::runtime::Runtime, object_store::aws::AmazonS3) {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
-    let os = AmazonS3Builder::from_env()
-        .with_bucket_name(bucket)
-        .with_allow_http(true)
-        .build()
-        .expect("an S3 client");
-    (rt, os)
 }
 
 /// crates/s3/tests/proxy.py in front of the server: counts requests and
