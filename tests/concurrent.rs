@@ -12,13 +12,6 @@ use zlogfs::{Options, WriteBatch};
 #[test]
 fn writers_readers_and_background_merges() {
     let store = fresh_store();
-    // Known gap, left open: a reader of Engine::snapshot can read blocks
-    // of a segment the engine has since told the store is freed (the
-    // snapshot does not pin the segments it reads). A local store keeps
-    // those bytes until it reuses the segment; a store that junks them at
-    // once fails here. The file system layer reads at kept points only
-    // (tests/fs_model.rs runs with freed segments junked).
-    store.junk_freed(false);
     let opts = Options { background: true, ..small_opts() };
     let e = Arc::new(open(&store, &opts).unwrap());
     let stop = Arc::new(AtomicBool::new(false));

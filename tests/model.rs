@@ -10,13 +10,6 @@ use zlogfs::WriteBatch;
 fn run(seed: u64, steps: usize) {
     let mut r = rng(seed);
     let store = fresh_store();
-    // Known gap, left open: a reader of Engine::snapshot can read blocks
-    // of a segment the engine has since told the store is freed (the
-    // snapshot does not pin the segments it reads). A local store keeps
-    // those bytes until it reuses the segment; a store that junks them at
-    // once fails here. The file system layer reads at kept points only
-    // (tests/fs_model.rs runs with freed segments junked).
-    store.junk_freed(false);
     let opts = small_opts();
     let mut e = open(&store, &opts).unwrap();
     let mut model = Model::new();

@@ -3,10 +3,11 @@
 //! final.
 
 use std::sync::atomic::Ordering as AtOrd;
+use std::sync::Weak;
 
 use crate::bytes::{Put, Reader};
 use crate::error::{Error, Result};
-use crate::index::run::RunMeta;
+use crate::index::run::{Run, RunMeta};
 use crate::log::format::*;
 use crate::log::{NewBlock, SegUsage};
 use crate::store::MetaSlot;
@@ -23,6 +24,31 @@ pub(super) struct CkptState {
     pub(super) flushed_seq: u64,
     pub(super) next_run_id: u64,
     pub(super) deferred: Vec<(u64, BlockAddr)>,
+    /// Deferred frees a reader may still read: such a block stays counted
+    /// past its checkpoint until the hold ends. In memory only, as a
+    /// restart ends every reader (the block is freed by the checkpoints
+    /// after it).
+    pub(super) holds: Vec<(BlockAddr, Hold)>,
+}
+
+/// Why a deferred free waits past its checkpoint.
+pub(super) enum Hold {
+    /// A block of a run merged away, while a reader holds a version (or a
+    /// cursor) with the run.
+    Run(Weak<Run>),
+    /// A block freed by the batch whose first sequence number this is,
+    /// while a [`Snapshot`](super::Snapshot) older than that batch lives.
+    Snapshot(u64),
+}
+
+impl Hold {
+    /// Whether the hold still stands, given the oldest live snapshot.
+    pub(super) fn stands(&self, oldest_snapshot: Option<u64>) -> bool {
+        match self {
+            Hold::Run(w) => w.strong_count() > 0,
+            Hold::Snapshot(first) => oldest_snapshot.is_some_and(|s| s < *first),
+        }
+    }
 }
 
 /// What a checkpoint body holds (a block in the log).
@@ -135,7 +161,7 @@ impl Engine {
     pub(super) fn checkpoint_core(&self, core: &mut Core, flushed: Option<(LogPos, u64)>) -> Result<()> {
         // Everything before the body durable, so frees it implies are in.
         core.log.sync()?;
-        Self::apply_frees(core);
+        self.apply_frees(core);
         let ver = self.version();
         if let Some((end, seq)) = flushed {
             core.ckpt.replay = end;
@@ -163,7 +189,11 @@ impl Engine {
                 u.live = u.live.saturating_sub(a.len);
             }
         };
-        let (ready, later): (Vec<_>, Vec<_>) = core.ckpt.deferred.iter().partition(|&&(n, _)| n < number);
+        let oldest = lock(&self.sh.snapshots).keys().next().copied();
+        core.ckpt.holds.retain(|(_, h)| h.stands(oldest));
+        let holds = &core.ckpt.holds;
+        let (ready, later): (Vec<_>, Vec<_>) =
+            core.ckpt.deferred.iter().partition(|&&(n, a)| n < number && !holds.iter().any(|&(b, _)| b == a));
         for &(_, a) in &ready {
             sub(&mut usage, a);
         }

@@ -282,8 +282,15 @@ impl Engine {
                         .iter()
                         // A free may release part of a block's count (FORMAT.md,
                         // journal operation 3): match the block, not the length.
-                        .any(|&(_, a)| a.seg == b.addr.seg && a.offset == b.addr.offset)
-                        .then_some("a free not yet durable"),
+                        .any(|&(_, _, a)| a.seg == b.addr.seg && a.offset == b.addr.offset)
+                        .then_some("a free not yet durable")
+                        .or_else(|| {
+                            core.ckpt
+                                .holds
+                                .iter()
+                                .any(|&(a, _)| a.seg == b.addr.seg && a.offset == b.addr.offset)
+                                .then_some("a free a snapshot still reads")
+                        }),
                     BlockKind::Journal => core
                         .log
                         .journal_blocks

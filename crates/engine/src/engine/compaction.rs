@@ -13,6 +13,7 @@ use crate::index::{retain_versions, Entry, Memtable, MergeIter};
 use crate::log::format::*;
 use crate::log::{max_block_raw, NewBlock};
 
+use super::checkpoint::Hold;
 use super::{lock, Core, Engine, Frozen, Room, Version};
 
 /// A run being written.
@@ -311,6 +312,7 @@ impl Engine {
             for r in &window {
                 for a in r.blocks() {
                     core.ckpt.deferred.push((next, a));
+                    core.ckpt.holds.push((a, Hold::Run(Arc::downgrade(r))));
                 }
                 self.sh.cache.forget_run(r.meta.id);
             }

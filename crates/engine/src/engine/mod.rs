@@ -39,7 +39,7 @@ pub use crate::log::Room;
 use background::BgState;
 pub use blocks::{BlockWrite, EncodedBlock};
 pub use checkpoint::CheckpointBody;
-use checkpoint::CkptState;
+use checkpoint::{CkptState, Hold};
 pub use clean::{Reclaimed, SegBlock, Victim};
 pub use damage::DamagedBlock;
 pub use journal::{decode_journal, Op, WriteBatch};
@@ -108,8 +108,9 @@ struct Core {
     log: LogWriter,
     next_seq: u64,
     ckpt: CkptState,
-    /// Frees waiting for their journal batch to become durable.
-    pending_frees: Vec<(u64, BlockAddr)>,
+    /// Frees waiting for their journal batch to become durable: the
+    /// batch's number, its first sequence number and the block.
+    pending_frees: Vec<(u64, u64, BlockAddr)>,
 }
 
 struct Shared {
@@ -311,7 +312,7 @@ impl Engine {
                     Op::Put(k, v) => ver.active.insert(k.clone(), seq, Some(v.clone())),
                     Op::Delete(k) => ver.active.insert(k.clone(), seq, None),
                     Op::Free(a) => {
-                        core.pending_frees.push((batch_seq, *a));
+                        core.pending_frees.push((batch_seq, first, *a));
                         continue;
                     }
                 }
@@ -379,20 +380,30 @@ impl Engine {
         }
         let mut core = lock(&self.sh.core);
         core.log.durable_batch = core.log.durable_batch.max(upto);
-        Self::apply_frees(&mut core);
+        self.apply_frees(&mut core);
         Ok(())
     }
 
-    fn apply_frees(core: &mut Core) {
+    /// Free the blocks of batches now durable; those a live snapshot older
+    /// than their batch may still read wait among the checkpoint's
+    /// deferred frees ([`Hold::Snapshot`]) instead.
+    fn apply_frees(&self, core: &mut Core) {
         let durable = core.log.durable_batch;
+        let oldest = lock(&self.sh.snapshots).keys().next().copied();
+        let after = core.ckpt.number + 1;
         let mut frees = std::mem::take(&mut core.pending_frees);
-        frees.retain(|&(b, a)| {
-            if b <= durable {
-                core.log.free_block(a);
-                false
-            } else {
-                true
+        frees.retain(|&(b, first, a)| {
+            if b > durable {
+                return true;
             }
+            let hold = Hold::Snapshot(first);
+            if hold.stands(oldest) {
+                core.ckpt.deferred.push((after, a));
+                core.ckpt.holds.push((a, hold));
+            } else {
+                core.log.free_block(a);
+            }
+            false
         });
         core.pending_frees = frees;
     }

@@ -181,6 +181,7 @@ impl Engine {
             flushed_seq: body.flushed_seq,
             next_run_id: body.next_run_id,
             deferred: body.deferred.clone(),
+            holds: Vec::new(),
         };
         let version = Version { active: r.mem, frozen: Vec::new(), runs };
         let retained = if opts.keep_history { None } else { Some(Vec::new()) };
