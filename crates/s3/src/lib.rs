@@ -1237,6 +1237,13 @@ fn trusted_cache(dir: &Path, m: &Manifest) -> io::Result<Option<(FileStore, Cach
         } else {
             return Err(disagree(format!("segment {i} disagrees with the bucket")));
         };
+        // Bytes past `written` are what a process killed before its next
+        // sync put there (the record is written after the local image is
+        // synced): no sync vouched for them and the bucket lacks them, so
+        // they go, and recovery finds the state the bucket will hold.
+        if s.written < size {
+            local.discard_range(i as u32, s.written, size - s.written).map_err(|e| cache_error(dir, e))?;
+        }
         segs.push(s);
     }
     Ok(Some((local, cache, segs)))
@@ -1343,7 +1350,7 @@ impl Inner {
         if seg >= g.segment_count || u64::from(offset) + data.len() as u64 > u64::from(g.segment_size) {
             return self.local.write(seg, offset, data);
         }
-        let refetch = {
+        let (new_gen, refetch) = {
             let mut st = lock(&self.state);
             let gen = if offset == 0 { Some(next_gen(&mut st)) } else { None };
             let s = &mut st.segs[seg as usize];
@@ -1351,13 +1358,20 @@ impl Inner {
                 s.retire();
                 let local_ver = s.local_ver + 1;
                 *s = Seg { gen, old: std::mem::take(&mut s.old), local_ver, dirty: true, ..Seg::default() };
-                false
+                (true, false)
             } else {
-                offset < s.sent_end()
+                (false, offset < s.sent_end())
             }
         };
         if refetch {
             self.rewrite_tail(seg)?;
+        }
+        if new_gen || refetch {
+            // The record names the new generation before the local image
+            // holds a byte of it: a process killed before its next sync
+            // must not leave bytes of it in a segment the record (and so
+            // the next open) takes for the older one, which the bucket has.
+            self.persist_entries().map_err(|e| self.fail(e))?;
         }
         self.local.write(seg, offset, data)?;
         let mut st = lock(&self.state);

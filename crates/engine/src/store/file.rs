@@ -284,14 +284,20 @@ impl FileStore {
     /// (what a cache of another store drops; bytes from `len` on keep
     /// their contents). A hint as well.
     pub fn discard_prefix(&self, seg: u32, len: u32) -> io::Result<()> {
-        check_range(self.geometry, seg, 0, len as usize)?;
+        self.discard_range(seg, 0, len)
+    }
+
+    /// Like [`FileStore::discard_prefix`] for bytes `[offset, offset +
+    /// len)` of segment `seg`.
+    pub fn discard_range(&self, seg: u32, offset: u32, len: u32) -> io::Result<()> {
+        check_range(self.geometry, seg, offset, len as usize)?;
         if self.read_only {
             return Err(read_only_error());
         }
         if self.block_device || len == 0 {
             return Ok(());
         }
-        let Ok(pos) = i64::try_from(self.segment_pos(seg, 0)) else { return Ok(()) };
+        let Ok(pos) = i64::try_from(self.segment_pos(seg, offset)) else { return Ok(()) };
         let len = i64::from(len);
         let punch = FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE;
         match fallocate(&*self.file, punch, pos, len) {
