@@ -191,9 +191,9 @@ impl Engine {
         };
         let oldest = lock(&self.sh.snapshots).keys().next().copied();
         core.ckpt.holds.retain(|(_, h)| h.stands(oldest));
-        let holds = &core.ckpt.holds;
+        let held: std::collections::HashSet<BlockAddr> = core.ckpt.holds.iter().map(|&(a, _)| a).collect();
         let (ready, later): (Vec<_>, Vec<_>) =
-            core.ckpt.deferred.iter().partition(|&&(n, a)| n < number && !holds.iter().any(|&(b, _)| b == a));
+            core.ckpt.deferred.iter().partition(|&&(n, a)| n < number && !held.contains(&a));
         for &(_, a) in &ready {
             sub(&mut usage, a);
         }

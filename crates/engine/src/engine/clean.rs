@@ -275,6 +275,10 @@ impl Engine {
             let _g = lock(&self.sh.ckpt_lock);
             let ver = self.version();
             let mut core = lock(&self.sh.core);
+            // Frees a checkpoint has yet to apply, of blocks here: held for
+            // a snapshot, or no longer held but counted until then.
+            let deferred: HashSet<u32> =
+                core.ckpt.deferred.iter().filter(|(_, a)| a.seg == s).map(|(_, a)| a.offset).collect();
             let held = blocks.iter().find_map(|b| {
                 let why = match b.kind {
                     BlockKind::Data => core
@@ -285,11 +289,9 @@ impl Engine {
                         .any(|&(_, _, a)| a.seg == b.addr.seg && a.offset == b.addr.offset)
                         .then_some("a free not yet durable")
                         .or_else(|| {
-                            core.ckpt
-                                .holds
-                                .iter()
-                                .any(|&(a, _)| a.seg == b.addr.seg && a.offset == b.addr.offset)
-                                .then_some("a free a snapshot still reads")
+                            deferred
+                                .contains(&b.addr.offset)
+                                .then_some("a free a checkpoint has yet to apply")
                         }),
                     BlockKind::Journal => core
                         .log
