@@ -1,7 +1,7 @@
 //! The cache directory's record of what its local image holds: which
 //! image and writer it belongs to, and per segment which bytes are local.
 //! Written after the local image is synced, so what it says is local is.
-//! Layout: docs/FORMAT.md §11.
+//! Layout: docs/FORMAT.md §10.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -11,6 +11,9 @@ use std::path::Path;
 const MAGIC: &[u8; 8] = b"ZLGCACHE";
 const HEADER: u64 = 64;
 const ENTRY: u64 = 16;
+/// The record's layout version. Records written before the field existed
+/// hold 0 there and have this layout.
+pub const VERSION: u32 = 1;
 
 /// The header: the image and the writer the cache's local-only bytes are of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +98,19 @@ impl CacheFile {
         if crc32c::crc32c(&b[..60]) != u32::from_le_bytes([b[60], b[61], b[62], b[63]]) {
             return Err(damaged("header checksum mismatch"));
         }
+        let version = u32::from_le_bytes([b[44], b[45], b[46], b[47]]);
+        if version > VERSION {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{}: the cache directory was written by a newer zlogfs (record version {version}; this \
+                     one reads up to {VERSION}): use that zlogfs, or, if the bucket holds everything (the \
+                     last writer closed cleanly, or synced with sync=remote), delete the directory to \
+                     rebuild it from the bucket",
+                    path.display()
+                ),
+            ));
+        }
         let mut image_id = [0u8; 16];
         image_id.copy_from_slice(&b[8..24]);
         let mut e = [0u8; 8];
@@ -121,6 +137,7 @@ impl CacheFile {
         b[24..32].copy_from_slice(&h.epoch.to_le_bytes());
         b[32..40].copy_from_slice(&h.writer.to_le_bytes());
         b[40..44].copy_from_slice(&h.segment_count.to_le_bytes());
+        b[44..48].copy_from_slice(&VERSION.to_le_bytes());
         let crc = crc32c::crc32c(&b[..60]);
         b[60..].copy_from_slice(&crc.to_le_bytes());
         self.file.write_all_at(&b, 0)
@@ -157,4 +174,39 @@ impl CacheFile {
 fn sync_dir(path: &Path) -> io::Result<()> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The record at `path` with version `v` written in place (and its
+    /// checksum made right).
+    fn set_version(path: &Path, v: u32) {
+        let mut b = std::fs::read(path).unwrap();
+        b[44..48].copy_from_slice(&v.to_le_bytes());
+        let crc = crc32c::crc32c(&b[..60]);
+        b[60..64].copy_from_slice(&crc.to_le_bytes());
+        std::fs::write(path, b).unwrap();
+    }
+
+    #[test]
+    fn older_records_open_and_newer_ones_are_refused_by_name() {
+        let dir = std::env::temp_dir().join(format!("zlogfs-cache-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("state");
+        let h = Header { image_id: [7; 16], epoch: 3, writer: 5, segment_count: 4 };
+        drop(CacheFile::create(&path, h).unwrap());
+        assert_eq!(std::fs::read(&path).unwrap()[44..48], VERSION.to_le_bytes());
+
+        // Written before the field existed: zeros there, the same layout.
+        set_version(&path, 0);
+        let (_, got) = CacheFile::open(&path).unwrap().expect("a record");
+        assert_eq!(got, h);
+
+        set_version(&path, VERSION + 1);
+        let msg = CacheFile::open(&path).err().expect("a newer record is refused").to_string();
+        assert!(msg.contains("newer zlogfs") && msg.contains(&format!("version {}", VERSION + 1)), "{msg}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -18,7 +18,7 @@
 //! Sync modes ([`SyncMode`]): `local` makes a sync durable in the cache
 //! directory and uploads when a segment is sealed and at checkpoints;
 //! `remote` uploads at every sync. docs/SEMANTICS.md states what each
-//! keeps across a crash, and docs/FORMAT.md §11 the objects' bytes.
+//! keeps across a crash, and docs/FORMAT.md §10 the objects' bytes.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
@@ -568,6 +568,20 @@ impl Inner {
             }
         }
         r
+    }
+
+    /// Record segment `seg`'s entry alone, now: a new generation with
+    /// nothing written yet vouches for no byte, so unlike
+    /// [`Inner::persist_entries`] the local image needs no sync first.
+    fn persist_empty(&self, seg: u32) -> io::Result<()> {
+        let p = lock(&self.persist);
+        let e = lock(&self.state).segs[seg as usize].entry();
+        if e.written != 0 {
+            drop(p);
+            return self.persist_entries();
+        }
+        self.cache.set_entry(seg, e)?;
+        self.cache.sync()
     }
 
     /// Upload every byte the bucket lacks, then the next manifest (when
@@ -1262,6 +1276,17 @@ impl Inner {
         self.local.read_meta(slot, buf)
     }
 
+    /// Read `buf` at `offset` of segment `seg` from the local image, as
+    /// zeros from `written` on: bytes there are of no generation the store
+    /// knows (what a killed process left is punched out at open, but a
+    /// file system that cannot punch holes keeps it).
+    fn read_local(&self, seg: u32, offset: u32, buf: &mut [u8], written: u32) -> io::Result<()> {
+        let known = (written.saturating_sub(offset) as usize).min(buf.len());
+        self.local.read(seg, offset, &mut buf[..known])?;
+        buf[known..].fill(0);
+        Ok(())
+    }
+
     fn write_meta(&self, slot: MetaSlot, buf: &[u8; META_SLOT_SIZE]) -> io::Result<()> {
         if self.epoch == 0 {
             return Err(read_only_error());
@@ -1283,14 +1308,14 @@ impl Inner {
         let ranged = {
             // No hole punched under a read.
             let _g = self.gate.read().unwrap_or_else(|p| p.into_inner());
-            let how = {
+            let (how, written) = {
                 let mut st = lock(&self.state);
                 let retired = self.retired.load(Ordering::Acquire);
                 st.clock += 1;
                 let now = st.clock;
                 let s = &mut st.segs[seg as usize];
                 s.last_use = now;
-                if retired {
+                let how = if retired {
                     let pieces = s.all_pieces();
                     // Past the end of the pieces is no byte of its state:
                     // an error, never the local image's.
@@ -1305,12 +1330,13 @@ impl Inner {
                     } else {
                         Miss::Whole
                     }
-                }
+                };
+                (how, s.written)
             };
             match how {
                 Miss::No => {
                     self.hits.fetch_add(1, Ordering::Relaxed);
-                    self.local.read(seg, offset, buf)?;
+                    self.read_local(seg, offset, buf, written)?;
                     Next::Done
                 }
                 Miss::Range(gen, pieces, local_from) => {
@@ -1320,14 +1346,14 @@ impl Inner {
                     let end = offset + buf.len() as u32;
                     if end > local_from {
                         let from = local_from.max(offset);
-                        self.local.read(seg, from, &mut buf[(from - offset) as usize..])?;
+                        self.read_local(seg, from, &mut buf[(from - offset) as usize..], written)?;
                     }
                     Next::Range(gen, pieces, local_from)
                 }
                 Miss::Whole => {
                     self.misses.fetch_add(1, Ordering::Relaxed);
                     self.fetch(seg)?;
-                    self.local.read(seg, offset, buf)?;
+                    self.read_local(seg, offset, buf, written)?;
                     Next::Evict
                 }
             }
@@ -1366,12 +1392,14 @@ impl Inner {
         if refetch {
             self.rewrite_tail(seg)?;
         }
-        if new_gen || refetch {
-            // The record names the new generation before the local image
-            // holds a byte of it: a process killed before its next sync
-            // must not leave bytes of it in a segment the record (and so
-            // the next open) takes for the older one, which the bucket has.
+        // The record names a new generation before the local image holds
+        // a byte of it: a process killed before its next sync must not
+        // leave bytes of it in a segment the record (and so the next open)
+        // takes for the older one, which the bucket has.
+        if refetch {
             self.persist_entries().map_err(|e| self.fail(e))?;
+        } else if new_gen {
+            self.persist_empty(seg).map_err(|e| self.fail(e))?;
         }
         self.local.write(seg, offset, data)?;
         let mut st = lock(&self.state);
@@ -1481,11 +1509,14 @@ impl Inner {
             }
             bell.1 = false;
             drop(bell);
-            // On time: a round with a manifest; else (rung by a sealed
-            // segment) that segment's bytes only.
+            // On time: a round with a manifest, and the deletions due
+            // (which a round makes too, but an idle writer makes none);
+            // else (rung by a sealed segment) that segment's bytes only.
             let r = if last.elapsed() >= every {
                 last = std::time::Instant::now();
-                self.catch_up()
+                let r = self.catch_up();
+                self.delete_unreferenced(self.take_due());
+                r
             } else {
                 self.upload_sealed().map_err(|e| self.fail(e))
             };

@@ -4,7 +4,7 @@
 //! both read `n`, one succeeds and the other learns it lost (fencing). The
 //! newest manifest holds the metadata slots (superblock, checkpoints) and,
 //! for each segment, the pieces of its current generation in the bucket.
-//! Layout: docs/FORMAT.md §11.
+//! Layout: docs/FORMAT.md §10.
 
 use zlogfs_engine::store::{Geometry, META_SLOT_SIZE};
 

@@ -169,6 +169,38 @@ fn a_reopened_writer_reads_what_the_bucket_will_hold() {
     }
 }
 
+/// A writer with nothing more to upload still deletes, `keep_replaced`
+/// after the manifest that dropped them, the pieces it replaced: an idle
+/// image does not keep its old generations.
+#[test]
+fn an_idle_writer_deletes_what_it_replaced() {
+    let b = bucket("idle");
+    let c = tempdir("idle");
+    let o = S3Options {
+        keep_replaced: Duration::from_secs(1),
+        upload_every: Duration::from_millis(100),
+        ..opts(&b, &c.0, SyncMode::Local)
+    };
+    let s = S3Store::create(o, GEO).unwrap();
+    let pieces = || zlogfs_s3::testing::stored(&b, "img/seg").0;
+    let wait_for = |want: u64| {
+        let start = std::time::Instant::now();
+        while pieces() != want && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        pieces()
+    };
+    s.write(0, 0, &[1; 4096]).unwrap();
+    s.sync().unwrap();
+    assert_eq!(wait_for(1), 1, "the first generation is uploaded");
+    // Segment 0 begun again: a new generation replaces the first.
+    s.write(0, 0, &[2; 4096]).unwrap();
+    s.sync().unwrap();
+    assert_eq!(wait_for(2), 2, "the second generation is uploaded beside the first");
+    assert_eq!(wait_for(1), 1, "the replaced piece is deleted while the writer is idle");
+    s.close().unwrap();
+}
+
 /// A second writer claims the image; the first one's next round fails and
 /// it latches; what the first synced before the claim, and everything the
 /// second wrote, is there.
