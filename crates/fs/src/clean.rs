@@ -16,7 +16,7 @@
 //! The move is one commit group: a crash leaves either the old places or
 //! the new ones, and the tree is the same either way.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use zlogfs_engine::engine::{Room, SegBlock};
 use zlogfs_engine::{BlockAddr, BlockKind, Tier};
@@ -421,6 +421,12 @@ impl State {
         // replace, are not moved whole but stored as patches: what shows.)
         let worst = 2;
         let start = rep.moved_bytes;
+        // A victim freed meanwhile (moving another's files released its
+        // last blocks) may be taken again by the log and written: what is
+        // in it then is not the victim's. Its last batch tells.
+        let usage = self.eng.segment_usage();
+        let chosen: HashMap<u32, u64> =
+            victims.iter().map(|v| (v.seg, usage[v.seg as usize].last_batch)).collect();
         let mut ok = Vec::new();
         for (n, v) in victims.iter().enumerate() {
             let left = (self.eng.room_bytes(Room::Relieve) * 7 / 8).saturating_sub(self.bufs.bytes() as u64);
@@ -430,7 +436,7 @@ impl State {
             }
             let seg = v.seg;
             tried.insert(seg);
-            if !self.eng.segment_in_use(seg) {
+            if !self.still_victim(seg, &chosen) {
                 // Freed meanwhile: moving another victim's files released
                 // the last blocks here (a pack shared by both).
                 continue;
@@ -459,7 +465,7 @@ impl State {
         self.commit_as(Room::Relieve)?;
         // Whatever the snapshot list says (a delete that failed part way
         // leaves held blocks): no victim holding one is reclaimed.
-        ok = self.move_held_out(ok, rep)?;
+        ok = self.move_held_out(ok, rep, &chosen)?;
         if ok.is_empty() {
             return Ok(true);
         }
@@ -487,10 +493,22 @@ impl State {
     /// moves) are copied as they are stored, with forward records for
     /// reads at the snapshots; committed. Returns the victims left with no
     /// held block (only those may be reclaimed).
-    fn move_held_out(&mut self, victims: Vec<u32>, rep: &mut CleanReport) -> Result<Vec<u32>> {
+    fn move_held_out(
+        &mut self,
+        victims: Vec<u32>,
+        rep: &mut CleanReport,
+        chosen: &HashMap<u32, u64>,
+    ) -> Result<Vec<u32>> {
         let mut moved = Vec::new();
         let mut any = false;
         for seg in victims {
+            if !self.still_victim(seg, chosen) {
+                // Emptied by the moves and commits since (nothing held
+                // kept it), and perhaps taken again: what is there now
+                // (copies of other victims' blocks) stays.
+                rep.freed += 1;
+                continue;
+            }
             match self.move_held(seg) {
                 Ok(bytes) => {
                     rep.moved_bytes += bytes;
@@ -506,6 +524,16 @@ impl State {
         }
         let mut ok = Vec::new();
         for seg in moved {
+            if !self.still_victim(seg, chosen) {
+                // Emptied by the commits above (the group commits as it
+                // grows), and perhaps taken again for the copies of later
+                // victims: free already, and what is there now stays. (The
+                // engine's reclaim would take a victim written again for
+                // one whose blocks had all been moved, and count the new
+                // ones as leaked.)
+                rep.freed += 1;
+                continue;
+            }
             let (lo, hi) = held_range_in(seg);
             if self.scan(&lo, &hi, 1)?.is_empty() {
                 ok.push(seg);
@@ -514,6 +542,14 @@ impl State {
             }
         }
         Ok(ok)
+    }
+
+    /// Whether `seg` still holds what it held when it was chosen as a
+    /// victim (`chosen`: its last batch then): in use, and not written
+    /// since.
+    fn still_victim(&self, seg: u32, chosen: &HashMap<u32, u64>) -> bool {
+        let now = self.eng.segment_usage().get(seg as usize).map(|u| u.last_batch);
+        self.eng.segment_in_use(seg) && now == chosen.get(&seg).copied()
     }
 
     /// Load every live chunk stored in `blocks` into the group's buffers,

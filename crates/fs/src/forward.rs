@@ -48,7 +48,9 @@ impl State {
     /// old parts are freed (whatever snapshots exist: the copy holds them),
     /// and a forward record leads from the old place to the copy. The
     /// caller commits at once (the forward records carry the group's first
-    /// sequence number). Returns the stored bytes copied.
+    /// sequence number); a segment of many held blocks is committed here
+    /// too, a slice of blocks at a time, so that no group outgrows a
+    /// journal block. Returns the stored bytes copied.
     pub(crate) fn move_held(&mut self, seg: u32) -> Result<u64> {
         let (lo, hi) = held_range_in(seg);
         let mut blocks: BTreeMap<u32, Vec<HeldPart>> = BTreeMap::new();
@@ -74,12 +76,31 @@ impl State {
             }
             whole.push(block);
         }
+        let bytes = whole.iter().map(|a| u64::from(a.len)).sum();
+        let mut parts: Vec<Vec<HeldPart>> = blocks.into_values().collect();
+        // A block's records (its held parts re-keyed, a forward record)
+        // take under 160 bytes: a slice's stay within a quarter of the
+        // group's bound, over the half at which it is committed first.
+        let slice_len = (self.group.max_bytes() / 4 / 160).max(1);
+        for slice in whole.chunks(slice_len) {
+            if self.group.bytes() > self.group.max_bytes() / 2 {
+                self.commit_as(Room::Relieve)?;
+            }
+            let n = slice.len();
+            self.move_held_slice(slice, parts.drain(..n).collect())?;
+        }
+        Ok(bytes)
+    }
+
+    /// [`State::move_held`] for the held blocks `whole` with their held
+    /// parts, in the pending group (committed next).
+    fn move_held_slice(&mut self, whole: &[BlockAddr], parts: Vec<Vec<HeldPart>>) -> Result<()> {
         // Moving data down, held blocks go down too.
         let to = self.demoting.then_some(zlogfs_engine::Tier::Bulk);
-        let copies = self.eng.copy_blocks(Room::Relieve, &whole, to)?;
+        let copies = self.eng.copy_blocks(Room::Relieve, whole, to)?;
         let moved = self.eng.seq() + 1;
         self.group.placed(&copies, moved);
-        for ((parts, old), new) in blocks.into_values().zip(&whole).zip(copies) {
+        for ((parts, old), new) in parts.into_iter().zip(whole).zip(copies) {
             let mut held = 0;
             for (k, born, part, died, n) in parts {
                 self.del(k);
@@ -95,7 +116,7 @@ impl State {
             }
             self.put(forward_key(old.seg, old.offset, moved), encode_addr(new));
         }
-        Ok(whole.iter().map(|a| u64::from(a.len)).sum())
+        Ok(())
     }
 
     /// Delete the forward records no snapshot can follow: those of moves
