@@ -424,9 +424,8 @@ impl State {
         // A victim freed meanwhile (moving another's files released its
         // last blocks) may be taken again by the log and written: what is
         // in it then is not the victim's. Its last batch tells.
-        let usage = self.eng.segment_usage();
         let chosen: HashMap<u32, u64> =
-            victims.iter().map(|v| (v.seg, usage[v.seg as usize].last_batch)).collect();
+            victims.iter().filter_map(|v| Some((v.seg, self.eng.segment_last_batch(v.seg)?))).collect();
         let mut ok = Vec::new();
         for (n, v) in victims.iter().enumerate() {
             let left = (self.eng.room_bytes(Room::Relieve) * 7 / 8).saturating_sub(self.bufs.bytes() as u64);
@@ -548,8 +547,7 @@ impl State {
     /// victim (`chosen`: its last batch then): in use, and not written
     /// since.
     fn still_victim(&self, seg: u32, chosen: &HashMap<u32, u64>) -> bool {
-        let now = self.eng.segment_usage().get(seg as usize).map(|u| u.last_batch);
-        self.eng.segment_in_use(seg) && now == chosen.get(&seg).copied()
+        self.eng.segment_in_use(seg) && self.eng.segment_last_batch(seg) == chosen.get(&seg).copied()
     }
 
     /// Load every live chunk stored in `blocks` into the group's buffers,

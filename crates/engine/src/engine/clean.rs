@@ -134,6 +134,13 @@ impl Engine {
         seg < self.sh.sb.geometry.segment_count && !core.log.is_head(seg) && !core.log.is_free(seg)
     }
 
+    /// The last batch written to segment `seg` (it changes only when the
+    /// log writes there, so a segment freed and taken again shows a new
+    /// one); None past the device.
+    pub fn segment_last_batch(&self, seg: u32) -> Option<u64> {
+        lock(&self.sh.core).log.usage.get(seg as usize).map(|u| u.last_batch)
+    }
+
     /// Bytes of blocks a write of class `room` may still place in the log.
     pub fn room_bytes(&self, room: Room) -> u64 {
         lock(&self.sh.core).log.room_for(room) as u64

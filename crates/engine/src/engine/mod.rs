@@ -388,6 +388,9 @@ impl Engine {
     /// than their batch may still read wait among the checkpoint's
     /// deferred frees ([`Hold::Snapshot`]) instead.
     fn apply_frees(&self, core: &mut Core) {
+        if core.pending_frees.is_empty() {
+            return;
+        }
         let durable = core.log.durable_batch;
         let oldest = lock(&self.sh.snapshots).keys().next().copied();
         let after = core.ckpt.number + 1;
