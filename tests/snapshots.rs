@@ -420,6 +420,44 @@ fn clean_on_a_log_full_of_snapshots_stops_with_its_report() {
     eprintln!("{} snapshots; {stopped} of 3 passes stopped for room", kept.len());
 }
 
+/// Cleaning segments of pack blocks whose every member a snapshot keeps:
+/// each block has hundreds of held parts, and their moved records are
+/// committed a slice at a time that fits a journal block (sized by parts,
+/// not blocks: a slice of whole blocks overflowed it).
+#[test]
+fn cleaning_blocks_of_many_held_parts_fits_the_journal() {
+    let st = Arc::new(FaultStore::new(Geometry { segment_size: 256 << 10, segment_count: 64 }));
+    let s: Arc<dyn Store> = st.clone();
+    let o =
+        MkfsOptions { chunk_size: 16 << 10, pack_bytes: 32 << 10, inline_max: 0, ..MkfsOptions::default() };
+    fs::mkfs(s, &o).expect("mkfs");
+    let f = open(&st, None).expect("open");
+    let d = f.mkdir(ROOT, b"d", 0o755, 0, 0).expect("mkdir");
+    for i in 0..6000u64 {
+        let x = f.create(d.ino, format!("f{i}").as_bytes(), 0o644, 0, 0).expect("create");
+        f.write(x.ino, 0, &common::noise(i, 48)).expect("write");
+    }
+    f.sync().expect("sync");
+    // Half the members die before the snapshot: the packs' segments are
+    // worth cleaning; the other half die after it and are held.
+    for i in (1..6000u64).step_by(2) {
+        f.unlink(d.ino, format!("f{i}").as_bytes()).expect("unlink");
+    }
+    f.sync().expect("sync");
+    let before = dump(&f);
+    f.snapshot_create("s").expect("snapshot");
+    for i in (0..6000u64).step_by(2) {
+        f.unlink(d.ino, format!("f{i}").as_bytes()).expect("unlink");
+    }
+    f.sync().expect("sync");
+    let rep = f.clean(&everything(), &|_| {}).expect("clean segments of many held parts");
+    assert!(rep.moved_bytes > 0, "held blocks moved: {rep:?}");
+    fsck_clean(&f, "after cleaning");
+    f.close().expect("close");
+    let view = open(&st, Some("s")).expect("open the snapshot");
+    assert!(dump(&view) == before, "the snapshot reads as it was after cleaning");
+}
+
 /// Statfs counts what only automatic points hold as free (a writer short
 /// of room drops them first), and what a named snapshot holds as used.
 #[test]

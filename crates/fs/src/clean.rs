@@ -438,6 +438,7 @@ impl State {
             if !self.still_victim(seg, &chosen) {
                 // Freed meanwhile: moving another victim's files released
                 // the last blocks here (a pack shared by both).
+                self.freed_mid_round(rep);
                 continue;
             }
             rep.examined += 1;
@@ -505,7 +506,7 @@ impl State {
                 // Emptied by the moves and commits since (nothing held
                 // kept it), and perhaps taken again: what is there now
                 // (copies of other victims' blocks) stays.
-                rep.freed += 1;
+                self.freed_mid_round(rep);
                 continue;
             }
             match self.move_held(seg) {
@@ -530,7 +531,7 @@ impl State {
                 // engine's reclaim would take a victim written again for
                 // one whose blocks had all been moved, and count the new
                 // ones as leaked.)
-                rep.freed += 1;
+                self.freed_mid_round(rep);
                 continue;
             }
             let (lo, hi) = held_range_in(seg);
@@ -541,6 +542,16 @@ impl State {
             }
         }
         Ok(ok)
+    }
+
+    /// Victim `seg` was emptied during the round (and may have been taken
+    /// again): it counts as freed. Its born record stays until the next
+    /// open: the log may already have placed blocks there that records
+    /// name from this round on, and an older born only keeps frees there
+    /// held for more snapshots than need them, never fewer.
+    fn freed_mid_round(&mut self, rep: &mut CleanReport) {
+        rep.freed += 1;
+        self.stats.clean_freed += 1;
     }
 
     /// Whether `seg` still holds what it held when it was chosen as a

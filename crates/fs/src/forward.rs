@@ -12,6 +12,7 @@ use zlogfs_engine::BlockAddr;
 
 use crate::error::{Error, Result};
 use crate::keys::*;
+use crate::pending::FREE_BYTES;
 use crate::state::State;
 
 /// Forward records followed at most for one read (a block moved this many
@@ -20,6 +21,19 @@ const MAX_HOPS: usize = 4096;
 
 /// A held part of a block: its record's key and value, the part, died, n.
 type HeldPart = (Vec<u8>, Vec<u8>, BlockAddr, u64, u32);
+
+/// Journal bytes that moving a block with held parts `parts` adds to the
+/// group, at most: per part its old record deleted, its new one put and
+/// its free; per block a forward record and the free of parts no snapshot
+/// held.
+fn moved_bytes(parts: &[HeldPart]) -> usize {
+    let per_part: usize =
+        parts.iter().map(|(k, v, ..)| (k.len() + 4) + (k.len() + v.len() + 8) + FREE_BYTES).sum();
+    per_part + FORWARD_BYTES + FREE_BYTES
+}
+
+/// Journal bytes of a forward record: its key and an address.
+const FORWARD_BYTES: usize = 17 + 12 + 8;
 
 impl State {
     /// Where block `a`, named by a record read as of the point this state
@@ -78,16 +92,25 @@ impl State {
         }
         let bytes = whole.iter().map(|a| u64::from(a.len)).sum();
         let mut parts: Vec<Vec<HeldPart>> = blocks.into_values().collect();
-        // A block's records (its held parts re-keyed, a forward record)
-        // take under 160 bytes: a slice's stay within a quarter of the
-        // group's bound, over the half at which it is committed first.
-        let slice_len = (self.group.max_bytes() / 4 / 160).max(1);
-        for slice in whole.chunks(slice_len) {
-            if self.group.bytes() > self.group.max_bytes() / 2 {
+        // Slices whose records stay within a quarter of the group's bound;
+        // the group is committed first when it and the slice could pass
+        // the bound (half a journal block: the estimates are upper bounds).
+        let max = self.group.max_bytes();
+        let budget = max / 4;
+        let mut start = 0;
+        while start < whole.len() {
+            let mut end = start;
+            let mut est = 0;
+            while end < whole.len() && (end == start || est + moved_bytes(&parts[end - start]) <= budget) {
+                est += moved_bytes(&parts[end - start]);
+                end += 1;
+            }
+            if self.group.bytes() + est > max {
                 self.commit_as(Room::Relieve)?;
             }
-            let n = slice.len();
-            self.move_held_slice(slice, parts.drain(..n).collect())?;
+            let slice_parts = parts.drain(..end - start).collect();
+            self.move_held_slice(&whole[start..end], slice_parts)?;
+            start = end;
         }
         Ok(bytes)
     }

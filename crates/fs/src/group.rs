@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::filesystem::now;
 use crate::history::Policy;
 use crate::keys::*;
-use crate::pending::Pending;
+use crate::pending::{Pending, FREE_BYTES};
 
 /// The snapshots (named and automatic) whose records are committed, by
 /// sequence number: (name, snapshot).
@@ -277,9 +277,10 @@ impl Group {
         self.pend.absorb(later);
     }
 
-    /// Estimated journal bytes of the group.
+    /// Estimated journal bytes of the group: its mutations, and the frees
+    /// its released blocks become.
     pub(crate) fn bytes(&self) -> usize {
-        self.pend.bytes
+        self.pend.bytes + self.released.len() * FREE_BYTES
     }
 
     /// Nothing to commit: no mutation, no config change.

@@ -17,6 +17,10 @@ use zlogfs_engine::BlockAddr;
 use crate::changes::{Event, What};
 use crate::keys::Ino;
 
+/// Journal bytes a free takes at most (an operation tag and a block
+/// address).
+pub const FREE_BYTES: usize = 13;
+
 /// Mutations waiting for the next commit.
 #[derive(Default)]
 pub struct Pending {
@@ -52,7 +56,7 @@ impl Pending {
     }
     /// Release a data block.
     pub fn free(&mut self, a: BlockAddr) {
-        self.bytes += 13;
+        self.bytes += FREE_BYTES;
         self.frees.push(a);
     }
     /// Note a change (data and metadata changes once per inode).
