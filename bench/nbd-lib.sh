@@ -4,15 +4,19 @@
 # system on its own loop device over a sparse file in $work. Uses $z (the
 # zlogfs binary), $work, $sock, and sets $server and $loop.
 #
-# A system is zlogfs, zlogfs:SIZE (volumes of SIZE chunks), ext4 or btrfs.
+# A system is zlogfs, zlogfs:CHUNK or zlogfs:CHUNK:UNIT (volumes of CHUNK
+# chunks in compression units of UNIT), ext4 or btrfs.
 
 # start SYS VOLSIZE: a fresh export of VOLSIZE.
 start() {
     rm -f "$sock"
     case $1 in
     zlogfs*)
-        local chunk=()
-        [ "$1" != "${1#zlogfs:}" ] && chunk=(--chunk-size "${1#zlogfs:}")
+        local chunk=() spec=${1#zlogfs:}
+        if [ "$1" != "$spec" ]; then
+            chunk=(--chunk-size "${spec%%:*}")
+            [ "$spec" != "${spec#*:}" ] && chunk+=(--unit "${spec#*:}")
+        fi
         truncate -s 32G "$work/z.img"
         "$z" mkfs "$work/z.img" --size 32G --force >/dev/null 2>&1
         "$z" nbd "$work/z.img" --socket "$sock" --create "vol:$2" "${chunk[@]}" 2>/dev/null &
@@ -93,6 +97,7 @@ used() {
 name() {
     case $1 in
     zlogfs) echo "zlogfs nbd" ;;
+    zlogfs:*:*) local s=${1#zlogfs:}; echo "zlogfs nbd, ${s%%:*} chunks in ${s#*:} units" ;;
     zlogfs:*) echo "zlogfs nbd, ${1#zlogfs:} chunks" ;;
     ext4) echo "nbdkit file on ext4" ;;
     btrfs) echo "nbdkit file on btrfs zstd:1" ;;

@@ -21,8 +21,9 @@
 # libnbd-bin, fio and btrfs-progs when missing.
 #
 # SYSTEMS picks the columns (default "zlogfs ext4 btrfs"); zlogfs:SIZE is
-# zlogfs with volumes of SIZE chunks (`--chunk-size`), e.g.
-#   SYSTEMS="zlogfs:4K zlogfs:16K zlogfs:64K btrfs" bash bench/nbd.sh
+# zlogfs with volumes of SIZE chunks (`--chunk-size`), zlogfs:SIZE:UNIT
+# also with compression units of UNIT (`--unit`), e.g.
+#   SYSTEMS="zlogfs:16K:16K zlogfs:16K:64K zlogfs:16K:128K btrfs" bash bench/nbd.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh

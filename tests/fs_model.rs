@@ -645,7 +645,9 @@ struct Setup {
 
 /// On images of chunks above 4 KiB, a third of new files and directories
 /// get a smaller chunk size of their own (a directory's is inherited), so
-/// that files of several chunk sizes share buffers, packs and cleaning.
+/// that files of several chunk sizes share buffers, packs and cleaning;
+/// and a compression unit of four such chunks, so that whole chunks share
+/// blocks too.
 fn own_chunk(r: &mut StdRng, image: u32) -> Option<u32> {
     let c = [4096, 8192, 16384][r.gen_range(0..3)];
     (r.gen_range(0..3) == 0 && c < image).then_some(c)
@@ -653,7 +655,8 @@ fn own_chunk(r: &mut StdRng, image: u32) -> Option<u32> {
 
 fn set_chunk(f: &Fs, ino: Ino, chunk: Option<u32>) -> Res {
     match chunk {
-        Some(c) => errno(f.setxattr(ino, fs::XATTR_CHUNK, format!("{}K", c >> 10).as_bytes(), 0)),
+        Some(c) => errno(f.setxattr(ino, fs::XATTR_CHUNK, format!("{}K", c >> 10).as_bytes(), 0))
+            .and_then(|_| errno(f.setxattr(ino, fs::XATTR_UNIT, format!("{}K", c >> 8).as_bytes(), 0))),
         None => Ok(()),
     }
 }

@@ -317,6 +317,12 @@ enum Cmd {
         /// the image's when smaller; see docs/decisions/ on volume chunks]
         #[arg(long, value_name = "SIZE")]
         chunk_size: Option<String>,
+        /// Compression unit of the volumes --create makes: whole chunks
+        /// written together are compressed together in blocks of up to this
+        /// size (4K to 1M; the chunk size or less: each chunk alone)
+        /// [default: 64K; see docs/decisions/ on compression units]
+        #[arg(long, value_name = "SIZE")]
+        unit: Option<String>,
         /// Options as for mount: ro (serve read-only), commit=S, log=LEVEL, ...
         #[arg(short = 'o', value_name = "OPTS")]
         options: Vec<String>,
@@ -491,13 +497,14 @@ fn main() -> ExitCode {
         Cmd::Changes { target, since, until, json } => {
             admin::changes(&target, &since, until.as_deref(), json)
         }
-        Cmd::Nbd { image, socket, listen, create, chunk_size, options } => {
+        Cmd::Nbd { image, socket, listen, create, chunk_size, unit, options } => {
             let at = match (socket, listen) {
                 (Some(p), _) => nbd::Listen::Unix(p),
                 (None, Some(a)) => nbd::Listen::Tcp(a),
                 (None, None) => return finish(Err("give --socket PATH or --listen HOST:PORT".into())),
             };
-            nbd::nbd(&image, at, &create, chunk_size.as_deref(), &options)
+            let layout = nbd::VolumeLayout { chunk: chunk_size, unit };
+            nbd::nbd(&image, at, &create, &layout, &options)
         }
         Cmd::Scrub { target, rate, json } => admin::scrub(&target, rate, json),
     };

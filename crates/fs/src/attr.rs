@@ -187,5 +187,13 @@ pub const XATTR_CHUNK: &[u8] = b"user.zlogfs.chunk";
 /// "auto" (or none) goes by the image's small-file size.
 pub const XATTR_TIER: &[u8] = b"user.zlogfs.tier";
 
+/// The xattr holding a file's or directory's compression unit (inherited
+/// by the files and directories made in a directory): "4K" to "1M", a
+/// power of two; whole chunks stored together, one after another, are
+/// compressed together in blocks of up to this size (a unit no larger
+/// than the chunk size stores each chunk alone). Settable at any time: it
+/// applies to chunks stored from then on. Not listed by listxattr.
+pub const XATTR_UNIT: &[u8] = b"user.zlogfs.unit";
+
 /// The read-only xattr giving a file's stored (compressed) bytes.
 pub const XATTR_PHYSICAL: &[u8] = b"user.zlogfs.physical";

@@ -98,6 +98,7 @@ pub fn mkfs(store: Arc<dyn Store>, o: &MkfsOptions) -> Result<()> {
         policy: None,
         chunk: None,
         tier: None,
+        unit: None,
     };
     let mut b = WriteBatch::new();
     b.put(config_key(), cfg.encode());

@@ -29,7 +29,7 @@ pub const ROOT: Ino = 1;
 /// the first
 /// commit that writes such a record, so images that never had one stay
 /// readable by older builds.
-pub const FS_VERSION: u8 = 9;
+pub const FS_VERSION: u8 = 10;
 
 const T_CONFIG: u8 = 0x01;
 const T_TRIPLE: u8 = 0x02;
@@ -716,6 +716,11 @@ pub struct Inode {
     /// On two devices, where this file's data goes (a directory's is
     /// inherited by its new entries); None: by its size (record version 9).
     pub tier: Option<TierPolicy>,
+    /// Compression unit of this file's whole chunks (a directory's is
+    /// inherited by its new entries): chunks stored in one commit, one
+    /// after another, are compressed together in shared blocks of up to
+    /// this many bytes; None: each chunk alone (record version 10).
+    pub unit: Option<u32>,
 }
 
 /// Where a file's data goes on an image of two devices
@@ -741,6 +746,10 @@ const F_POLICY: u64 = 64;
 const F_PARENT: u64 = 128;
 const F_CHUNK: u64 = 256;
 const F_TIER: u64 = 512;
+const F_UNIT: u64 = 1024;
+
+/// The largest compression unit of a file.
+pub const MAX_UNIT: u32 = 1 << 20;
 
 impl Inode {
     /// Its kind.
@@ -768,6 +777,7 @@ impl Inode {
         f |= if self.parent != 0 { F_PARENT } else { 0 };
         f |= if self.chunk.is_some() { F_CHUNK } else { 0 };
         f |= if self.tier.is_some() { F_TIER } else { 0 };
+        f |= if self.unit.is_some() { F_UNIT } else { 0 };
         let mut v = Vec::with_capacity(24);
         v.put_var(f);
         v.put_var(u64::from(triple));
@@ -804,6 +814,9 @@ impl Inode {
         if let Some(t) = self.tier {
             v.put_u8(if t == TierPolicy::Fast { 1 } else { 2 });
         }
+        if let Some(u) = self.unit {
+            v.put_u8(u.trailing_zeros() as u8);
+        }
         v
     }
 
@@ -817,7 +830,7 @@ impl Inode {
         let what = format!("inode {ino}");
         let mut r = Reader::new(b, &what);
         let f = r.var()?;
-        if f >= 1024 {
+        if f >= 2048 {
             return Err(r.err(format!("unknown flags {f:#x}")));
         }
         let tid = r.var_max(u64::from(u32::MAX), "triple id")? as u32;
@@ -868,6 +881,15 @@ impl Inode {
         } else {
             None
         };
+        let unit = if f & F_UNIT != 0 {
+            let shift = r.u8()?;
+            if !(MIN_CHUNK.trailing_zeros() as u8..=MAX_UNIT.trailing_zeros() as u8).contains(&shift) {
+                return Err(r.err(format!("compression unit 2^{shift} out of range")));
+            }
+            Some(1u32 << shift)
+        } else {
+            None
+        };
         r.finish()?;
         Ok(Inode {
             ino,
@@ -886,6 +908,7 @@ impl Inode {
             policy,
             chunk,
             tier,
+            unit,
         })
     }
 }
@@ -1266,6 +1289,7 @@ mod tests {
             policy: None,
             chunk: None,
             tier: None,
+            unit: None,
         };
         let b = i.encode(3, 1_700_000_000);
         // flags, triple, size (2), mtime (2)
@@ -1282,17 +1306,25 @@ mod tests {
         i.parent = 9;
         i.chunk = Some(16384);
         i.tier = Some(TierPolicy::Bulk);
+        i.unit = Some(128 << 10);
         let b = i.encode(3, 1_700_000_000);
         assert_eq!(Inode::decode(5, &b, 1_700_000_000, tr).unwrap(), i);
         assert!(Inode::decode(5, &b, 0, |_| None).is_err());
         // A chunk size out of range is refused, not used.
         let mut bad = b.clone();
-        let n = bad.len() - 2; // the chunk size, before the device policy
+        let n = bad.len() - 3; // the chunk size, before the device policy and unit
         bad[n] = 40;
         assert!(Inode::decode(5, &bad, 1_700_000_000, tr).unwrap_err().to_string().contains("chunk size"));
         let mut bad = b.clone();
-        *bad.last_mut().unwrap() = 7;
+        let n = bad.len() - 2;
+        bad[n] = 7;
         assert!(Inode::decode(5, &bad, 1_700_000_000, tr).unwrap_err().to_string().contains("device policy"));
+        for shift in [11, 21] {
+            let mut bad = b.clone();
+            *bad.last_mut().unwrap() = shift;
+            let e = Inode::decode(5, &bad, 1_700_000_000, tr).unwrap_err().to_string();
+            assert!(e.contains("compression unit"), "{e}");
+        }
         for n in 0..b.len() {
             let _ = Inode::decode(5, &b[..n], 1_700_000_000, tr);
         }

@@ -105,6 +105,7 @@ impl State {
             policy: p.policy,
             chunk: if matches!(kind, Kind::File | Kind::Dir) { p.chunk } else { None },
             tier: if matches!(kind, Kind::File | Kind::Dir) { p.tier } else { None },
+            unit: if matches!(kind, Kind::File | Kind::Dir) { p.unit } else { None },
         };
         self.save(&i);
         self.put(dirent_key(parent, name), encode_dirent(ino, kind));

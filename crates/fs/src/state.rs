@@ -160,6 +160,9 @@ impl State {
         if i.tier.is_some() {
             self.group.mark_version(9);
         }
+        if i.unit.is_some() {
+            self.group.mark_version(10);
+        }
         self.put(inode_key(i.ino), v);
     }
 

@@ -13,7 +13,7 @@ use crate::namespace::name_str;
 use crate::state::State;
 use crate::{
     acl, Fs, XATTR_CHUNK, XATTR_CODEC, XATTR_CREATE, XATTR_KILL_SGID, XATTR_PHYSICAL, XATTR_REPLACE,
-    XATTR_TIER,
+    XATTR_TIER, XATTR_UNIT,
 };
 
 fn check_xattr_name(name: &[u8]) -> Result<()> {
@@ -69,23 +69,31 @@ impl State {
 
 /// A chunk size given as an xattr value: bytes, or with K, KiB or M.
 fn parse_chunk(value: &[u8], image: u32) -> Result<u32> {
-    let s = std::str::from_utf8(value).map_err(|_| Error::invalid("chunk size is not UTF-8"))?.trim();
+    parse_pow2("chunk size", value, image)
+}
+
+/// A compression unit given as an xattr value, as a chunk size.
+fn parse_unit(value: &[u8]) -> Result<u32> {
+    parse_pow2("compression unit", value, MAX_UNIT)
+}
+
+/// A power of two from 4K to `max` given as an xattr value: bytes, or
+/// with K, KiB or M; `what` names it in errors.
+fn parse_pow2(what: &str, value: &[u8], max: u32) -> Result<u32> {
+    let s = std::str::from_utf8(value).map_err(|_| Error::invalid(format!("{what} is not UTF-8")))?.trim();
     let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
     let mul: u64 = match s[digits.len()..].to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kib" | "kb" => 1 << 10,
         "m" | "mib" | "mb" => 1 << 20,
-        u => return Err(Error::invalid(format!("chunk size {s:?}: unknown unit {u:?} (use K or M)"))),
+        u => return Err(Error::invalid(format!("{what} {s:?}: unknown unit {u:?} (use K or M)"))),
     };
     let n = digits.parse::<u64>().ok().and_then(|n| n.checked_mul(mul));
     match n {
-        Some(n) if n.is_power_of_two() && (u64::from(MIN_CHUNK)..=u64::from(image)).contains(&n) => {
+        Some(n) if n.is_power_of_two() && (u64::from(MIN_CHUNK)..=u64::from(max)).contains(&n) => {
             Ok(n as u32)
         }
-        _ => Err(Error::invalid(format!(
-            "chunk size {s:?}: a power of two from 4K to the image's chunk size ({}K) is needed",
-            image >> 10
-        ))),
+        _ => Err(Error::invalid(format!("{what} {s:?}: a power of two from 4K to {}K is needed", max >> 10))),
     }
 }
 
@@ -112,6 +120,12 @@ impl Fs {
             return match i.chunk {
                 Some(c) => Ok(format!("{}K", c >> 10).into_bytes()),
                 None => Err(Error::no_attr(format!("inode {ino} has no chunk size of its own"))),
+            };
+        }
+        if name == XATTR_UNIT {
+            return match i.unit {
+                Some(u) => Ok(format!("{}K", u >> 10).into_bytes()),
+                None => Err(Error::no_attr(format!("inode {ino} has no compression unit"))),
             };
         }
         if name == XATTR_TIER {
@@ -169,6 +183,8 @@ impl Fs {
             i.chunk.is_some()
         } else if name == XATTR_TIER {
             i.tier.is_some()
+        } else if name == XATTR_UNIT {
+            i.unit.is_some()
         } else {
             check_xattr_name(name)?;
             if value.len() > st.xattr_limit() {
@@ -194,6 +210,14 @@ impl Fs {
         } else if name == XATTR_CHUNK {
             let c = parse_chunk(value, st.group.cfg().chunk_size)?;
             st.set_chunk(&mut i, Some(c))?;
+        } else if name == XATTR_UNIT {
+            if !matches!(i.kind(), Kind::File | Kind::Dir) {
+                return Err(Error::invalid(format!(
+                    "inode {ino} is a {:?}: only files and directories have a compression unit",
+                    i.kind()
+                )));
+            }
+            i.unit = Some(parse_unit(value)?);
         } else if name == XATTR_TIER {
             i.tier = match value.trim_ascii() {
                 b"fast" => Some(TierPolicy::Fast),
@@ -248,6 +272,10 @@ impl Fs {
                 return Err(Error::no_attr(format!("inode {ino} has no chunk size of its own")));
             }
             st.set_chunk(&mut i, None)?;
+        } else if name == XATTR_UNIT {
+            if i.unit.take().is_none() {
+                return Err(Error::no_attr(format!("inode {ino} has no compression unit")));
+            }
         } else if name == XATTR_TIER {
             if i.tier.take().is_none() {
                 return Err(Error::no_attr(format!("inode {ino} has no device policy")));
@@ -274,7 +302,7 @@ mod tests {
     use zlogfs_engine::store::{Geometry, MemStore, Store};
 
     use crate::keys::extents_from;
-    use crate::{mkfs, Error, Fs, FsOptions, MkfsOptions, ROOT, XATTR_CHUNK};
+    use crate::{mkfs, Error, Fs, FsOptions, MkfsOptions, ROOT, XATTR_CHUNK, XATTR_UNIT};
 
     fn open(store: &Arc<dyn Store>) -> Fs {
         Fs::open(store.clone(), FsOptions { commit_interval: None, ..FsOptions::default() }).unwrap()
@@ -320,6 +348,67 @@ mod tests {
         assert_eq!(fs.config().version, 8, "the image is marked as holding such inodes (and change records)");
         let rep = fs.check(&|_, _| {}).unwrap();
         assert!(rep.problems.is_empty(), "{:?}", rep.problems);
+    }
+
+    /// A volume of 16 KiB chunks in 64 KiB compression units: whole chunks
+    /// written together share blocks of four (aligned to the unit), and
+    /// read back through overwrites, patches, holes, truncation, cleaning
+    /// and a reopen; the setting is checked and inherited.
+    #[test]
+    fn chunks_of_a_compression_unit_share_blocks() {
+        let store: Arc<dyn Store> =
+            Arc::new(MemStore::new(Geometry { segment_size: 1 << 20, segment_count: 32 }));
+        mkfs(store.clone(), &MkfsOptions::default()).unwrap();
+        let fs = open(&store);
+        let d = fs.mkdir(ROOT, b"vols", 0o755, 0, 0).unwrap();
+        for bad in [&b"3K"[..], b"2K", b"2M", b"abc", b""] {
+            assert!(invalid(fs.setxattr(d.ino, XATTR_UNIT, bad, 0)).contains("compression unit"), "{bad:?}");
+        }
+        fs.setxattr(d.ino, XATTR_UNIT, b"64K", 0).unwrap();
+        let a = fs.create(d.ino, b"vol", 0o644, 0, 0).unwrap();
+        assert_eq!(fs.getxattr(a.ino, XATTR_UNIT).unwrap(), b"64K", "inherited");
+        fs.setxattr(a.ino, XATTR_CHUNK, b"16K", 0).unwrap();
+        // 10 chunks from chunk 1 on: units [1..4), [4..8), [8..11).
+        let data: Vec<u8> = (0..160 * 1024u32).map(|n| (n * 7 % 251) as u8).collect();
+        fs.write(a.ino, 16384, &data).unwrap();
+        fs.commit().unwrap();
+        let shared = |fs: &Fs| {
+            let (lo, hi) = extents_from(a.ino, 0);
+            let mut blocks = std::collections::BTreeMap::new();
+            for (_, v) in fs.st().scan(&lo, &hi, usize::MAX).unwrap() {
+                if let crate::keys::Extent::Shared { addr, .. } =
+                    crate::keys::Extent::decode(&v, "t").unwrap()
+                {
+                    *blocks.entry(addr).or_insert(0) += 1;
+                }
+            }
+            blocks.into_values().collect::<Vec<usize>>()
+        };
+        assert_eq!(shared(&fs), vec![3, 4, 3], "chunks share blocks by unit");
+        let mut want = vec![0u8; 16384];
+        want.extend_from_slice(&data);
+        // A patch over a shared chunk, a chunk written whole again, a
+        // hole punched, a truncation.
+        fs.write(a.ino, 40_000, &[9; 4096]).unwrap();
+        fs.write(a.ino, 5 * 16384, &[3; 16384]).unwrap();
+        fs.fallocate(a.ino, crate::FALLOC_FL_PUNCH_HOLE | crate::FALLOC_FL_KEEP_SIZE, 100_000, 30_000)
+            .unwrap();
+        fs.setattr(a.ino, &crate::SetAttr { size: Some(170_001), ..Default::default() }).unwrap();
+        want[40_000..44_096].fill(9);
+        want[5 * 16384..6 * 16384].fill(3);
+        want[100_000..130_000].fill(0);
+        want.truncate(170_001);
+        assert_eq!(fs.read(a.ino, 0, 1 << 20).unwrap(), want);
+        fs.clean(&crate::CleanOptions { max_live: 1.0, ..Default::default() }, &|_| {}).unwrap();
+        assert_eq!(fs.read(a.ino, 0, 1 << 20).unwrap(), want, "after cleaning");
+        fs.close().unwrap();
+        let fs = open(&store);
+        assert_eq!(fs.read(a.ino, 0, 1 << 20).unwrap(), want, "after reopen");
+        assert_eq!(fs.config().version, 10, "the image is marked as holding such inodes");
+        let rep = fs.check(&|_, _| {}).unwrap();
+        assert!(rep.problems.is_empty(), "{:?}", rep.problems);
+        fs.removexattr(a.ino, XATTR_UNIT).unwrap();
+        assert!(matches!(fs.getxattr(a.ino, XATTR_UNIT), Err(Error::NoAttr(_))));
     }
 
     #[test]

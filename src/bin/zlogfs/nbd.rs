@@ -197,11 +197,23 @@ impl Drop for Server {
 /// (docs/decisions/2026-11-25-volume-chunk-size.md).
 pub const VOLUME_CHUNK: u32 = 16 << 10;
 
+/// The compression unit of volumes made by `--create` when `--unit` is not
+/// given (docs/decisions/2026-11-26-compression-units.md).
+pub const VOLUME_UNIT: &str = "64K";
+
+/// How `--create` lays out new volumes (xattr syntax, e.g. "16K").
+#[derive(Default)]
+pub struct VolumeLayout {
+    /// Chunk size; None: [`VOLUME_CHUNK`] or the image's chunk size, the
+    /// smaller.
+    pub chunk: Option<String>,
+    /// Compression unit; None: [`VOLUME_UNIT`].
+    pub unit: Option<String>,
+}
+
 /// `--create PATH:SIZE`: make a volume (its directories too) of SIZE
-/// bytes, of chunks of `chunk` (xattr syntax, e.g. "16K"; None:
-/// [`VOLUME_CHUNK`] or the image's chunk size, the smaller), unless PATH
-/// exists.
-pub fn create_volume(fs: &Fs, spec: &str, chunk: Option<&str>) -> Result<(), String> {
+/// bytes, laid out as `layout` says, unless PATH exists.
+pub fn create_volume(fs: &Fs, spec: &str, layout: &VolumeLayout) -> Result<(), String> {
     let (path, size) = spec
         .rsplit_once(':')
         .ok_or_else(|| format!("--create {spec}: give PATH:SIZE, e.g. vm/disk.raw:10G"))?;
@@ -225,15 +237,20 @@ pub fn create_volume(fs: &Fs, spec: &str, chunk: Option<&str>) -> Result<(), Str
         return Ok(());
     }
     let f = fs.create(dir, name.as_bytes(), 0o600, 0, 0).map_err(|e| format!("--create {spec}: {e}"))?;
-    let value = match chunk {
+    let chunk = match &layout.chunk {
         Some(c) => c.to_string(),
         None => format!("{}K", VOLUME_CHUNK.min(fs.config().chunk_size) >> 10),
     };
-    if let Err(e) = fs.setxattr(f.ino, zlogfs::fs::XATTR_CHUNK, value.as_bytes(), 0) {
-        if let Err(u) = fs.unlink(dir, name.as_bytes()) {
-            tracing::warn!("--create {spec}: removing the volume again: {u}");
+    let unit = layout.unit.as_deref().unwrap_or(VOLUME_UNIT);
+    for (name_, opt, value) in
+        [(zlogfs::fs::XATTR_CHUNK, "--chunk-size", chunk.as_str()), (zlogfs::fs::XATTR_UNIT, "--unit", unit)]
+    {
+        if let Err(e) = fs.setxattr(f.ino, name_, value.as_bytes(), 0) {
+            if let Err(u) = fs.unlink(dir, name.as_bytes()) {
+                tracing::warn!("--create {spec}: removing the volume again: {u}");
+            }
+            return Err(format!("--create {spec}: {opt} {value}: {e}"));
         }
-        return Err(format!("--create {spec}: --chunk-size {value}: {e}"));
     }
     fs.setattr(f.ino, &SetAttr { size: Some(size), ..SetAttr::default() })
         .map_err(|e| format!("--create {spec}: setting the size: {e}"))?;
@@ -242,11 +259,11 @@ pub fn create_volume(fs: &Fs, spec: &str, chunk: Option<&str>) -> Result<(), Str
 
 /// `zlogfs nbd IMAGE`: serve until SIGTERM, SIGINT or SIGHUP, then close
 /// the image cleanly.
-pub fn nbd(image: &Path, at: Listen, create: &[String], chunk: Option<&str>, opts: &[String]) -> Res {
+pub fn nbd(image: &Path, at: Listen, create: &[String], layout: &VolumeLayout, opts: &[String]) -> Res {
     let parsed = super::mount::parse_options(opts, image)?;
     let fs = Arc::new(super::mount::open_for_mount(image, &parsed)?);
     for c in create {
-        create_volume(&fs, c, chunk)?;
+        create_volume(&fs, c, layout)?;
     }
     let ro = parsed.mount.read_only;
     let mut signals = signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP])

@@ -60,6 +60,8 @@ struct Loaded {
     spec: CodecSpec,
     /// Its device policy (None: by its size).
     tier: Option<TierPolicy>,
+    /// Its compression unit (None: each chunk alone).
+    unit: Option<u32>,
     /// The runs to store as patches, or None to store the chunk whole.
     plan: Option<Vec<(u32, u32)>>,
     /// The buffer was partial when loaded (completed since unless it
@@ -129,12 +131,15 @@ struct Layout {
     /// than bounce back up to be moved down again.
     fast_short: bool,
     pack_bytes: usize,
+    /// The largest block (compression units are clipped to it).
+    max_block: usize,
 }
 
 /// Step 2: sort the loaded buffers into pieces by how they are stored,
 /// and pack the small ones.
 fn plan_store(loaded: Vec<Loaded>, l: &Layout) -> StorePlan {
     let mut plan = StorePlan::default();
+    let mut units = Vec::new();
     for c in loaded {
         let chunk = c.buf.chunk();
         let cs = u64::from(chunk);
@@ -179,12 +184,57 @@ fn plan_store(loaded: Vec<Loaded>, l: &Layout) -> StorePlan {
             plan.inline.push(p);
         } else if (p.data.len() as u64) < cs / 2 {
             plan.pack.push(p);
+        } else if let Some(unit) = c.unit.map(|u| (u as usize).min(l.max_block)).filter(|&u| u > p.data.len())
+        {
+            units.push((p, unit));
         } else {
             plan.own.push(p);
         }
     }
     pack_small(&mut plan, l.pack_bytes);
+    pack_units(&mut plan, units);
     plan
+}
+
+/// Compress whole chunks of files with a compression unit together: the
+/// chunks of one unit of the file (`unit` bytes from a multiple of it)
+/// stored in this commit one after another, of one codec and device,
+/// share a block. A chunk alone gets a block of its own.
+fn pack_units(plan: &mut StorePlan, mut units: Vec<(Piece, usize)>) {
+    units.sort_by_key(|(p, _)| (p.ino, p.idx));
+    let mut run: Vec<Piece> = Vec::new();
+    for (p, unit) in units {
+        let per = (unit as u64 / u64::from(p.chunk)).max(1);
+        let joins = run.last().is_some_and(|l| {
+            l.ino == p.ino && l.idx + 1 == p.idx && p.idx % per != 0 && l.spec == p.spec && l.tier == p.tier
+        });
+        if !joins {
+            store_unit(plan, std::mem::take(&mut run));
+        }
+        run.push(p);
+    }
+    store_unit(plan, run);
+}
+
+/// One compression unit's chunks (consecutive, of one file) into a
+/// shared block; one chunk into a block of its own.
+fn store_unit(plan: &mut StorePlan, run: Vec<Piece>) {
+    if run.len() < 2 {
+        plan.own.extend(run);
+        return;
+    }
+    let start = plan.pack.len();
+    let mut raw = Vec::with_capacity(run.iter().map(|p| p.data.len()).sum());
+    for p in &run {
+        raw.extend_from_slice(&p.data);
+    }
+    plan.packs.push(Pack {
+        spec: run[0].spec,
+        tier: run[0].tier,
+        raw,
+        members: (start..start + run.len()).collect(),
+    });
+    plan.pack.extend(run);
 }
 
 /// A patch per patch block of `runs`: a later write of a block hides a
@@ -273,6 +323,7 @@ impl State {
             demote: self.demoting,
             fast_short: self.cleaning && self.fast_short(),
             pack_bytes: cfg.pack_bytes as usize,
+            max_block: zlogfs_engine::max_block_raw(self.eng.superblock().geometry),
         };
         let plan = plan_store(loaded, &layout);
         let addrs = match self.write_store(&plan, room) {
@@ -313,8 +364,17 @@ impl State {
             let mut rest = m.into_iter();
             while let Some((idx, buf)) = rest.next() {
                 let was_partial = buf.partial;
-                let mut c =
-                    Loaded { ino, idx, buf, size: i.size, spec, tier: i.tier, plan: None, was_partial };
+                let mut c = Loaded {
+                    ino,
+                    idx,
+                    buf,
+                    size: i.size,
+                    spec,
+                    tier: i.tier,
+                    unit: i.unit,
+                    plan: None,
+                    was_partial,
+                };
                 let r = self.load_one(&mut c);
                 out.push(c);
                 if let Err(e) = r {

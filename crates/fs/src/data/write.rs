@@ -260,9 +260,11 @@ impl State {
 
     /// Compress chunk `idx` of `i` on the pool now, with the file's codec
     /// ([`crate::buffers::Buffers::compress_ahead`]), unless the cleaner
-    /// runs.
+    /// runs or the chunk is likely stored with its neighbours (a file
+    /// with a compression unit larger than its chunks).
     fn compress_ahead(&mut self, i: &Inode, idx: u64) {
-        if !self.cleaning {
+        let joins = i.unit.is_some_and(|u| u64::from(u) > self.cs(i));
+        if !self.cleaning && !joins {
             self.bufs.compress_ahead(i.ino, idx, i.policy.unwrap_or(self.group.cfg().codec));
         }
     }
