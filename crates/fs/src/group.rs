@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::filesystem::now;
 use crate::history::Policy;
 use crate::keys::*;
-use crate::pending::{Pending, FREE_BYTES};
+use crate::pending::{Pending, FREE_BYTES, HELD_BYTES};
 
 /// The snapshots (named and automatic) whose records are committed, by
 /// sequence number: (name, snapshot).
@@ -278,9 +278,12 @@ impl Group {
     }
 
     /// Estimated journal bytes of the group: its mutations, and the frees
-    /// its released blocks become.
+    /// its released blocks become. With snapshots, a pending free may
+    /// become a held free's record at the seal instead: counted as one.
     pub(crate) fn bytes(&self) -> usize {
-        self.pend.bytes + self.released.len() * FREE_BYTES
+        let held =
+            if self.snapshots.is_empty() { 0 } else { self.pend.frees.len() * (HELD_BYTES - FREE_BYTES) };
+        self.pend.bytes + self.released.len() * FREE_BYTES + held
     }
 
     /// Nothing to commit: no mutation, no config change.

@@ -21,6 +21,10 @@ use crate::keys::Ino;
 /// address).
 pub const FREE_BYTES: usize = 13;
 
+/// Journal bytes a held free's record takes at most (a put of its 25-byte
+/// key and a born sequence number of up to 10 bytes, with their lengths).
+pub const HELD_BYTES: usize = 40;
+
 /// Mutations waiting for the next commit.
 #[derive(Default)]
 pub struct Pending {

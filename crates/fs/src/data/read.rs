@@ -180,7 +180,10 @@ impl State {
         }
         let looked = out.len() as u64;
         out.retain(|a| self.cache.get(a).is_none());
-        out.dedup();
+        // A block may come up again further on (a unit's block between
+        // patches of its chunks).
+        let mut seen = std::collections::HashSet::new();
+        out.retain(|a| seen.insert(*a));
         let c = &metrics::global().counters;
         Metrics::add(&c.cache_misses, out.len() as u64);
         Metrics::add(&c.cache_hits, looked - out.len() as u64);

@@ -77,6 +77,8 @@ struct Pack {
     raw: Vec<u8>,
     /// Indexes into [`StorePlan::pack`].
     members: Vec<usize>,
+    /// Whole chunks of one compression unit, not small pieces.
+    unit: bool,
 }
 
 /// What a commit stores, by how.
@@ -233,6 +235,7 @@ fn store_unit(plan: &mut StorePlan, run: Vec<Piece>) {
         tier: run[0].tier,
         raw,
         members: (start..start + run.len()).collect(),
+        unit: true,
     });
     plan.pack.extend(run);
 }
@@ -282,7 +285,13 @@ fn pack_small(plan: &mut StorePlan, pack_bytes: usize) {
             k.spec == p.spec && k.tier == p.tier && k.raw.len() + p.data.len() <= pack_bytes
         });
         if !fits {
-            plan.packs.push(Pack { spec: p.spec, tier: p.tier, raw: Vec::new(), members: Vec::new() });
+            plan.packs.push(Pack {
+                spec: p.spec,
+                tier: p.tier,
+                raw: Vec::new(),
+                members: Vec::new(),
+                unit: false,
+            });
         }
         if let Some(k) = plan.packs.last_mut() {
             k.raw.extend_from_slice(&p.data);
@@ -445,7 +454,12 @@ impl State {
     fn count_stored(&mut self, plan: &StorePlan, addrs: &[BlockAddr]) {
         for (n, a) in addrs.iter().enumerate() {
             let b = u64::from(a.len);
-            match (self.cleaning, n < plan.own.len()) {
+            // Own chunks and units' blocks are whole chunks.
+            let whole = match n.checked_sub(plan.own.len()) {
+                None => true,
+                Some(k) => plan.packs.get(k).is_some_and(|k| k.unit),
+            };
+            match (self.cleaning, whole) {
                 (true, _) => self.stats.clean_stored += b,
                 (false, true) => self.stats.whole_stored += b,
                 (false, false) => self.stats.pack_stored += b,
@@ -503,7 +517,7 @@ impl State {
             self.stats.chunk_bytes += u64::from(len);
         }
         debug_assert_eq!(off as usize, k.raw.len(), "a pack's pieces fill it");
-        self.stats.pack_blocks += 1;
+        self.stats.pack_blocks += u64::from(!k.unit);
         Ok(())
     }
 
