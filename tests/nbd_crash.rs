@@ -89,7 +89,8 @@ fn fs_opts() -> FsOptions {
 }
 
 /// A store holding a file system (64 KiB chunks) with an empty volume of
-/// 16 KiB chunks of its own, as `zlogfs nbd --create` makes it, synced.
+/// 16 KiB chunks of its own in 64 KiB compression units, as `zlogfs nbd
+/// --create` makes it, synced.
 fn fresh() -> Arc<FaultStore> {
     let st = Arc::new(FaultStore::new(Geometry { segment_size: 256 << 10, segment_count: 64 }));
     let s: Arc<dyn Store> = st.clone();
@@ -101,6 +102,7 @@ fn fresh() -> Arc<FaultStore> {
     let f = Fs::open(s, fs_opts()).expect("open");
     let v = f.create(ROOT, b"vol", 0o600, 0, 0).expect("create");
     f.setxattr(v.ino, fs::XATTR_CHUNK, b"16K", 0).expect("chunk size");
+    f.setxattr(v.ino, fs::XATTR_UNIT, b"64K", 0).expect("compression unit");
     f.setattr(v.ino, &SetAttr { size: Some(VOLUME), ..SetAttr::default() }).expect("size");
     f.close().expect("close");
     st
