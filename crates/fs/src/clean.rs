@@ -424,8 +424,10 @@ impl State {
         // A victim freed meanwhile (moving another's files released its
         // last blocks) may be taken again by the log and written: what is
         // in it then is not the victim's. Its last batch tells.
-        let chosen: HashMap<u32, u64> =
-            victims.iter().filter_map(|v| Some((v.seg, self.eng.segment_last_batch(v.seg)?))).collect();
+        let chosen: HashMap<u32, (u64, u32)> = victims
+            .iter()
+            .filter_map(|v| Some((v.seg, (self.eng.segment_last_batch(v.seg)?, v.live))))
+            .collect();
         let mut ok = Vec::new();
         for (n, v) in victims.iter().enumerate() {
             let left = (self.eng.room_bytes(Room::Relieve) * 7 / 8).saturating_sub(self.bufs.bytes() as u64);
@@ -438,7 +440,7 @@ impl State {
             if !self.still_victim(seg, &chosen) {
                 // Freed meanwhile: moving another victim's files released
                 // the last blocks here (a pack shared by both).
-                self.freed_mid_round(rep);
+                self.freed_mid_round(rep, seg, &chosen);
                 continue;
             }
             rep.examined += 1;
@@ -497,7 +499,7 @@ impl State {
         &mut self,
         victims: Vec<u32>,
         rep: &mut CleanReport,
-        chosen: &HashMap<u32, u64>,
+        chosen: &HashMap<u32, (u64, u32)>,
     ) -> Result<Vec<u32>> {
         let mut moved = Vec::new();
         let mut any = false;
@@ -506,7 +508,7 @@ impl State {
                 // Emptied by the moves and commits since (nothing held
                 // kept it), and perhaps taken again: what is there now
                 // (copies of other victims' blocks) stays.
-                self.freed_mid_round(rep);
+                self.freed_mid_round(rep, seg, chosen);
                 continue;
             }
             match self.move_held(seg) {
@@ -531,7 +533,7 @@ impl State {
                 // engine's reclaim would take a victim written again for
                 // one whose blocks had all been moved, and count the new
                 // ones as leaked.)
-                self.freed_mid_round(rep);
+                self.freed_mid_round(rep, seg, chosen);
                 continue;
             }
             let (lo, hi) = held_range_in(seg);
@@ -549,16 +551,19 @@ impl State {
     /// open: the log may already have placed blocks there that records
     /// name from this round on, and an older born only keeps frees there
     /// held for more snapshots than need them, never fewer.
-    fn freed_mid_round(&mut self, rep: &mut CleanReport) {
+    fn freed_mid_round(&mut self, rep: &mut CleanReport, seg: u32, chosen: &HashMap<u32, (u64, u32)>) {
         rep.freed += 1;
         self.stats.clean_freed += 1;
+        // What it held live then was moved (with the files that emptied
+        // it), as a reclaimed victim's was.
+        self.stats.clean_live += chosen.get(&seg).map_or(0, |c| u64::from(c.1));
     }
 
     /// Whether `seg` still holds what it held when it was chosen as a
-    /// victim (`chosen`: its last batch then): in use, and not written
-    /// since.
-    fn still_victim(&self, seg: u32, chosen: &HashMap<u32, u64>) -> bool {
-        self.eng.segment_in_use(seg) && self.eng.segment_last_batch(seg) == chosen.get(&seg).copied()
+    /// victim (`chosen`: its last batch then, and its live bytes): in use,
+    /// and not written since.
+    fn still_victim(&self, seg: u32, chosen: &HashMap<u32, (u64, u32)>) -> bool {
+        self.eng.segment_in_use(seg) && self.eng.segment_last_batch(seg) == chosen.get(&seg).map(|c| c.0)
     }
 
     /// Load every live chunk stored in `blocks` into the group's buffers,
