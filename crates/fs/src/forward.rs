@@ -12,7 +12,7 @@ use zlogfs_engine::BlockAddr;
 
 use crate::error::{Error, Result};
 use crate::keys::*;
-use crate::pending::FREE_BYTES;
+use crate::pending::{del_bytes, put_bytes, FREE_BYTES};
 use crate::state::State;
 
 /// Forward records followed at most for one read (a block moved this many
@@ -28,12 +28,12 @@ type HeldPart = (Vec<u8>, Vec<u8>, BlockAddr, u64, u32);
 /// held.
 fn moved_bytes(parts: &[HeldPart]) -> usize {
     let per_part: usize =
-        parts.iter().map(|(k, v, ..)| (k.len() + 4) + (k.len() + v.len() + 8) + FREE_BYTES).sum();
+        parts.iter().map(|(k, v, ..)| del_bytes(k.len()) + put_bytes(k.len(), v.len()) + FREE_BYTES).sum();
     per_part + FORWARD_BYTES + FREE_BYTES
 }
 
-/// Journal bytes of a forward record: its key and an address.
-const FORWARD_BYTES: usize = 17 + 12 + 8;
+/// Journal bytes of a forward record: its 17-byte key and an address.
+const FORWARD_BYTES: usize = put_bytes(17, 12);
 
 impl State {
     /// Where block `a`, named by a record read as of the point this state
@@ -99,10 +99,13 @@ impl State {
         let budget = max / 4;
         let mut start = 0;
         while start < whole.len() {
-            let mut end = start;
-            let mut est = 0;
-            while end < whole.len() && (end == start || est + moved_bytes(&parts[end - start]) <= budget) {
-                est += moved_bytes(&parts[end - start]);
+            let (mut end, mut est) = (start, 0);
+            while let Some(p) = parts.get(end - start) {
+                let n = moved_bytes(p);
+                if end > start && est + n > budget {
+                    break;
+                }
+                est += n;
                 end += 1;
             }
             if self.group.bytes() + est > max {

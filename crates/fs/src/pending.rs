@@ -25,6 +25,16 @@ pub const FREE_BYTES: usize = 13;
 /// key and a born sequence number of up to 10 bytes, with their lengths).
 pub const HELD_BYTES: usize = 40;
 
+/// Estimated journal bytes of a put of a key and value of these lengths.
+pub const fn put_bytes(key: usize, val: usize) -> usize {
+    key + val + 8
+}
+
+/// Estimated journal bytes of a delete of a key of this length.
+pub const fn del_bytes(key: usize) -> usize {
+    key + 4
+}
+
 /// Mutations waiting for the next commit.
 #[derive(Default)]
 pub struct Pending {
@@ -50,12 +60,12 @@ impl Pending {
     }
     /// Set `key`.
     pub fn put(&mut self, key: Vec<u8>, val: Vec<u8>) {
-        self.bytes += key.len() + val.len() + 8;
+        self.bytes += put_bytes(key.len(), val.len());
         self.map.insert(key, Some(val));
     }
     /// Delete `key`.
     pub fn del(&mut self, key: Vec<u8>) {
-        self.bytes += key.len() + 4;
+        self.bytes += del_bytes(key.len());
         self.map.insert(key, None);
     }
     /// Release a data block.
