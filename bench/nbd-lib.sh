@@ -5,18 +5,20 @@
 # zlogfs binary), $work, $sock, and sets $server and $loop.
 #
 # A system is zlogfs, zlogfs:CHUNK or zlogfs:CHUNK:UNIT (volumes of CHUNK
-# chunks in compression units of UNIT), ext4 or btrfs.
+# chunks in compression units of UNIT) or zlogfs:CHUNK:UNIT:COLD (and the
+# cold form COLD, `--cold`, with / for the space: 512K/zstd:9 or none),
+# ext4 or btrfs.
 
 # start SYS VOLSIZE: a fresh export of VOLSIZE.
 start() {
     rm -f "$sock"
     case $1 in
     zlogfs*)
-        local chunk=() spec=${1#zlogfs:}
-        if [ "$1" != "$spec" ]; then
-            chunk=(--chunk-size "${spec%%:*}")
-            [ "$spec" != "${spec#*:}" ] && chunk+=(--unit "${spec#*:}")
-        fi
+        local chunk=() ch un co
+        IFS=: read -r _ ch un co <<<"$1"
+        [ -n "$ch" ] && chunk+=(--chunk-size "$ch")
+        [ -n "$un" ] && chunk+=(--unit "$un")
+        [ -n "$co" ] && chunk+=(--cold "${co//\// }")
         truncate -s 32G "$work/z.img"
         "$z" mkfs "$work/z.img" --size 32G --force >/dev/null 2>&1
         "$z" nbd "$work/z.img" --socket "$sock" --create "vol:$2" "${chunk[@]}" 2>/dev/null &
@@ -65,6 +67,14 @@ cold() {
     serve "$1"
 }
 
+# recompress SYS: for zlogfs, every segment cleaned, which stores the
+# volume in its cold form (the server stopped; restarted by the caller).
+recompress() {
+    case $1 in
+    zlogfs*) "$z" clean "$work/z.img" --max-live 1 --json >/dev/null ;;
+    esac
+}
+
 stop_server() {
     kill "$server"
     wait "$server" || true
@@ -84,7 +94,9 @@ stop() {
 # zlogfs's image is the server's while it runs).
 used() {
     case $1 in
-    zlogfs*) "$z" stats "$work/z.img" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["live_bytes"])' ;;
+    # What df counts: blocks only automatic points of history hold (the
+    # cold pass's old copies) are free to writers.
+    zlogfs*) "$z" stats "$work/z.img" --json | python3 -c 'import json,sys; j=json.load(sys.stdin); print(j["live_bytes"] - j["history_purgeable_bytes"])' ;;
     ext4) sync -f "$work/host/vol"; df -B1 --output=used "$work/host" | tail -n 1 ;;
     btrfs)
         sync -f "$work/host/vol"
@@ -97,6 +109,11 @@ used() {
 name() {
     case $1 in
     zlogfs) echo "zlogfs nbd" ;;
+    zlogfs:*:*:*)
+        local ch un co
+        IFS=: read -r _ ch un co <<<"$1"
+        echo "zlogfs nbd, $ch chunks in $un units, cold ${co//\// }"
+        ;;
     zlogfs:*:*) local s=${1#zlogfs:}; echo "zlogfs nbd, ${s%%:*} chunks in ${s#*:} units" ;;
     zlogfs:*) echo "zlogfs nbd, ${1#zlogfs:} chunks" ;;
     ext4) echo "nbdkit file on ext4" ;;

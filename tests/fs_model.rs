@@ -647,7 +647,8 @@ struct Setup {
 /// get a smaller chunk size of their own (a directory's is inherited), so
 /// that files of several chunk sizes share buffers, packs and cleaning;
 /// and a compression unit of four such chunks, so that whole chunks share
-/// blocks too.
+/// blocks too, and a cold form of sixteen at zstd:6, so that what the
+/// cleaner moves is regrouped in other units.
 fn own_chunk(r: &mut StdRng, image: u32) -> Option<u32> {
     let c = [4096, 8192, 16384][r.gen_range(0..3)];
     (r.gen_range(0..3) == 0 && c < image).then_some(c)
@@ -656,7 +657,10 @@ fn own_chunk(r: &mut StdRng, image: u32) -> Option<u32> {
 fn set_chunk(f: &Fs, ino: Ino, chunk: Option<u32>) -> Res {
     match chunk {
         Some(c) => errno(f.setxattr(ino, fs::XATTR_CHUNK, format!("{}K", c >> 10).as_bytes(), 0))
-            .and_then(|_| errno(f.setxattr(ino, fs::XATTR_UNIT, format!("{}K", c >> 8).as_bytes(), 0))),
+            .and_then(|_| errno(f.setxattr(ino, fs::XATTR_UNIT, format!("{}K", c >> 8).as_bytes(), 0)))
+            .and_then(|_| {
+                errno(f.setxattr(ino, fs::XATTR_COLD, format!("{}K zstd:6", c >> 6).as_bytes(), 0))
+            }),
         None => Ok(()),
     }
 }

@@ -179,6 +179,27 @@ fn real_clients_use_every_command_and_the_image_stays_clean() {
     ok(Command::new("qemu-img").args(["compare", "-f", "raw", "-F", "raw", &d.s("in.raw"), &u]));
     let map = ok(Command::new("nbdinfo").args(["--map", &u]));
     assert!(map.contains("hole,zero") && map.contains("data"), "the zero tail is a hole: {map}");
+    // The served image cleaned through the server: every segment moved,
+    // the volume stored in its cold form, and the same bytes read back.
+    let vol = |d: &Dir| -> serde_json::Value {
+        let v: serde_json::Value =
+            serde_json::from_str(&ok(Command::new(ZLOGFS).args(["stats", &d.s("img"), "--json"])))
+                .expect("json");
+        v["volumes"][0].clone()
+    };
+    let before = vol(&d);
+    assert_eq!(before["cold"], "256K zstd:9", "{before:#}");
+    let rep: serde_json::Value = serde_json::from_str(&ok(Command::new(ZLOGFS).args([
+        "clean",
+        &d.s("img"),
+        "--max-live",
+        "1",
+        "--json",
+    ])))
+    .expect("json");
+    assert!(rep["chunks"].as_u64().is_some_and(|c| c > 100), "{rep:#}");
+    assert!(vol(&d)["physical"].as_u64() < before["physical"].as_u64(), "{:#} then {:#}", before, vol(&d));
+    ok(Command::new("qemu-img").args(["compare", "-f", "raw", "-F", "raw", &d.s("in.raw"), &u]));
     // fio's nbd engine, 4 jobs, verified.
     ok(Command::new("fio").args([
         "--name=v",

@@ -89,8 +89,8 @@ fn fs_opts() -> FsOptions {
 }
 
 /// A store holding a file system (64 KiB chunks) with an empty volume of
-/// 16 KiB chunks of its own in 64 KiB compression units, as `zlogfs nbd
-/// --create` makes it, synced.
+/// 16 KiB chunks of its own in 64 KiB compression units and a cold form
+/// of 256 KiB units at zstd:9, as `zlogfs nbd --create` makes it, synced.
 fn fresh() -> Arc<FaultStore> {
     let st = Arc::new(FaultStore::new(Geometry { segment_size: 256 << 10, segment_count: 64 }));
     let s: Arc<dyn Store> = st.clone();
@@ -103,6 +103,7 @@ fn fresh() -> Arc<FaultStore> {
     let v = f.create(ROOT, b"vol", 0o600, 0, 0).expect("create");
     f.setxattr(v.ino, fs::XATTR_CHUNK, b"16K", 0).expect("chunk size");
     f.setxattr(v.ino, fs::XATTR_UNIT, b"64K", 0).expect("compression unit");
+    f.setxattr(v.ino, fs::XATTR_COLD, b"256K zstd:9", 0).expect("cold form");
     f.setattr(v.ino, &SetAttr { size: Some(VOLUME), ..SetAttr::default() }).expect("size");
     f.close().expect("close");
     st

@@ -250,7 +250,9 @@ enum Cmd {
         /// Clean at most this many segments (default: all worth cleaning).
         #[arg(long)]
         segments: Option<usize>,
-        /// Leave segments alone that are more than this fraction live.
+        /// Leave segments alone that are more than this fraction live; 1
+        /// moves everything written before the pass began (and stores
+        /// files with a cold form, `user.zlogfs.cold`, in it).
         #[arg(long, default_value = "0.9")]
         max_live: f64,
         /// Of an image of two devices: move the file data of the fast
@@ -323,6 +325,13 @@ enum Cmd {
         /// [default: 64K; see docs/decisions/ on compression units]
         #[arg(long, value_name = "SIZE")]
         unit: Option<String>,
+        /// Cold form of the volumes --create makes: how the cleaner stores
+        /// the chunks it moves (data that stayed put), "UNIT CODEC", or
+        /// "none" to store them as writes do; `zlogfs clean --max-live 1`
+        /// moves everything now [default: "256K zstd:9"; see
+        /// docs/decisions/ on the cold form]
+        #[arg(long, value_name = "\"UNIT CODEC\"")]
+        cold: Option<String>,
         /// Options as for mount: ro (serve read-only), commit=S, log=LEVEL, ...
         #[arg(short = 'o', value_name = "OPTS")]
         options: Vec<String>,
@@ -497,13 +506,13 @@ fn main() -> ExitCode {
         Cmd::Changes { target, since, until, json } => {
             admin::changes(&target, &since, until.as_deref(), json)
         }
-        Cmd::Nbd { image, socket, listen, create, chunk_size, unit, options } => {
+        Cmd::Nbd { image, socket, listen, create, chunk_size, unit, cold, options } => {
             let at = match (socket, listen) {
                 (Some(p), _) => nbd::Listen::Unix(p),
                 (None, Some(a)) => nbd::Listen::Tcp(a),
                 (None, None) => return finish(Err("give --socket PATH or --listen HOST:PORT".into())),
             };
-            let layout = nbd::VolumeLayout { chunk: chunk_size, unit };
+            let layout = nbd::VolumeLayout { chunk: chunk_size, unit, cold };
             nbd::nbd(&image, at, &create, &layout, &options)
         }
         Cmd::Scrub { target, rate, json } => admin::scrub(&target, rate, json),

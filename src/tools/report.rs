@@ -7,7 +7,7 @@
 use serde_json::{json, Map, Value};
 
 use super::{resolve, Result};
-use crate::fs::{CheckReport, Fs, Kind, ScrubReport, TreeUsage, ROOT, XATTR_CHUNK, XATTR_UNIT};
+use crate::fs::{CheckReport, Fs, Kind, ScrubReport, TreeUsage, ROOT, XATTR_CHUNK, XATTR_COLD, XATTR_UNIT};
 
 /// What `zlogfs stats` reports: the image's space, tree, codecs, index,
 /// lifetime writes, and this process's errors of background work.
@@ -99,8 +99,8 @@ fn devices(s: &zlogfs_engine::engine::EngineStats, seg: u32, names: Option<(Stri
 
 /// The volumes: regular files with a chunk size of their own (what
 /// `zlogfs nbd --create` makes, or `user.zlogfs.chunk` set), each with
-/// its path, chunk size, compression unit ("" for none), and logical,
-/// allocated and stored bytes.
+/// its path, chunk size, compression unit and cold form ("" for none),
+/// and logical, allocated and stored bytes.
 fn volumes(fs: &Fs) -> Result<Vec<Value>> {
     let mut out = Vec::new();
     let mut stack = vec![(ROOT, String::new())];
@@ -120,14 +120,10 @@ fn volumes(fs: &Fs) -> Result<Vec<Value>> {
                             Err(crate::fs::Error::NoAttr(_)) => continue,
                             Err(e) => return Err(e.into()),
                         };
-                        let unit = match fs.getxattr(e.ino, XATTR_UNIT) {
-                            Ok(u) => String::from_utf8_lossy(&u).into_owned(),
-                            Err(crate::fs::Error::NoAttr(_)) => String::new(),
-                            Err(e) => return Err(e.into()),
-                        };
                         let mut row = usage_row(&path, &fs.du(e.ino)?);
                         row["chunk"] = Value::from(chunk);
-                        row["unit"] = Value::from(unit);
+                        row["unit"] = Value::from(setting_or_empty(fs, e.ino, XATTR_UNIT)?);
+                        row["cold"] = Value::from(setting_or_empty(fs, e.ino, XATTR_COLD)?);
                         out.push(row);
                     }
                     _ => {}
@@ -137,6 +133,15 @@ fn volumes(fs: &Fs) -> Result<Vec<Value>> {
     }
     out.sort_by(|a, b| a["path"].as_str().cmp(&b["path"].as_str()));
     Ok(out)
+}
+
+/// The value of zlogfs setting `name` of `ino`, "" when it has none.
+fn setting_or_empty(fs: &Fs, ino: u64, name: &[u8]) -> Result<String> {
+    match fs.getxattr(ino, name) {
+        Ok(u) => Ok(String::from_utf8_lossy(&u).into_owned()),
+        Err(crate::fs::Error::NoAttr(_)) => Ok(String::new()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn usage_row(path: &str, u: &TreeUsage) -> Value {

@@ -195,5 +195,16 @@ pub const XATTR_TIER: &[u8] = b"user.zlogfs.tier";
 /// applies to chunks stored from then on. Not listed by listxattr.
 pub const XATTR_UNIT: &[u8] = b"user.zlogfs.unit";
 
+/// The xattr holding a file's or directory's cold form (inherited by the
+/// files and directories made in a directory): "UNIT CODEC", such as
+/// "256K zstd:9". The cleaner stores the whole chunks it moves that way:
+/// compressed together in units of up to UNIT bytes with CODEC, where
+/// writes keep the file's own unit and codec. Data stays put long enough
+/// to be cleaned only if it is not rewritten, so the costlier form is
+/// paid once, off the write path, for data that is read rather than
+/// written; `zlogfs clean --max-live 1` moves everything now. Not listed
+/// by listxattr.
+pub const XATTR_COLD: &[u8] = b"user.zlogfs.cold";
+
 /// The read-only xattr giving a file's stored (compressed) bytes.
 pub const XATTR_PHYSICAL: &[u8] = b"user.zlogfs.physical";

@@ -157,8 +157,9 @@ impl Fs {
             return Err(Error::read_only("the file system is open read-only: nothing to clean"));
         }
         let mut opts = opts.clone();
-        if opts.demote && opts.written_before.is_none() {
-            // Moving data down meets its own index runs again otherwise.
+        if (opts.demote || opts.max_live >= 1.0) && opts.written_before.is_none() {
+            // Moving data down, or everything, meets what it writes (its
+            // own index runs, the data it moved) again otherwise.
             opts.written_before = Some(self.st().eng.next_batch());
         }
         let opts = &opts;

@@ -99,6 +99,7 @@ pub fn mkfs(store: Arc<dyn Store>, o: &MkfsOptions) -> Result<()> {
         chunk: None,
         tier: None,
         unit: None,
+        cold: None,
     };
     let mut b = WriteBatch::new();
     b.put(config_key(), cfg.encode());

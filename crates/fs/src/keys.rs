@@ -29,7 +29,7 @@ pub const ROOT: Ino = 1;
 /// the first
 /// commit that writes such a record, so images that never had one stay
 /// readable by older builds.
-pub const FS_VERSION: u8 = 10;
+pub const FS_VERSION: u8 = 11;
 
 const T_CONFIG: u8 = 0x01;
 const T_TRIPLE: u8 = 0x02;
@@ -721,6 +721,22 @@ pub struct Inode {
     /// after another, are compressed together in shared blocks of up to
     /// this many bytes; None: each chunk alone (record version 10).
     pub unit: Option<u32>,
+    /// How the cleaner stores this file's whole chunks when it moves them
+    /// (a directory's is inherited by its new entries); None: as writes
+    /// do (record version 11).
+    pub cold: Option<Cold>,
+}
+
+/// The form a file's data takes once the cleaner moves it
+/// (`user.zlogfs.cold`): whole chunks compressed together in units of
+/// `unit` bytes with `spec`, for data that has stayed put long enough to
+/// be cleaned, where writes keep a cheaper unit and level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cold {
+    /// Compression unit, a power of two from [`MIN_CHUNK`] to [`MAX_UNIT`].
+    pub unit: u32,
+    /// Codec and level.
+    pub spec: CodecSpec,
 }
 
 /// Where a file's data goes on an image of two devices
@@ -747,6 +763,7 @@ const F_PARENT: u64 = 128;
 const F_CHUNK: u64 = 256;
 const F_TIER: u64 = 512;
 const F_UNIT: u64 = 1024;
+const F_COLD: u64 = 2048;
 
 /// The largest compression unit of a file.
 pub const MAX_UNIT: u32 = 1 << 20;
@@ -778,6 +795,7 @@ impl Inode {
         f |= if self.chunk.is_some() { F_CHUNK } else { 0 };
         f |= if self.tier.is_some() { F_TIER } else { 0 };
         f |= if self.unit.is_some() { F_UNIT } else { 0 };
+        f |= if self.cold.is_some() { F_COLD } else { 0 };
         let mut v = Vec::with_capacity(24);
         v.put_var(f);
         v.put_var(u64::from(triple));
@@ -817,6 +835,11 @@ impl Inode {
         if let Some(u) = self.unit {
             v.put_u8(u.trailing_zeros() as u8);
         }
+        if let Some(c) = self.cold {
+            v.put_u8(c.unit.trailing_zeros() as u8);
+            v.put_u8(c.spec.id as u8);
+            v.put_u8(c.spec.level);
+        }
         v
     }
 
@@ -830,7 +853,7 @@ impl Inode {
         let what = format!("inode {ino}");
         let mut r = Reader::new(b, &what);
         let f = r.var()?;
-        if f >= 2048 {
+        if f >= 4096 {
             return Err(r.err(format!("unknown flags {f:#x}")));
         }
         let tid = r.var_max(u64::from(u32::MAX), "triple id")? as u32;
@@ -854,14 +877,7 @@ impl Inode {
         let ctime = if f & F_CTIME != 0 { Time::get_delta(mtime.sec, &mut r)? } else { mtime };
         let btime = if f & F_BTIME != 0 { Time::get_delta(ctime.sec, &mut r)? } else { ctime };
         let alloc = if f & F_ALLOC != 0 { r.var()? } else { size };
-        let policy = if f & F_POLICY != 0 {
-            let id = r.u8()?;
-            let level = r.u8()?;
-            let id = CodecId::from_u8(id).ok_or_else(|| r.err(format!("unknown codec {id} in policy")))?;
-            Some(CodecSpec::new(id, level))
-        } else {
-            None
-        };
+        let policy = if f & F_POLICY != 0 { Some(get_spec(&mut r, "policy")?) } else { None };
         let parent = if f & F_PARENT != 0 { r.var()? } else { 0 };
         let chunk = if f & F_CHUNK != 0 {
             let shift = r.u8()?;
@@ -881,12 +897,11 @@ impl Inode {
         } else {
             None
         };
-        let unit = if f & F_UNIT != 0 {
-            let shift = r.u8()?;
-            if !(MIN_CHUNK.trailing_zeros() as u8..=MAX_UNIT.trailing_zeros() as u8).contains(&shift) {
-                return Err(r.err(format!("compression unit 2^{shift} out of range")));
-            }
-            Some(1u32 << shift)
+        let unit = if f & F_UNIT != 0 { Some(get_unit(&mut r)?) } else { None };
+        let cold = if f & F_COLD != 0 {
+            let unit = get_unit(&mut r)?;
+            let spec = get_spec(&mut r, "cold form")?;
+            Some(Cold { unit, spec })
         } else {
             None
         };
@@ -909,8 +924,26 @@ impl Inode {
             chunk,
             tier,
             unit,
+            cold,
         })
     }
+}
+
+/// A compression unit: its power of two.
+fn get_unit(r: &mut Reader) -> Result<u32> {
+    let shift = r.u8()?;
+    if !(MIN_CHUNK.trailing_zeros() as u8..=MAX_UNIT.trailing_zeros() as u8).contains(&shift) {
+        return Err(r.err(format!("compression unit 2^{shift} out of range")));
+    }
+    Ok(1u32 << shift)
+}
+
+/// A codec and level, of the inode field `what`.
+fn get_spec(r: &mut Reader, what: &str) -> Result<CodecSpec> {
+    let id = r.u8()?;
+    let level = r.u8()?;
+    let id = CodecId::from_u8(id).ok_or_else(|| r.err(format!("unknown codec {id} in {what}")))?;
+    Ok(CodecSpec::new(id, level))
 }
 
 /// Encode a (uid, gid, mode) triple.
@@ -1290,6 +1323,7 @@ mod tests {
             chunk: None,
             tier: None,
             unit: None,
+            cold: None,
         };
         let b = i.encode(3, 1_700_000_000);
         // flags, triple, size (2), mtime (2)
@@ -1325,6 +1359,20 @@ mod tests {
             let e = Inode::decode(5, &bad, 1_700_000_000, tr).unwrap_err().to_string();
             assert!(e.contains("compression unit"), "{e}");
         }
+        // The cold form: unit, codec, level after the rest.
+        i.cold = Some(Cold { unit: 256 << 10, spec: CodecSpec::new(CodecId::Zstd, 9) });
+        let b = i.encode(3, 1_700_000_000);
+        assert_eq!(Inode::decode(5, &b, 1_700_000_000, tr).unwrap(), i);
+        let mut bad = b.clone();
+        let n = bad.len() - 2;
+        bad[n] = 200;
+        let e = Inode::decode(5, &bad, 1_700_000_000, tr).unwrap_err().to_string();
+        assert!(e.contains("unknown codec 200 in cold form"), "{e}");
+        let mut bad = b.clone();
+        let n = bad.len() - 3;
+        bad[n] = 22;
+        let e = Inode::decode(5, &bad, 1_700_000_000, tr).unwrap_err().to_string();
+        assert!(e.contains("compression unit 2^22"), "{e}");
         for n in 0..b.len() {
             let _ = Inode::decode(5, &b[..n], 1_700_000_000, tr);
         }

@@ -60,7 +60,7 @@ pub use attr::{Attr, Caller, DirEntry, SetAttr, StatFs};
 pub use attr::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
 pub use attr::{RENAME_EXCHANGE, RENAME_NOREPLACE};
 pub use attr::{XATTR_CHUNK, XATTR_CODEC, XATTR_CREATE, XATTR_KILL_SGID, XATTR_PHYSICAL, XATTR_REPLACE};
-pub use attr::{XATTR_TIER, XATTR_UNIT};
+pub use attr::{XATTR_COLD, XATTR_TIER, XATTR_UNIT};
 pub use changes::{ChangeFeed, ChangeOp, FileChange};
 pub use check::{CheckReport, CodecUse, TreeUsage, Usage};
 pub use clean::{CleanOptions, CleanReport};

@@ -106,6 +106,7 @@ impl State {
             chunk: if matches!(kind, Kind::File | Kind::Dir) { p.chunk } else { None },
             tier: if matches!(kind, Kind::File | Kind::Dir) { p.tier } else { None },
             unit: if matches!(kind, Kind::File | Kind::Dir) { p.unit } else { None },
+            cold: if matches!(kind, Kind::File | Kind::Dir) { p.cold } else { None },
         };
         self.save(&i);
         self.put(dirent_key(parent, name), encode_dirent(ino, kind));

@@ -163,6 +163,9 @@ impl State {
         if i.unit.is_some() {
             self.group.mark_version(10);
         }
+        if i.cold.is_some() {
+            self.group.mark_version(11);
+        }
         self.put(inode_key(i.ino), v);
     }
 

@@ -12,8 +12,8 @@ use crate::keys::*;
 use crate::namespace::name_str;
 use crate::state::State;
 use crate::{
-    acl, Fs, XATTR_CHUNK, XATTR_CODEC, XATTR_CREATE, XATTR_KILL_SGID, XATTR_PHYSICAL, XATTR_REPLACE,
-    XATTR_TIER, XATTR_UNIT,
+    acl, Fs, XATTR_CHUNK, XATTR_CODEC, XATTR_COLD, XATTR_CREATE, XATTR_KILL_SGID, XATTR_PHYSICAL,
+    XATTR_REPLACE, XATTR_TIER, XATTR_UNIT,
 };
 
 fn check_xattr_name(name: &[u8]) -> Result<()> {
@@ -77,6 +77,31 @@ fn parse_unit(value: &[u8]) -> Result<u32> {
     parse_pow2("compression unit", value, MAX_UNIT)
 }
 
+/// EINVAL unless `i` is a file or directory, the only kinds that have
+/// `what`.
+fn file_or_dir(i: &Inode, what: &str) -> Result<()> {
+    if matches!(i.kind(), Kind::File | Kind::Dir) {
+        return Ok(());
+    }
+    Err(Error::invalid(format!(
+        "inode {} is a {:?}: only files and directories have {what}",
+        i.ino,
+        i.kind()
+    )))
+}
+
+/// A cold form given as an xattr value: "UNIT CODEC" ("256K zstd:9").
+fn parse_cold(value: &[u8]) -> Result<Cold> {
+    let s = std::str::from_utf8(value).map_err(|_| Error::invalid("cold form is not UTF-8"))?.trim();
+    let Some((unit, codec)) = s.split_once(char::is_whitespace) else {
+        return Err(Error::invalid(format!("cold form {s:?}: give a unit and a codec, as \"256K zstd:9\"")));
+    };
+    let unit = parse_unit(unit.as_bytes())?;
+    let spec: CodecSpec =
+        codec.trim().parse().map_err(|e| Error::invalid(format!("cold form {s:?}: bad codec: {e}")))?;
+    Ok(Cold { unit, spec: spec.normalized() })
+}
+
 /// A power of two from 4K to `max` given as an xattr value: bytes, or
 /// with K, KiB or M; `what` names it in errors.
 fn parse_pow2(what: &str, value: &[u8], max: u32) -> Result<u32> {
@@ -126,6 +151,12 @@ impl Fs {
             return match i.unit {
                 Some(u) => Ok(format!("{}K", u >> 10).into_bytes()),
                 None => Err(Error::no_attr(format!("inode {ino} has no compression unit"))),
+            };
+        }
+        if name == XATTR_COLD {
+            return match i.cold {
+                Some(c) => Ok(format!("{}K {}", c.unit >> 10, c.spec).into_bytes()),
+                None => Err(Error::no_attr(format!("inode {ino} has no cold form"))),
             };
         }
         if name == XATTR_TIER {
@@ -185,6 +216,8 @@ impl Fs {
             i.tier.is_some()
         } else if name == XATTR_UNIT {
             i.unit.is_some()
+        } else if name == XATTR_COLD {
+            i.cold.is_some()
         } else {
             check_xattr_name(name)?;
             if value.len() > st.xattr_limit() {
@@ -211,13 +244,11 @@ impl Fs {
             let c = parse_chunk(value, st.group.cfg().chunk_size)?;
             st.set_chunk(&mut i, Some(c))?;
         } else if name == XATTR_UNIT {
-            if !matches!(i.kind(), Kind::File | Kind::Dir) {
-                return Err(Error::invalid(format!(
-                    "inode {ino} is a {:?}: only files and directories have a compression unit",
-                    i.kind()
-                )));
-            }
+            file_or_dir(&i, "a compression unit")?;
             i.unit = Some(parse_unit(value)?);
+        } else if name == XATTR_COLD {
+            file_or_dir(&i, "a cold form")?;
+            i.cold = Some(parse_cold(value)?);
         } else if name == XATTR_TIER {
             i.tier = match value.trim_ascii() {
                 b"fast" => Some(TierPolicy::Fast),
@@ -276,6 +307,10 @@ impl Fs {
             if i.unit.take().is_none() {
                 return Err(Error::no_attr(format!("inode {ino} has no compression unit")));
             }
+        } else if name == XATTR_COLD {
+            if i.cold.take().is_none() {
+                return Err(Error::no_attr(format!("inode {ino} has no cold form")));
+            }
         } else if name == XATTR_TIER {
             if i.tier.take().is_none() {
                 return Err(Error::no_attr(format!("inode {ino} has no device policy")));
@@ -302,10 +337,23 @@ mod tests {
     use zlogfs_engine::store::{Geometry, MemStore, Store};
 
     use crate::keys::extents_from;
-    use crate::{mkfs, Error, Fs, FsOptions, MkfsOptions, ROOT, XATTR_CHUNK, XATTR_UNIT};
+    use crate::{mkfs, Error, Fs, FsOptions, MkfsOptions, ROOT, XATTR_CHUNK, XATTR_COLD, XATTR_UNIT};
 
     fn open(store: &Arc<dyn Store>) -> Fs {
         Fs::open(store.clone(), FsOptions { commit_interval: None, ..FsOptions::default() }).unwrap()
+    }
+
+    /// How many chunks of `ino` share each shared block it uses, in
+    /// address order.
+    fn shared_blocks(fs: &Fs, ino: u64) -> Vec<usize> {
+        let (lo, hi) = extents_from(ino, 0);
+        let mut blocks = std::collections::BTreeMap::new();
+        for (_, v) in fs.st().scan(&lo, &hi, usize::MAX).unwrap() {
+            if let crate::keys::Extent::Shared { addr, .. } = crate::keys::Extent::decode(&v, "t").unwrap() {
+                *blocks.entry(addr).or_insert(0) += 1;
+            }
+        }
+        blocks.into_values().collect()
     }
 
     fn invalid<T: std::fmt::Debug>(r: crate::Result<T>) -> String {
@@ -372,18 +420,7 @@ mod tests {
         let data: Vec<u8> = (0..160 * 1024u32).map(|n| (n * 7 % 251) as u8).collect();
         fs.write(a.ino, 16384, &data).unwrap();
         fs.commit().unwrap();
-        let shared = |fs: &Fs| {
-            let (lo, hi) = extents_from(a.ino, 0);
-            let mut blocks = std::collections::BTreeMap::new();
-            for (_, v) in fs.st().scan(&lo, &hi, usize::MAX).unwrap() {
-                if let crate::keys::Extent::Shared { addr, .. } =
-                    crate::keys::Extent::decode(&v, "t").unwrap()
-                {
-                    *blocks.entry(addr).or_insert(0) += 1;
-                }
-            }
-            blocks.into_values().collect::<Vec<usize>>()
-        };
+        let shared = |fs: &Fs| shared_blocks(fs, a.ino);
         assert_eq!(shared(&fs), vec![3, 4, 3], "chunks share blocks by unit");
         let mut want = vec![0u8; 16384];
         want.extend_from_slice(&data);
@@ -409,6 +446,72 @@ mod tests {
         assert!(rep.problems.is_empty(), "{:?}", rep.problems);
         fs.removexattr(a.ino, XATTR_UNIT).unwrap();
         assert!(matches!(fs.getxattr(a.ino, XATTR_UNIT), Err(Error::NoAttr(_))));
+    }
+
+    /// A file's cold form is how the cleaner stores the chunks it moves:
+    /// written alone, its 16 KiB chunks share 64 KiB blocks once cleaned,
+    /// and a chunk written again is stored alone again; the setting is
+    /// checked, inherited and marks the image.
+    #[test]
+    fn the_cleaner_stores_a_file_in_its_cold_form() {
+        let store: Arc<dyn Store> =
+            Arc::new(MemStore::new(Geometry { segment_size: 1 << 20, segment_count: 32 }));
+        mkfs(store.clone(), &MkfsOptions::default()).unwrap();
+        let fs = open(&store);
+        let d = fs.mkdir(ROOT, b"vols", 0o755, 0, 0).unwrap();
+        for (bad, says) in [
+            (&b"64K"[..], "give a unit and a codec"),
+            (b"3K zstd:9", "compression unit"),
+            (b"2M zstd:9", "compression unit"),
+            (b"64K zstd:99", "bad codec"),
+            (b"64K nosuch", "bad codec"),
+            (b"", "give a unit and a codec"),
+        ] {
+            let e = invalid(fs.setxattr(d.ino, XATTR_COLD, bad, 0));
+            assert!(e.contains(says), "{bad:?}: {e}");
+        }
+        fs.setxattr(d.ino, XATTR_COLD, b"64K  zstd:9 ", 0).unwrap();
+        let a = fs.create(d.ino, b"vol", 0o644, 0, 0).unwrap();
+        assert_eq!(fs.getxattr(a.ino, XATTR_COLD).unwrap(), b"64K zstd:9", "inherited");
+        assert!(!fs.listxattr(a.ino).unwrap().iter().any(|n| n == XATTR_COLD), "not listed");
+        fs.setxattr(a.ino, XATTR_CHUNK, b"16K", 0).unwrap();
+        let data: Vec<u8> = (0..160 * 1024u32).map(|n| (n * 7 % 251) as u8).collect();
+        fs.write(a.ino, 0, &data).unwrap();
+        fs.commit().unwrap();
+        let shared = |fs: &Fs| shared_blocks(fs, a.ino);
+        assert_eq!(shared(&fs), Vec::<usize>::new(), "written: each chunk alone");
+        // Incompressible bytes after it: the cleaner leaves the log's head.
+        let f = fs.create(ROOT, b"filler", 0o644, 0, 0).unwrap();
+        let mut x = 1u64;
+        let noise: Vec<u8> = (0..3 << 20)
+            .map(|_| {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (x >> 56) as u8
+            })
+            .collect();
+        fs.write(f.ino, 0, &noise).unwrap();
+        fs.commit().unwrap();
+        let rep = fs.clean(&crate::CleanOptions { max_live: 1.0, ..Default::default() }, &|_| {}).unwrap();
+        assert!(rep.chunks >= 10, "{rep:?}");
+        assert_eq!(shared(&fs), vec![4, 4, 2], "cleaned: in 64 KiB units");
+        let mut want = data.clone();
+        fs.write(a.ino, 5 * 16384, &[3; 16384]).unwrap();
+        want[5 * 16384..6 * 16384].fill(3);
+        fs.commit().unwrap();
+        assert_eq!(shared(&fs), vec![4, 3, 2], "a chunk written again is stored as writes store it");
+        assert_eq!(fs.read(a.ino, 0, 1 << 20).unwrap(), want);
+        fs.close().unwrap();
+        let fs = open(&store);
+        assert_eq!(fs.read(a.ino, 0, 1 << 20).unwrap(), want, "after reopen");
+        assert_eq!(fs.config().version, 11, "the image is marked as holding such inodes");
+        let rep = fs.check(&|_, _| {}).unwrap();
+        assert!(rep.problems.is_empty(), "{:?}", rep.problems);
+        fs.removexattr(a.ino, XATTR_COLD).unwrap();
+        assert!(matches!(fs.getxattr(a.ino, XATTR_COLD), Err(Error::NoAttr(_))));
+        let l = fs.symlink(d.ino, b"s", b"vol", 0, 0).unwrap();
+        assert!(
+            invalid(fs.setxattr(l.ino, XATTR_COLD, b"64K zstd:9", 0)).contains("only files and directories")
+        );
     }
 
     #[test]

@@ -303,17 +303,18 @@ fn print_volumes(v: &Value) {
     println!("volumes:          {} (files with a chunk size of their own)", vols.len());
     // The ratio of a volume is of its allocated bytes: most of a new
     // volume is holes.
-    let head = ("chunk", "unit", "logical", "allocated", "stored", "alloc/stored");
+    let head = ("chunk", "unit", "cold", "logical", "allocated", "stored", "alloc/stored");
     println!(
-        "  {:>6} {:>6} {:>14} {:>14} {:>14} {:>12}  path",
-        head.0, head.1, head.2, head.3, head.4, head.5
+        "  {:>6} {:>6} {:>12} {:>14} {:>14} {:>14} {:>12}  path",
+        head.0, head.1, head.2, head.3, head.4, head.5, head.6
     );
     for r in vols {
         let n = |k: &str| r[k].as_u64().unwrap_or(0);
         println!(
-            "  {:>6} {:>6} {:>14} {:>14} {:>14} {:>12.2}  {}",
+            "  {:>6} {:>6} {:>12} {:>14} {:>14} {:>14} {:>12.2}  {}",
             r["chunk"].as_str().unwrap_or(""),
             r["unit"].as_str().filter(|u| !u.is_empty()).unwrap_or("-"),
+            r["cold"].as_str().filter(|u| !u.is_empty()).unwrap_or("-"),
             n("logical"),
             n("allocated"),
             n("physical"),

@@ -65,6 +65,9 @@ pub struct Parsed {
     /// `-o refresh=SECONDS`: how often a read-only mount of an image in a
     /// bucket looks for the writer's newer state (0: never).
     pub refresh: Option<Duration>,
+    /// `-o block_cache=SIZE`: the bound of the cache of decompressed
+    /// blocks (None: the file system's default, or [`super::nbd`]'s).
+    pub block_cache: Option<usize>,
 }
 
 /// Parse a `-o` list (several `-o` are joined). Every generic option of
@@ -91,6 +94,7 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
         snapshot: None,
         at: None,
         refresh: None,
+        block_cache: None,
     };
     for opt in lists.iter().flat_map(|l| l.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
         let (k, v) = match opt.split_once('=') {
@@ -103,7 +107,7 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
             return Err(format!(
                 "unknown mount option {opt:?} (known: the generic options of mount(8), and allow_other, \
                  default_permissions, patches, nopatches, uring[=on|off|auto], spin=US, attr_timeout=S, \
-                 entry_timeout=S, negative_timeout=S, threads=N, commit=SECONDS, metrics=HOST:PORT, nbd=PATH, snapshot=NAME, at=TIME, snapdir=hidden|visible|off, log=LEVEL, logfile=PATH, fast=PATH, cache=DIR, sync=local|remote, cache_size=SIZE, refresh=SECONDS)"
+                 entry_timeout=S, negative_timeout=S, threads=N, commit=SECONDS, metrics=HOST:PORT, nbd=PATH, snapshot=NAME, at=TIME, snapdir=hidden|visible|off, log=LEVEL, logfile=PATH, fast=PATH, cache=DIR, sync=local|remote, cache_size=SIZE, refresh=SECONDS, block_cache=SIZE)"
             ));
         }
     }
@@ -176,6 +180,12 @@ impl Parsed {
             }
             "nbd" => self.nbd = Some(PathBuf::from(v.ok_or("option nbd needs the path of a Unix socket")?)),
             "refresh" => self.refresh = Some(secs(k, v)?),
+            "block_cache" => {
+                let v = v.ok_or("option block_cache needs a size, e.g. block_cache=1G")?;
+                let n = super::parse_size(v).map_err(|e| format!("option block_cache: {e}"))?;
+                self.block_cache =
+                    Some(usize::try_from(n).map_err(|_| format!("option block_cache={v}: too large"))?);
+            }
             "sync" => {
                 let v = v.ok_or("option sync=MODE needs local or remote")?;
                 self.s3.sync = Some(v.parse().map_err(|e| format!("option sync: {e}"))?);
@@ -313,6 +323,7 @@ fn fs_options(p: &Parsed) -> FsOptions {
         commit_interval: Some(p.commit),
         snapshot: p.snapshot.clone(),
         at: p.at.clone(),
+        cache_bytes: p.block_cache.unwrap_or(FsOptions::default().cache_bytes),
         ..FsOptions::default()
     }
 }

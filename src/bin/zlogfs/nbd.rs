@@ -201,6 +201,11 @@ pub const VOLUME_CHUNK: u32 = 16 << 10;
 /// given (docs/decisions/2026-11-26-compression-units.md).
 pub const VOLUME_UNIT: &str = "64K";
 
+/// The cold form of volumes made by `--create` when `--cold` is not given:
+/// how the cleaner stores the chunks it moves
+/// (docs/decisions/2026-11-26-cold-form.md).
+pub const VOLUME_COLD: &str = "256K zstd:9";
+
 /// How `--create` lays out new volumes (xattr syntax, e.g. "16K").
 #[derive(Default)]
 pub struct VolumeLayout {
@@ -209,6 +214,8 @@ pub struct VolumeLayout {
     pub chunk: Option<String>,
     /// Compression unit; None: [`VOLUME_UNIT`].
     pub unit: Option<String>,
+    /// Cold form; None: [`VOLUME_COLD`]; "none": none.
+    pub cold: Option<String>,
 }
 
 /// `--create PATH:SIZE`: make a volume (its directories too) of SIZE
@@ -242,9 +249,15 @@ pub fn create_volume(fs: &Fs, spec: &str, layout: &VolumeLayout) -> Result<(), S
         None => format!("{}K", VOLUME_CHUNK.min(fs.config().chunk_size) >> 10),
     };
     let unit = layout.unit.as_deref().unwrap_or(VOLUME_UNIT);
-    for (name_, opt, value) in
-        [(zlogfs::fs::XATTR_CHUNK, "--chunk-size", chunk.as_str()), (zlogfs::fs::XATTR_UNIT, "--unit", unit)]
-    {
+    let cold = layout.cold.as_deref().unwrap_or(VOLUME_COLD);
+    for (name_, opt, value) in [
+        (zlogfs::fs::XATTR_CHUNK, "--chunk-size", chunk.as_str()),
+        (zlogfs::fs::XATTR_UNIT, "--unit", unit),
+        (zlogfs::fs::XATTR_COLD, "--cold", cold),
+    ] {
+        if name_ == zlogfs::fs::XATTR_COLD && value == "none" {
+            continue;
+        }
         if let Err(e) = fs.setxattr(f.ino, name_, value.as_bytes(), 0) {
             if let Err(u) = fs.unlink(dir, name.as_bytes()) {
                 tracing::warn!("--create {spec}: removing the volume again: {u}");
@@ -257,10 +270,31 @@ pub fn create_volume(fs: &Fs, spec: &str, layout: &VolumeLayout) -> Result<(), S
     fs.sync().map_err(|e| format!("--create {spec}: {e}"))
 }
 
+/// The cache of decompressed blocks of `zlogfs nbd` unless `-o
+/// block_cache` says otherwise: an eighth of the machine's memory, from
+/// 128 MiB to 4 GiB. Clients of a block device read through no page cache
+/// of the server's kernel, as a mount's do, so this cache is the server's
+/// page cache (nbdkit on btrfs gets the kernel's, all of free memory).
+/// None when the memory is unknown (the file system's default).
+fn nbd_block_cache() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    let bytes = (kib << 10) / 8;
+    Some(bytes.clamp(128 << 20, 4 << 30) as usize)
+}
+
 /// `zlogfs nbd IMAGE`: serve until SIGTERM, SIGINT or SIGHUP, then close
 /// the image cleanly.
 pub fn nbd(image: &Path, at: Listen, create: &[String], layout: &VolumeLayout, opts: &[String]) -> Res {
-    let parsed = super::mount::parse_options(opts, image)?;
+    let mut parsed = super::mount::parse_options(opts, image)?;
+    parsed.block_cache = parsed.block_cache.or_else(nbd_block_cache);
     let fs = Arc::new(super::mount::open_for_mount(image, &parsed)?);
     for c in create {
         create_volume(&fs, c, layout)?;

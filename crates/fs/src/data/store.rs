@@ -369,21 +369,16 @@ impl State {
                 Err(e) => return Err(hand_back(e, chunks, out)),
             };
             let Some(m) = chunks.remove(&ino) else { continue };
-            let spec = i.policy.unwrap_or(self.group.cfg().codec);
+            // The cleaner moving a file stores it in its cold form.
+            let (spec, unit) = match i.cold {
+                Some(c) if self.cleaning => (c.spec, Some(c.unit)),
+                _ => (i.policy.unwrap_or(self.group.cfg().codec), i.unit),
+            };
             let mut rest = m.into_iter();
             while let Some((idx, buf)) = rest.next() {
                 let was_partial = buf.partial;
-                let mut c = Loaded {
-                    ino,
-                    idx,
-                    buf,
-                    size: i.size,
-                    spec,
-                    tier: i.tier,
-                    unit: i.unit,
-                    plan: None,
-                    was_partial,
-                };
+                let mut c =
+                    Loaded { ino, idx, buf, size: i.size, spec, tier: i.tier, unit, plan: None, was_partial };
                 let r = self.load_one(&mut c);
                 out.push(c);
                 if let Err(e) = r {
