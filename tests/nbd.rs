@@ -197,8 +197,10 @@ fn real_clients_use_every_command_and_the_image_stays_clean() {
         "--json",
     ])))
     .expect("json");
-    assert!(rep["chunks"].as_u64().is_some_and(|c| c > 100), "{rep:#}");
-    assert!(vol(&d)["physical"].as_u64() < before["physical"].as_u64(), "{:#} then {:#}", before, vol(&d));
+    assert!(rep["chunks"].as_u64().is_some_and(|c| c > 0) && rep["stopped"].is_null(), "{rep:#}");
+    let after = vol(&d);
+    let physical = |v: &serde_json::Value| v["physical"].as_u64().expect("physical");
+    assert!(physical(&after) < physical(&before), "{before:#} then {after:#}");
     ok(Command::new("qemu-img").args(["compare", "-f", "raw", "-F", "raw", &d.s("in.raw"), &u]));
     // fio's nbd engine, 4 jobs, verified.
     ok(Command::new("fio").args([

@@ -134,7 +134,9 @@ enum Cmd {
         /// (of an image in a bucket, as --cache, --s3-sync, --cache-size),
         /// ro,refresh=SECONDS (a read-only mount of an image in a bucket
         /// moves to the writer's newest uploaded state this often;
-        /// default 5, 0 never).
+        /// default 5, 0 never), block_cache=SIZE (decompressed blocks the
+        /// daemon keeps; default 128M, for `zlogfs nbd` an eighth of
+        /// memory).
         /// Every generic option of mount(8) is taken as well: nosuid,
         /// nodev, noexec, nosymfollow go to the kernel; sync and dirsync
         /// make each change (each directory change) durable when it
@@ -252,7 +254,8 @@ enum Cmd {
         segments: Option<usize>,
         /// Leave segments alone that are more than this fraction live; 1
         /// moves everything written before the pass began (and stores
-        /// files with a cold form, `user.zlogfs.cold`, in it).
+        /// files with a cold form, `user.zlogfs.cold`, in it; automatic
+        /// points of history keep the old blocks: room for both is needed).
         #[arg(long, default_value = "0.9")]
         max_live: f64,
         /// Of an image of two devices: move the file data of the fast

@@ -46,6 +46,10 @@ pub struct CleanOptions {
     /// with): set it when a pass moves everything it meets (`demote`
     /// with `max_live` 1), so that it ends.
     pub written_before: Option<u64>,
+    /// Store what is moved of files with a cold form (`user.zlogfs.cold`)
+    /// in it. Passes that a writer waits for (making room) leave it off:
+    /// the cold form's codec is slower than the write path's.
+    pub cold: bool,
 }
 
 impl Default for CleanOptions {
@@ -56,6 +60,7 @@ impl Default for CleanOptions {
             target_free: None,
             demote: false,
             written_before: None,
+            cold: true,
         }
     }
 }
@@ -263,8 +268,10 @@ impl State {
             let start = std::time::Instant::now();
             let moved = rep.moved_bytes;
             st.demoting = opts.demote;
+            st.moving_cold = opts.cold;
             let r = st.clean_round_inner(opts, rep, tried, held);
             st.demoting = false;
+            st.moving_cold = false;
             crate::stats::op_times().clean_round.since(start, rep.moved_bytes.saturating_sub(moved));
             r
         })
@@ -305,7 +312,7 @@ impl State {
         if self.futile_at == Some(self.stats.commits) {
             return Ok(());
         }
-        let fit = CleanOptions { max_live: 0.95, ..CleanOptions::default() };
+        let fit = CleanOptions { max_live: 0.95, cold: false, ..CleanOptions::default() };
         let (mut rep, mut tried) = (CleanReport::default(), HashSet::new());
         while need > self.space_hint && self.clean_round(&fit, &mut rep, &mut tried)? {}
         if need <= self.space_hint {
@@ -313,7 +320,7 @@ impl State {
             // more than they cost, and only while each round gains room.
             let seg = u64::from(self.eng.superblock().geometry.segment_size);
             let more = need + u64::from(CLEAN_BURST) * seg;
-            let burst = CleanOptions { max_live: 0.6, ..CleanOptions::default() };
+            let burst = CleanOptions { max_live: 0.6, cold: false, ..CleanOptions::default() };
             while more > self.space_hint {
                 let before = self.space_hint;
                 if !self.clean_round(&burst, &mut rep, &mut tried)? || self.space_hint <= before {

@@ -45,6 +45,10 @@ pub(crate) struct State {
     pub(crate) cleaning: bool,
     /// The round running moves file data to the bulk device of two.
     pub(crate) demoting: bool,
+    /// The cleaning round running stores the files it moves in their cold
+    /// form (only its own moves are buffered then: the writers' buffers
+    /// are set aside, see [`State::aside`]).
+    pub(crate) moving_cold: bool,
     /// Commits so far when moving data down last missed its target.
     pub(crate) demote_futile_at: Option<u64>,
     /// Commits so far when cleaning last failed to make the room a writer
@@ -81,6 +85,7 @@ impl State {
             space_hint,
             cleaning: false,
             demoting: false,
+            moving_cold: false,
             demote_futile_at: None,
             futile_at: None,
             at,

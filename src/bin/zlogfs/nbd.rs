@@ -271,23 +271,24 @@ pub fn create_volume(fs: &Fs, spec: &str, layout: &VolumeLayout) -> Result<(), S
 }
 
 /// The cache of decompressed blocks of `zlogfs nbd` unless `-o
-/// block_cache` says otherwise: an eighth of the machine's memory, from
-/// 128 MiB to 4 GiB. Clients of a block device read through no page cache
-/// of the server's kernel, as a mount's do, so this cache is the server's
-/// page cache (nbdkit on btrfs gets the kernel's, all of free memory).
-/// None when the memory is unknown (the file system's default).
+/// block_cache` says otherwise: an eighth of the memory the process may
+/// use (the machine's, or its cgroup's limit when lower), from 128 MiB to
+/// 4 GiB. Clients of a block device read through no page cache of the
+/// server's kernel, as a mount's do, so this cache is the server's page
+/// cache (nbdkit on btrfs gets the kernel's, all of free memory). None
+/// when the memory is unknown (the file system's default).
 fn nbd_block_cache() -> Option<usize> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: u64 = info
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    let bytes = (kib << 10) / 8;
-    Some(bytes.clamp(128 << 20, 4 << 30) as usize)
+    let total = info.lines().find_map(|l| l.strip_prefix("MemTotal:"))?;
+    let mut bytes = total.trim().trim_end_matches("kB").trim().parse::<u64>().ok()?.saturating_mul(1024);
+    // cgroup v2, then v1 ("max" or a huge number when unlimited).
+    for limit in ["/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"] {
+        if let Some(n) = std::fs::read_to_string(limit).ok().and_then(|v| v.trim().parse::<u64>().ok()) {
+            bytes = bytes.min(n);
+        }
+    }
+    let want = (bytes / 8).clamp(128 << 20, 4 << 30);
+    Some(usize::try_from(want).unwrap_or(usize::MAX / 4))
 }
 
 /// `zlogfs nbd IMAGE`: serve until SIGTERM, SIGINT or SIGHUP, then close

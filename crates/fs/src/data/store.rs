@@ -371,7 +371,7 @@ impl State {
             let Some(m) = chunks.remove(&ino) else { continue };
             // The cleaner moving a file stores it in its cold form.
             let (spec, unit) = match i.cold {
-                Some(c) if self.cleaning => (c.spec, Some(c.unit)),
+                Some(c) if self.moving_cold => (c.spec, Some(c.unit)),
                 _ => (i.policy.unwrap_or(self.group.cfg().codec), i.unit),
             };
             let mut rest = m.into_iter();
