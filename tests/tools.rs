@@ -351,6 +351,21 @@ fn two_devices_from_the_command_line() {
         live(&devs[1]) > 2_000_000 && live(&devs[0]) < live(&devs[1]) / 4,
         "the big file is on the bulk device: {devs:?}"
     );
+    // By class: the index, journal and checkpoints on the fast device
+    // only (a closed image may have no journal left); the big file's data
+    // on the bulk one; the classes add up.
+    let class = |d: &serde_json::Value, c: &str| d["live_by_class"][c].as_u64().expect("class");
+    for c in ["index", "checkpoints"] {
+        assert!(class(&devs[0], c) > 0, "{c}: {devs:?}");
+    }
+    for c in ["index", "journal", "checkpoints"] {
+        assert_eq!(class(&devs[1], c), 0, "{c}: {devs:?}");
+    }
+    assert!(class(&devs[1], "file_data") > 2_000_000, "{devs:?}");
+    for d in devs {
+        let sum: u64 = ["index", "journal", "checkpoints", "file_data"].iter().map(|c| class(d, c)).sum();
+        assert_eq!(sum, live(d), "{d:?}");
+    }
     let out = w.join("out");
     ok(&[s("export".as_ref()), s(&bulk), s(&out), fast_arg.as_ref()]);
     assert_eq!(std::fs::read(out.join("d/big")).expect("read"), big);

@@ -74,8 +74,11 @@ pub fn stats(image: &str, fs: &Fs) -> Result<Value> {
 }
 
 /// Each device's share (one entry for an image of one device): its role,
-/// path when known, capacity, live and free bytes, and the stored bytes
-/// of each class of block written to it since open.
+/// path when known, capacity, live and free bytes, its live bytes by
+/// class (index runs, which hold directories, inodes and inline files;
+/// the journal; checkpoints; file data, with index blocks merged away
+/// until the next checkpoint), and the stored bytes of each kind of
+/// block written to it since open.
 fn devices(s: &zlogfs_engine::engine::EngineStats, seg: u32, names: Option<(String, String)>) -> Vec<Value> {
     let one = |role: &str, path: Option<String>, d: &zlogfs_engine::engine::DeviceStats| {
         let kinds: serde_json::Map<String, Value> = zlogfs_engine::BlockKind::ALL
@@ -86,6 +89,10 @@ fn devices(s: &zlogfs_engine::engine::EngineStats, seg: u32, names: Option<(Stri
             "role": role, "path": path, "segments": d.segments, "free_segments": d.free_segments,
             "capacity_bytes": u64::from(d.segments) * u64::from(seg), "live_bytes": d.live_bytes,
             "free_bytes": u64::from(d.free_segments) * u64::from(seg), "written_since_open_by_kind": kinds,
+            "live_by_class": {
+                "index": d.index_bytes, "journal": d.journal_bytes, "checkpoints": d.checkpoint_bytes,
+                "file_data": d.other_bytes(),
+            },
         })
     };
     match (&s.bulk, names) {

@@ -186,14 +186,19 @@ fn print_stats(v: &Value) {
                 .collect::<Vec<_>>()
                 .join(", ")
         });
+        let c = &d["live_by_class"];
         println!(
-            "{:<18}{} segments, {} free; {} of {} bytes live{}{}",
+            "{:<18}{} segments, {} free; {} of {} bytes live{}: index {}, journal {}, checkpoints {}, file data {}{}",
             format!("{} device:", d["role"].as_str().unwrap_or("")),
             d["segments"],
             d["free_segments"],
             d["live_bytes"],
             d["capacity_bytes"],
             d["path"].as_str().map(|p| format!(" ({p})")).unwrap_or_default(),
+            c["index"],
+            c["journal"],
+            c["checkpoints"],
+            c["file_data"],
             kinds.filter(|k| !k.is_empty()).map(|k| format!("; written since open: {k}")).unwrap_or_default()
         );
     }

@@ -196,6 +196,22 @@ pub struct DeviceStats {
     pub live_bytes: u64,
     /// Stored bytes of blocks written to it since open, by block kind.
     pub kind_bytes: [u64; 8],
+    /// Of the live bytes, those of the index runs' blocks (data, sparse
+    /// index and filter of every current run).
+    pub index_bytes: u64,
+    /// Of the live bytes, those of journal blocks recovery still reads.
+    pub journal_bytes: u64,
+    /// Of the live bytes, those of the last two checkpoint bodies.
+    pub checkpoint_bytes: u64,
+}
+
+impl DeviceStats {
+    /// The live bytes that are no index run, journal or checkpoint: the
+    /// file data above, and index blocks merged away and freed at the next
+    /// checkpoint.
+    pub fn other_bytes(&self) -> u64 {
+        self.live_bytes.saturating_sub(self.index_bytes + self.journal_bytes + self.checkpoint_bytes)
+    }
 }
 
 /// An open image.
@@ -596,9 +612,9 @@ impl Engine {
             memtable_entries: ver.active.len() + ver.frozen.iter().map(|f| f.mem.len()).sum::<usize>(),
             checkpoint: core.ckpt.number,
             seq: self.seq(),
-            fast: device_stats(&core.log, Tier::Fast),
+            fast: device_stats(&core, &ver, Tier::Fast),
             bulk: (core.log.fast_segments() < self.sh.sb.geometry.segment_count)
-                .then(|| device_stats(&core.log, Tier::Bulk)),
+                .then(|| device_stats(&core, &ver, Tier::Bulk)),
             remote: self.sh.store.remote_stats(),
         }
     }
@@ -624,13 +640,21 @@ impl Drop for Engine {
     }
 }
 
-/// What the log says of the device of `tier`.
-fn device_stats(log: &LogWriter, tier: Tier) -> DeviceStats {
+/// What the log, the runs and the checkpoints say of the device of `tier`.
+fn device_stats(core: &Core, ver: &Version, tier: Tier) -> DeviceStats {
+    let log = &core.log;
     let segs: Vec<u32> = (0..log.usage.len() as u32).filter(|&s| log.tier_of(s) == tier).collect();
+    let on = |seg: u32| log.tier_of(seg) == tier;
+    let bytes = |a: &BlockAddr| if on(a.seg) { u64::from(a.len) } else { 0 };
+    let bodies = [core.ckpt.body, core.ckpt.prev_body];
     DeviceStats {
         segments: segs.len() as u32,
         free_segments: segs.iter().filter(|&&s| log.is_free(s)).count() as u32,
         live_bytes: segs.iter().map(|&s| u64::from(log.usage[s as usize].live)).sum(),
         kind_bytes: log.device_kind_bytes[usize::from(tier == Tier::Bulk)],
+        index_bytes: ver.runs.iter().flat_map(|r| r.blocks()).map(|a| bytes(&a)).sum(),
+        journal_bytes: log.journal_blocks.iter().filter(|b| on(b.1)).map(|b| u64::from(b.2)).sum(),
+        // The first checkpoint has no previous body (its address is 0/0/0).
+        checkpoint_bytes: bodies.iter().filter(|a| a.len > 0).map(bytes).sum::<u64>(),
     }
 }
