@@ -186,19 +186,24 @@ fn print_stats(v: &Value) {
                 .collect::<Vec<_>>()
                 .join(", ")
         });
+        // (A mount of an older build sends no classes.)
         let c = &d["live_by_class"];
+        let classes = if c.is_object() {
+            format!(
+                ": index {}, journal {}, checkpoints {}, file data {}",
+                c["index"], c["journal"], c["checkpoints"], c["file_data"]
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "{:<18}{} segments, {} free; {} of {} bytes live{}: index {}, journal {}, checkpoints {}, file data {}{}",
+            "{:<18}{} segments, {} free; {} of {} bytes live{}{classes}{}",
             format!("{} device:", d["role"].as_str().unwrap_or("")),
             d["segments"],
             d["free_segments"],
             d["live_bytes"],
             d["capacity_bytes"],
             d["path"].as_str().map(|p| format!(" ({p})")).unwrap_or_default(),
-            c["index"],
-            c["journal"],
-            c["checkpoints"],
-            c["file_data"],
             kinds.filter(|k| !k.is_empty()).map(|k| format!("; written since open: {k}")).unwrap_or_default()
         );
     }
