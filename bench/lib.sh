@@ -25,6 +25,16 @@ linux_tree() {
     echo "$tree"
 }
 
+# ext4_image_of TREE IMAGE MOUNTDIR: a 3 GiB ext4 image file holding a
+# copy of TREE, made through a loop mount on MOUNTDIR (left unmounted).
+ext4_image_of() {
+    truncate -s 3G "$2"
+    mkfs.ext4 -q -F "$2"
+    mount -o loop "$2" "$3"
+    cp -a "$1" "$3/"
+    umount "$3"
+}
+
 # need_tools COMMAND:PACKAGE ...: install from Debian the packages whose
 # command is missing.
 need_tools() {

@@ -23,11 +23,7 @@ cleanup() {
 trap cleanup EXIT
 sock=$work/sock
 mkdir -p "$work/m"
-truncate -s 3G "$work/tree.ext4"
-mkfs.ext4 -q -F "$work/tree.ext4"
-mount -o loop "$work/tree.ext4" "$work/m"
-cp -a "$tree" "$work/m/"
-umount "$work/m"
+ext4_image_of "$tree" "$work/tree.ext4" "$work/m"
 echo "| codec | chunk | live bytes | copy (s) |"
 echo "|---|---|---:|---:|"
 for codec in ${CODECS:-zstd:1 zstd:2 zstd:3 zstd:6}; do

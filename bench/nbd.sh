@@ -54,11 +54,7 @@ trap cleanup EXIT
 sock=$work/sock
 
 # The ext4 image holding the tree, made once.
-truncate -s 3G "$work/tree.ext4"
-mkfs.ext4 -q -F "$work/tree.ext4"
-mount -o loop "$work/tree.ext4" "$work/ext4tree"
-cp -a "$tree" "$work/ext4tree/"
-umount "$work/ext4tree"
+ext4_image_of "$tree" "$work/tree.ext4" "$work/ext4tree"
 logical=$(du -sb "$tree" | cut -f1)
 
 . bench/nbd-lib.sh

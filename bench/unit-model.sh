@@ -20,11 +20,7 @@ cleanup() {
 }
 trap cleanup EXIT
 mkdir -p "$work/m"
-truncate -s 3G "$work/tree.ext4"
-mkfs.ext4 -q -F "$work/tree.ext4"
-mount -o loop "$work/tree.ext4" "$work/m"
-cp -a "$tree" "$work/m/"
-umount "$work/m"
+ext4_image_of "$tree" "$work/tree.ext4" "$work/m"
 python3 -m venv "$work/venv"
 "$work/venv/bin/pip" install -q zstandard
 UNITS=${UNITS:-16 64 128 256 1024} LEVELS=${LEVELS:-1 2 3 6} "$work/venv/bin/python" - "$work/tree.ext4" <<'PY'
