@@ -1,6 +1,7 @@
 //! The object-store backend against a real S3 server (moto on 127.0.0.1):
 //! round trips through a kept and an empty cache, fencing of a second
-//! writer, kill -9 during uploads in both sync modes, damaged manifests.
+//! writer, kill -9 and power cuts (of the cache directory's ext4) during
+//! uploads in both sync modes, damaged manifests.
 
 mod moto;
 
@@ -276,6 +277,25 @@ fn spawn_writer(bucket: &str, cache: &Path, mode: &str, from: u32) -> std::proce
         .unwrap()
 }
 
+/// Let `child` ([`child_writer`]) sync a random number of times, then
+/// kill it while it goes on writing (and uploading); the keys it synced.
+fn write_then_kill(mut child: std::process::Child, rng: &mut rand::rngs::StdRng) -> u32 {
+    let stop_after = rng.gen_range(2..12);
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut seen, mut synced) = (0, 0);
+    while seen < stop_after {
+        let line = lines.next().expect("the child stopped early").unwrap();
+        if let Some(n) = line.strip_prefix("synced ") {
+            synced = n.parse().unwrap();
+            seen += 1;
+        }
+    }
+    std::thread::sleep(Duration::from_millis(rng.gen_range(0..40)));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    synced
+}
+
 fn killed_during_uploads(mode: SyncMode, mode_name: &str) {
     let seed: u64 =
         std::env::var("ZLOGFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
@@ -287,21 +307,7 @@ fn killed_during_uploads(mode: SyncMode, mode_name: &str) {
     make(&o);
     let mut synced = 0u32;
     for round in 0..3 {
-        let mut child = spawn_writer(&b, &c1.0, mode_name, synced);
-        let stop_after = rng.gen_range(2..12);
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let mut seen = 0;
-        while seen < stop_after {
-            let line = lines.next().expect("the child stopped early").unwrap();
-            if let Some(n) = line.strip_prefix("synced ") {
-                synced = n.parse().unwrap();
-                seen += 1;
-            }
-        }
-        // Kill while it goes on writing (and uploading).
-        std::thread::sleep(std::time::Duration::from_millis(rng.gen_range(0..40)));
-        child.kill().unwrap();
-        child.wait().unwrap();
+        synced = write_then_kill(spawn_writer(&b, &c1.0, mode_name, synced), &mut rng);
         eprintln!("round {round}: killed after {synced} synced keys");
 
         // Another machine (an empty cache, read-only) sees a prefix of the
@@ -775,4 +781,143 @@ fn a_reader_behind_a_writer_that_keeps_nothing_gets_errors_not_wrong_data() {
     eprintln!("{errors} of {N} keys gone under the reader");
     assert!(w.stats().remote.unwrap().deletes > 0, "the writer deleted replaced pieces");
     w.close().unwrap();
+}
+
+/// An ext4 file system on a loop device over a file, holding a cache
+/// directory, whose power can be cut: the loop device's backing file is
+/// copied as the kernel last wrote it (what fsync made durable, and
+/// whatever else writeback happened to send; not what sits in the page
+/// cache), and the copy is mounted in its place (the journal replays).
+/// Mounted with a long journal commit interval, so that only the
+/// writer's own syncs push its writes to the device.
+struct Ext4Disk {
+    img: PathBuf,
+    mnt: PathBuf,
+    dev: Option<String>,
+}
+
+impl Ext4Disk {
+    /// None (skipping) outside CI when loop devices or the tools are
+    /// missing; under CI that is a failure.
+    fn new(dir: &Path) -> Option<Ext4Disk> {
+        let img = dir.join("disk.img");
+        let mnt = dir.join("mnt");
+        std::fs::create_dir_all(&mnt).unwrap();
+        std::fs::File::create(&img).unwrap().set_len(128 << 20).unwrap();
+        let made = Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&img).status();
+        let mut d = Ext4Disk { img, mnt, dev: None };
+        match made.map_err(|e| e.to_string()).and_then(|s| {
+            if s.success() {
+                d.attach()
+            } else {
+                Err(s.to_string())
+            }
+        }) {
+            Ok(()) => Some(d),
+            Err(e) => {
+                assert!(std::env::var("CI").as_deref() != Ok("true"), "an ext4 loop device under CI: {e}");
+                eprintln!("skipping: no ext4 on a loop device here: {e}");
+                None
+            }
+        }
+    }
+
+    fn attach(&mut self) -> Result<(), String> {
+        let out = Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(&self.img)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!("losetup: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        self.dev = Some(dev.clone());
+        let out = Command::new("mount")
+            .args(["-o", "commit=600", &dev])
+            .arg(&self.mnt)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!("mount: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        Ok(())
+    }
+
+    fn detach(&mut self) {
+        if let Some(dev) = self.dev.take() {
+            let _ = Command::new("umount").arg(&self.mnt).status();
+            let _ = Command::new("losetup").args(["-d", &dev]).status();
+        }
+    }
+
+    /// Cut the power: the device's bytes as they are now become the disk
+    /// (the page cache's dirty pages are lost), mounted again.
+    fn power_cut(&mut self) {
+        let cut = self.img.with_extension("cut");
+        std::fs::copy(&self.img, &cut).unwrap();
+        self.detach();
+        std::fs::rename(&cut, &self.img).unwrap();
+        self.attach().unwrap();
+    }
+}
+
+impl Drop for Ext4Disk {
+    fn drop(&mut self) {
+        self.detach();
+    }
+}
+
+/// A writer's machine loses power at random points of its writes and
+/// uploads, its cache directory on a real ext4 that keeps only what was
+/// synced (and what the kernel happened to write back): reopened on that
+/// cache, the image holds every synced key (both modes keep a sync in the
+/// cache directory); the bucket alone holds a prefix, with every synced
+/// key under sync=remote; a fresh machine, after the reopen uploaded the
+/// backlog, holds them all.
+#[test]
+fn a_power_cut_keeps_what_the_cache_directory_synced() {
+    let seed: u64 =
+        std::env::var("ZLOGFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
+    eprintln!("ZLOGFS_SEED={seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    for (mode, name) in [(SyncMode::Local, "local"), (SyncMode::Remote, "remote")] {
+        let t = tempdir("cut");
+        let Some(mut disk) = Ext4Disk::new(&t.0) else { return };
+        let cache = disk.mnt.join("cache");
+        let b = bucket("cut");
+        let o = opts(&b, &cache, mode);
+        make(&o);
+        let mut synced = 0u32;
+        for round in 0..3 {
+            synced = write_then_kill(spawn_writer(&b, &cache, name, synced), &mut rng);
+            disk.power_cut();
+            eprintln!("{name}, round {round}: power cut after {synced} synced keys");
+
+            let other = tempdir("ro");
+            let ro = S3Options { read_only: true, ..opts(&b, &other.0, mode) };
+            let store: Arc<dyn Store> = Arc::new(S3Store::open(ro).unwrap());
+            let e = Engine::open(store, Options { read_only: true, ..engine_opts() }).unwrap();
+            let in_bucket =
+                (0..synced + 10_000).take_while(|&i| e.get(&key(i)).unwrap().is_some()).count() as u32;
+            check_range(&e, 0..in_bucket);
+            assert_eq!(
+                e.get(&key(in_bucket + 1)).unwrap(),
+                None,
+                "a prefix: nothing after the first missing key"
+            );
+            if mode == SyncMode::Remote {
+                assert!(in_bucket >= synced, "sync=remote: {in_bucket} keys in the bucket, {synced} synced");
+            }
+            drop(e);
+
+            let e = open(&o);
+            check_range(&e, 0..synced);
+            e.close().unwrap();
+        }
+        let fresh = tempdir("fresh");
+        let e = open(&opts(&b, &fresh.0, mode));
+        check_range(&e, 0..synced);
+        e.close().unwrap();
+    }
 }
