@@ -302,8 +302,9 @@ fn power_cuts_to_either_store_give_a_prefix() {
 }
 
 /// A fast store much smaller than the small files written: they spill to
-/// the bulk store, no write gets ENOSPC while it has room, and deleting
-/// and cleaning make room on the fast store again.
+/// the bulk store while the metadata keeps the fast store's last
+/// segments, no write gets ENOSPC while it has room, and deleting and
+/// cleaning make room on the fast store again.
 #[test]
 fn a_full_fast_store_spills_to_the_bulk_store() {
     let rig = Rig::new(6, 58);
@@ -320,6 +321,19 @@ fn a_full_fast_store_spills_to_the_bulk_store() {
         }
     }
     f.sync().expect("sync");
+    // The fast store keeps its last segments for the metadata: the
+    // journal, the index and the checkpoints stay on it, and only file
+    // data spilled (before, the metadata went down with it).
+    let es = f.engine().stats();
+    let bulk = es.bulk.clone().expect("two stores");
+    let meta = |d: &zlogfs::engine::DeviceStats| (d.index_bytes, d.journal_bytes, d.checkpoint_bytes);
+    assert_eq!(meta(&bulk), (0, 0, 0), "no live metadata on the bulk store: {bulk:?}");
+    assert!(es.fast.index_bytes > 0 && es.fast.checkpoint_bytes > 0, "{:?}", es.fast);
+    assert_eq!(
+        bulk.kind_bytes[..6].iter().sum::<u64>(),
+        0,
+        "nothing but file data written to the bulk store"
+    );
     assert!(segment_bytes(&rig.bulk) > 2 << 20, "small files spilled to the bulk store");
     fsck_clean(&f, "after spilling");
     for i in (0..600u64).step_by(2) {

@@ -136,8 +136,15 @@ impl State {
     /// Of two devices: the fast one has fewer free segments than moving
     /// data down would leave (see [`demote_marks`]).
     pub(crate) fn fast_short(&self) -> bool {
-        let s = self.eng.stats();
-        s.bulk.is_some() && s.fast.free_segments < demote_marks(s.fast.segments).1
+        self.eng.fast_free().is_some_and(|(segs, free)| free < demote_marks(segs).1)
+    }
+
+    /// Of two devices: the fast one is down to the segments it keeps for
+    /// the metadata (below [`demote_marks`]'s low mark, where data starts
+    /// to move down): new file data goes to the bulk device, so that the
+    /// journal, the index and the checkpoints keep a place on the fast one.
+    pub(crate) fn fast_low(&self) -> bool {
+        self.eng.fast_free().is_some_and(|(segs, free)| free < demote_marks(segs).0)
     }
 }
 

@@ -128,9 +128,10 @@ struct Layout {
     small_max: u64,
     /// Everything without a policy to the bulk device (moving data down).
     demote: bool,
-    /// The cleaner is moving data and the fast device is short of room:
-    /// small files it moves stay on (or go to) the bulk device, rather
-    /// than bounce back up to be moved down again.
+    /// Small files without a policy go to the bulk device: the cleaner is
+    /// moving data and the fast device is short of room (what it moves
+    /// stays down rather than bounce back up to be moved down again), or
+    /// the fast device is down to the segments kept for the metadata.
     fast_short: bool,
     pack_bytes: usize,
     /// The largest block (compression units are clipped to it).
@@ -330,7 +331,7 @@ impl State {
             small_max: cfg.small_max,
             // A round moving data down: all of it goes to the bulk device.
             demote: self.demoting,
-            fast_short: self.cleaning && self.fast_short(),
+            fast_short: if self.cleaning { self.fast_short() } else { self.fast_low() },
             pack_bytes: cfg.pack_bytes as usize,
             max_block: zlogfs_engine::max_block_raw(self.eng.superblock().geometry),
         };
