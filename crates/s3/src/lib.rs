@@ -45,12 +45,26 @@ use remote::{Created, Remote};
 const KEEP_MANIFESTS: u64 = 8;
 /// Pieces uploaded at once in a round.
 const UPLOAD_BATCH: usize = 8;
+/// A sealed segment in more pieces than this (each sync under
+/// sync=remote makes one, each upload round under sync=local) is
+/// uploaded again whole, as one object, at the next round, and the
+/// pieces go: reading it from the bucket then takes one request, not one
+/// per sync that wrote it.
+const MAX_PIECES: usize = 4;
 /// A read the cache misses takes a ranged request for its own bytes when
 /// it is at most this long, and it is among the first such reads of its
 /// segment since the segment was last fetched; otherwise the segment is
 /// fetched whole (what sequential readers and the cleaner want).
 const RANGE_READ_MAX: usize = 256 << 10;
 const RANGE_READS_BEFORE_FETCH: u32 = 2;
+
+/// Whether a round uploads sealed segment `s` again whole (see
+/// [`MAX_PIECES`], counting the piece its bytes not yet uploaded would
+/// make): all its bytes must be local.
+fn merges(s: &Seg) -> bool {
+    let tail = usize::from(s.written > s.sent_end());
+    s.sealed && s.local_from == 0 && s.written > 0 && s.all_pieces().len() + tail > MAX_PIECES
+}
 
 /// `s3://BUCKET/PREFIX`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -634,7 +648,7 @@ impl Inner {
         next.writer = self.writer;
         next.slots = slots;
         let mut uploads = Vec::new();
-        let mut deletes = Vec::new();
+        let mut deletes = self.merge_sealed(&mut st);
         for (i, s) in st.segs.iter_mut().enumerate() {
             let seg = i as u32;
             for (gen, pieces) in s.old.drain(..) {
@@ -653,6 +667,31 @@ impl Inner {
             next.segs[i] = SegObjects { gen: s.gen, pieces };
         }
         Ok((next, uploads, deletes))
+    }
+
+    /// Sealed segments in more than [`MAX_PIECES`] pieces get a new
+    /// generation with none, so that the round uploads each whole, as one
+    /// object; their bytes stay the same. Returns the pieces they leave,
+    /// to go once the round's manifest is in the bucket. (A new
+    /// generation rather than a new piece of the old one: a piece's name
+    /// has its offset, not its length, so a whole piece from offset 0
+    /// would take the name of the first one.)
+    fn merge_sealed(&self, st: &mut State) -> Vec<object_store::path::Path> {
+        let mut deletes = Vec::new();
+        for i in 0..st.segs.len() {
+            if !merges(&st.segs[i]) {
+                continue;
+            }
+            let gen = next_gen(st);
+            let s = &mut st.segs[i];
+            deletes.extend(s.all_pieces().iter().map(|p| self.remote.piece_key(i as u32, s.gen, p)));
+            s.gen = gen;
+            s.pieces.clear();
+            s.sent.clear();
+            // The record follows (else a reopen fetches what is local).
+            s.dirty = true;
+        }
+        deletes
     }
 
     /// The manifest `m` is in the bucket: the pieces it names are.
@@ -708,7 +747,9 @@ impl Inner {
         let uploads: Vec<Upload> = {
             let st = lock(&self.state);
             let mut v = Vec::new();
-            for (i, s) in st.segs.iter().enumerate().filter(|(_, s)| s.sealed && s.written > s.sent_end()) {
+            // Those a round merges wait for it (their bytes go up once).
+            let due = |s: &Seg| s.sealed && s.written > s.sent_end() && !merges(s);
+            for (i, s) in st.segs.iter().enumerate().filter(|(_, s)| due(s)) {
                 let from = s.sent_end();
                 let mut data = vec![0u8; (s.written - from) as usize];
                 self.local.read(i as u32, from, &mut data)?;
@@ -1462,10 +1503,11 @@ impl Inner {
 }
 
 impl Inner {
-    /// Whether the bucket lacks something the cache holds.
+    /// Whether the bucket lacks something the cache holds (or holds a
+    /// sealed segment in pieces a round merges).
     fn behind(&self) -> bool {
         let st = lock(&self.state);
-        st.meta_dirty || st.segs.iter().any(|s| s.written > s.uploaded())
+        st.meta_dirty || st.segs.iter().any(|s| s.written > s.uploaded() || merges(s))
     }
 
     /// Bytes the cache holds that the bucket lacks.

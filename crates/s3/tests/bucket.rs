@@ -921,3 +921,46 @@ fn a_power_cut_keeps_what_the_cache_directory_synced() {
         e.close().unwrap();
     }
 }
+
+/// Objects under `img/seg/` of `bucket`, by segment.
+fn pieces_by_segment(bucket: &str) -> std::collections::BTreeMap<String, usize> {
+    use futures::TryStreamExt;
+    use object_store::ObjectStore;
+    let (rt, os) = zlogfs_s3::testing::client(bucket);
+    let key = object_store::path::Path::from("img/seg");
+    let all: Vec<object_store::ObjectMeta> = rt.block_on(os.list(Some(&key)).try_collect()).expect("listing");
+    let mut by = std::collections::BTreeMap::new();
+    for m in all {
+        let seg = m.location.parts().nth(2).expect("img/seg/SEGMENT/PIECE").as_ref().to_string();
+        *by.entry(seg).or_insert(0) += 1;
+    }
+    by
+}
+
+/// Under sync=remote each sync that wrote a segment leaves a piece of it;
+/// once the log has left the segment, a round uploads it again whole and
+/// its pieces go, so that reading it from the bucket takes one request.
+/// Everything reads back through an empty cache.
+#[test]
+fn a_sealed_segment_in_many_pieces_goes_up_again_whole() {
+    let b = bucket("merge");
+    let (c1, c2) = (tempdir("m1"), tempdir("m2"));
+    let o = S3Options { keep_replaced: Duration::ZERO, ..opts(&b, &c1.0, SyncMode::Remote) };
+    make(&o);
+    let e = open(&o);
+    for k in 0..100 {
+        put_range(&e, k * 8..(k + 1) * 8);
+        e.sync().unwrap();
+    }
+    e.close().unwrap();
+    let by = pieces_by_segment(&b);
+    eprintln!("objects by segment: {by:?}");
+    let whole = by.values().filter(|&&n| n == 1).count();
+    let many = by.values().filter(|&&n| n > 4).count();
+    assert!(by.len() >= 6, "the test filled several segments: {by:?}");
+    // Only segments the log had not left at the close keep their pieces.
+    assert!(many <= 2 && whole >= by.len() - 2, "{many} segments still in more than 4 pieces: {by:?}");
+    let e = open(&opts(&b, &c2.0, SyncMode::Remote));
+    check_range(&e, 0..800);
+    e.close().unwrap();
+}
