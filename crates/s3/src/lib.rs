@@ -676,12 +676,12 @@ impl Inner {
     /// generation rather than a new piece of the old one: a piece's name
     /// has its offset, not its length, so a whole piece from offset 0
     /// would take the name of the first one.)
+    ///
+    /// One segment per round: under sync=remote the round is part of an
+    /// fsync, which then uploads at most one segment more.
     fn merge_sealed(&self, st: &mut State) -> Vec<object_store::path::Path> {
         let mut deletes = Vec::new();
-        for i in 0..st.segs.len() {
-            if !merges(&st.segs[i]) {
-                continue;
-            }
+        if let Some(i) = st.segs.iter().position(merges) {
             let gen = next_gen(st);
             let s = &mut st.segs[i];
             deletes.extend(s.all_pieces().iter().map(|p| self.remote.piece_key(i as u32, s.gen, p)));
