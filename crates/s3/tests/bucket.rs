@@ -256,17 +256,33 @@ fn child_writer() {
     let mode: SyncMode = std::env::var("ZLOGFS_S3_CHILD_SYNC").unwrap().parse().unwrap();
     let e = open(&opts(&bucket, &cache, mode));
     let mut i: u32 = std::env::var("ZLOGFS_S3_CHILD_FROM").map_or(0, |v| v.parse().unwrap());
+    let burst: u32 = std::env::var("ZLOGFS_S3_CHILD_BURST").map_or(0, |v| v.parse().unwrap());
     loop {
         put_range(&e, i..i + 25);
         i += 25;
         e.sync().unwrap();
         println!("synced {i}");
+        if burst > 0 {
+            // More than a batch's worth, written to the store and not
+            // synced, then a pause: where a kill or a power cut most
+            // likely lands. The next sync covers them.
+            put_range(&e, i..i + burst);
+            i += burst;
+            std::thread::sleep(Duration::from_millis(30));
+        }
     }
 }
 
 /// [`child_writer`] in a process of its own, from key `from` on.
 fn spawn_writer(bucket: &str, cache: &Path, mode: &str, from: u32) -> std::process::Child {
+    spawn_writer_with(bucket, cache, mode, from, 0)
+}
+
+/// [`spawn_writer`], the child writing `burst` keys it does not sync
+/// (until its next round) after each sync it reports.
+fn spawn_writer_with(bucket: &str, cache: &Path, mode: &str, from: u32, burst: u32) -> std::process::Child {
     Command::new(std::env::current_exe().unwrap())
+        .env("ZLOGFS_S3_CHILD_BURST", burst.to_string())
         .args(["--ignored", "--exact", "child_writer", "--nocapture", "--test-threads=1"])
         .env("ZLOGFS_S3_CHILD_BUCKET", bucket)
         .env("ZLOGFS_S3_CHILD_CACHE", cache)
@@ -279,8 +295,17 @@ fn spawn_writer(bucket: &str, cache: &Path, mode: &str, from: u32) -> std::proce
 
 /// Let `child` ([`child_writer`]) sync a random number of times, then
 /// kill it while it goes on writing (and uploading); the keys it synced.
-fn write_then_kill(mut child: std::process::Child, rng: &mut rand::rngs::StdRng) -> u32 {
-    let stop_after = rng.gen_range(2..12);
+fn write_then_kill(child: std::process::Child, rng: &mut rand::rngs::StdRng) -> u32 {
+    write_then_kill_after(child, rng, 2..12)
+}
+
+/// [`write_then_kill`] after a number of syncs drawn from `syncs`.
+fn write_then_kill_after(
+    mut child: std::process::Child,
+    rng: &mut rand::rngs::StdRng,
+    syncs: std::ops::Range<u32>,
+) -> u32 {
+    let stop_after = rng.gen_range(syncs);
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let (mut seen, mut synced) = (0, 0);
     while seen < stop_after {
@@ -926,7 +951,9 @@ fn a_power_cut_keeps_what_the_cache_directory_synced() {
         make(&o);
         let mut synced = 0u32;
         for round in 0..3 {
-            synced = write_then_kill(spawn_writer(&b, &cache, name, synced), &mut rng);
+            // Few syncs, so that the bursts stay within the image.
+            let child = spawn_writer_with(&b, &cache, name, synced, 100);
+            synced = write_then_kill_after(child, &mut rng, 2..5);
             let before = cache_files(&cache);
             disk.power_cut();
             let cut_lost = cache_files(&cache) != before;
