@@ -263,12 +263,14 @@ fn child_writer() {
         e.sync().unwrap();
         println!("synced {i}");
         if burst > 0 {
-            // More than a batch's worth, written to the store and not
-            // synced, then a pause: where a kill or a power cut most
-            // likely lands. The next sync covers them.
+            // Written to the store and not synced (as page-cache
+            // writeback would), then a pause: where a kill or a power cut
+            // most likely lands. The next sync covers them.
             put_range(&e, i..i + burst);
+            e.write_out().unwrap();
             i += burst;
-            std::thread::sleep(Duration::from_millis(30));
+            println!("paused");
+            std::thread::sleep(Duration::from_millis(100));
         }
     }
 }
@@ -296,14 +298,17 @@ fn spawn_writer_with(bucket: &str, cache: &Path, mode: &str, from: u32, burst: u
 /// Let `child` ([`child_writer`]) sync a random number of times, then
 /// kill it while it goes on writing (and uploading); the keys it synced.
 fn write_then_kill(child: std::process::Child, rng: &mut rand::rngs::StdRng) -> u32 {
-    write_then_kill_after(child, rng, 2..12)
+    write_then_kill_after(child, rng, 2..12, false)
 }
 
-/// [`write_then_kill`] after a number of syncs drawn from `syncs`.
+/// [`write_then_kill`] after a number of syncs drawn from `syncs`; with
+/// `at_pause`, once the child (given a burst) says it paused after
+/// writing what it did not sync, rather than after a random sleep.
 fn write_then_kill_after(
     mut child: std::process::Child,
     rng: &mut rand::rngs::StdRng,
     syncs: std::ops::Range<u32>,
+    at_pause: bool,
 ) -> u32 {
     let stop_after = rng.gen_range(syncs);
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
@@ -315,7 +320,19 @@ fn write_then_kill_after(
             seen += 1;
         }
     }
-    std::thread::sleep(Duration::from_millis(rng.gen_range(0..40)));
+    if at_pause {
+        // Until the child has written what it will not sync, and pauses.
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            if let Some(n) = line.strip_prefix("synced ") {
+                synced = n.parse().unwrap();
+            } else if line == "paused" {
+                break;
+            }
+        }
+    } else {
+        std::thread::sleep(Duration::from_millis(rng.gen_range(0..40)));
+    }
     child.kill().unwrap();
     child.wait().unwrap();
     // Syncs that returned while it slept count too (each line is printed
@@ -952,8 +969,8 @@ fn a_power_cut_keeps_what_the_cache_directory_synced() {
         let mut synced = 0u32;
         for round in 0..3 {
             // Few syncs, so that the bursts stay within the image.
-            let child = spawn_writer_with(&b, &cache, name, synced, 100);
-            synced = write_then_kill_after(child, &mut rng, 2..5);
+            let child = spawn_writer_with(&b, &cache, name, synced, 25);
+            synced = write_then_kill_after(child, &mut rng, 2..5, true);
             let before = cache_files(&cache);
             disk.power_cut();
             let cut_lost = cache_files(&cache) != before;
