@@ -63,7 +63,7 @@ const RANGE_READS_BEFORE_FETCH: u32 = 2;
 /// make): all its bytes must be local.
 fn merges(s: &Seg) -> bool {
     let tail = usize::from(s.written > s.sent_end());
-    s.sealed && s.local_from == 0 && s.written > 0 && s.all_pieces().len() + tail > MAX_PIECES
+    s.sealed && s.local_from == 0 && s.written > 0 && s.pieces.len() + s.sent.len() + tail > MAX_PIECES
 }
 
 /// `s3://BUCKET/PREFIX`.

@@ -96,12 +96,17 @@ pub fn client(bucket: &str) -> (tokio::runtime::Runtime, object_store::aws::Amaz
     (rt, os)
 }
 
-/// How many objects there are under `prefix` of `bucket`, and their bytes.
-pub fn stored(bucket: &str, prefix: &str) -> (u64, u64) {
+/// The objects under `prefix` of `bucket`.
+pub fn objects(bucket: &str, prefix: &str) -> Vec<object_store::ObjectMeta> {
     use futures::TryStreamExt;
     use object_store::ObjectStore;
     let (rt, os) = client(bucket);
     let key = object_store::path::Path::from(prefix);
-    let all: Vec<object_store::ObjectMeta> = rt.block_on(os.list(Some(&key)).try_collect()).expect("listing");
+    rt.block_on(os.list(Some(&key)).try_collect()).expect("listing")
+}
+
+/// How many objects there are under `prefix` of `bucket`, and their bytes.
+pub fn stored(bucket: &str, prefix: &str) -> (u64, u64) {
+    let all = objects(bucket, prefix);
     (all.len() as u64, all.iter().map(|m| m.size).sum())
 }

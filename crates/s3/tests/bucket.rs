@@ -1015,13 +1015,8 @@ fn cache_files(dir: &Path) -> (Vec<u8>, Vec<u8>) {
 
 /// Objects under `img/seg/` of `bucket`, by segment.
 fn pieces_by_segment(bucket: &str) -> std::collections::BTreeMap<String, usize> {
-    use futures::TryStreamExt;
-    use object_store::ObjectStore;
-    let (rt, os) = zlogfs_s3::testing::client(bucket);
-    let key = object_store::path::Path::from("img/seg");
-    let all: Vec<object_store::ObjectMeta> = rt.block_on(os.list(Some(&key)).try_collect()).expect("listing");
     let mut by = std::collections::BTreeMap::new();
-    for m in all {
+    for m in zlogfs_s3::testing::objects(bucket, "img/seg") {
         let seg = m.location.parts().nth(2).expect("img/seg/SEGMENT/PIECE").as_ref().to_string();
         *by.entry(seg).or_insert(0) += 1;
     }
