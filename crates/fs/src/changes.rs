@@ -28,6 +28,19 @@ pub const KEEP_CHANGES_SECS: i64 = 31 * 86_400;
 /// Records dropped per pass of [`State::prune_changes`].
 const PRUNE_STEP: usize = 256;
 
+/// A change record's encoded size at most: one engine value.
+pub const RECORD_MAX: usize = zlogfs_engine::MAX_VALUE;
+
+/// A change record's header at most (varint seconds, nanoseconds and
+/// event count).
+pub(crate) const RECORD_HEADER_MAX: usize = 10 + 5 + 10;
+
+/// The events one operation notes at most, in record bytes: a rename that
+/// exchanges two entries of 255-byte names moves two links, and data and
+/// metadata events come with them. An operation joins a group only while
+/// this much is left in its change record ([`crate::group::Group::changes_full`]).
+pub(crate) const OP_EVENTS_MAX: usize = 4096;
+
 /// A directory entry: (directory, name).
 pub type Link = (Ino, Vec<u8>);
 
@@ -61,11 +74,16 @@ pub struct Event {
 }
 
 impl Event {
-    /// Rough encoded size, for the group's journal estimate.
+    /// Encoded size at most (a tag, a kind, a varint inode of up to 10
+    /// bytes, and per link a varint directory and a name with its
+    /// length): what the event adds to its group's change record, which
+    /// must fit one value ([`RECORD_MAX`]), and to the group's journal
+    /// estimate.
     pub(crate) fn bytes(&self) -> usize {
+        const LINK: usize = 10 + 2;
         12 + match &self.what {
-            What::Linked(l) | What::Unlinked(l) => 8 + l.1.len(),
-            What::Moved(a, b) => 16 + a.1.len() + b.1.len(),
+            What::Linked(l) | What::Unlinked(l) => LINK + l.1.len(),
+            What::Moved(a, b) => 2 * LINK + a.1.len() + b.1.len(),
             What::Made | What::Data | What::Meta => 0,
         }
     }
@@ -331,13 +349,42 @@ struct Present<'a> {
 impl Present<'_> {
     fn links(&mut self, ino: Ino) -> Result<Links> {
         let mut l = self.parent_links(ino)?;
-        for c in self.named.get(&ino).into_iter().flatten() {
+        let named = self.named.get(&ino).cloned().unwrap_or_default();
+        for c in &named {
             let here = self.st.lookup_entry(c.0, &c.1)?.is_some_and(|(i, _)| i == ino);
             if here && !l.known.contains(c) {
                 l.known.push(c.clone());
             }
         }
+        if l.known.is_empty() && l.count > 0 && ino != ROOT {
+            // Its parent is not known (the name in it that made it so was
+            // removed, a hard link's): its names are in the directories
+            // the events name, if anywhere.
+            let mut dirs: Vec<Ino> = named.iter().map(|c| c.0).collect();
+            dirs.sort_unstable();
+            dirs.dedup();
+            for d in dirs {
+                for n in self.dir_names(d)?.get(&ino).cloned().unwrap_or_default() {
+                    l.known.push((d, n));
+                }
+            }
+        }
         Ok(l)
+    }
+
+    /// The names in directory `dir`, by inode (scanned once).
+    fn dir_names(&mut self, dir: Ino) -> Result<&HashMap<Ino, Vec<Vec<u8>>>> {
+        if !self.dirs.contains_key(&dir) {
+            let mut names: HashMap<Ino, Vec<Vec<u8>>> = HashMap::new();
+            let (lo, hi) = dirents_range(dir);
+            for (k, v) in self.st.scan(&lo, &hi, usize::MAX)? {
+                if let (Some((_, n)), Ok((child, _))) = (parse_dirent_key(&k), decode_dirent(&v)) {
+                    names.entry(child).or_default().push(n.to_vec());
+                }
+            }
+            self.dirs.insert(dir, names);
+        }
+        Ok(&self.dirs[&dir])
     }
 
     fn parent_links(&mut self, ino: Ino) -> Result<Links> {
@@ -353,17 +400,7 @@ impl Present<'_> {
         if ino == ROOT || i.parent == 0 {
             return Ok(Links { count, known: Vec::new() });
         }
-        if !self.dirs.contains_key(&i.parent) {
-            let mut names: HashMap<Ino, Vec<Vec<u8>>> = HashMap::new();
-            let (lo, hi) = dirents_range(i.parent);
-            for (k, v) in self.st.scan(&lo, &hi, usize::MAX)? {
-                if let (Some((_, n)), Ok((child, _))) = (parse_dirent_key(&k), decode_dirent(&v)) {
-                    names.entry(child).or_default().push(n.to_vec());
-                }
-            }
-            self.dirs.insert(i.parent, names);
-        }
-        let names = self.dirs[&i.parent].get(&ino).cloned().unwrap_or_default();
+        let names = self.dir_names(i.parent)?.get(&ino).cloned().unwrap_or_default();
         Ok(Links { count, known: names.into_iter().map(|n| (i.parent, n)).collect() })
     }
 }
@@ -457,10 +494,12 @@ impl Replay<'_> {
             // 8): said without a path.
             out.push(entry(if u_on { ChangeOp::Created } else { ChangeOp::Deleted }, None, None));
         } else if data || metadata {
-            // Under a name it kept, if it has one.
+            // Under a name it kept, if it has one (the root has no name:
+            // its path is "/").
             let kept = u.known.iter().find(|l| s.known.contains(l));
             let path = match kept {
                 Some(l) => self.path(at.1, l)?,
+                None if ino == ROOT => Some(b"/".to_vec()),
                 None => None,
             };
             if kept.is_some() || (gone.is_empty() && new.is_empty()) {
@@ -637,6 +676,97 @@ mod tests {
 
     fn row(op: &str, path: &str, old: &str, data: bool, meta: bool) -> (String, String, String, bool, bool) {
         (op.into(), path.into(), old.into(), data, meta)
+    }
+
+    /// A group whose change record would pass one value's limit closes
+    /// before the operation that would pass it (issue 44, item 1: 400
+    /// unlinks of 250-byte names in one interval made a 102 KB record,
+    /// the commit failed, every later change got EINVAL and the unlinks
+    /// were undone). Every group commits, and the feed lists every
+    /// delete; renames of long names to long names likewise.
+    #[test]
+    fn a_group_closes_before_its_change_record_outgrows_a_value() {
+        let store: Arc<dyn Store> =
+            Arc::new(MemStore::new(Geometry { segment_size: 4 << 20, segment_count: 32 }));
+        mkfs(store.clone(), &MkfsOptions::default()).unwrap();
+        let fs = open(&store);
+        let name = |i: usize, c: u8| {
+            let mut n = format!("{i:05}").into_bytes();
+            n.resize(250, c);
+            n
+        };
+        for i in 0..400 {
+            fs.create(ROOT, &name(i, b'a'), 0o644, 0, 0).unwrap();
+        }
+        fs.sync().unwrap();
+        let s0 = fs.point_now().unwrap();
+        for i in 0..400 {
+            fs.rename(ROOT, &name(i, b'a'), ROOT, &name(i, b'b'), 0).unwrap();
+        }
+        for i in 0..400 {
+            fs.unlink(ROOT, &name(i, b'b')).unwrap();
+        }
+        fs.commit().expect("the last group commits");
+        fs.mkdir(ROOT, b"after", 0o755, 0, 0).expect("changes go on");
+        fs.sync().unwrap();
+        {
+            let st = fs.st();
+            let (lo, hi) = changes_range();
+            let recs = st.scan(&lo, &hi, usize::MAX).unwrap();
+            assert!(recs.len() >= 5, "the renames and deletes took several groups: {}", recs.len());
+            assert!(recs.iter().all(|(_, v)| v.len() <= RECORD_MAX));
+        }
+        let feed = fs.changes(s0, None).unwrap();
+        let deleted = feed.changes.iter().filter(|c| c.op == ChangeOp::Deleted).count();
+        assert_eq!(deleted, 400, "every delete is in the feed");
+        fs.close().unwrap();
+        let fs = open(&store);
+        assert_eq!(fs.readdir(ROOT, None, 1000).unwrap().len(), 1, "the deletes stayed");
+        let rep = fs.check(&|_, _| {}).unwrap();
+        assert!(rep.problems.is_empty(), "{:?}", rep.problems);
+    }
+
+    /// A data change of a file is listed when one of its hard links goes
+    /// in the same window (issue 44, item 7: only `deleted /b2` was), and
+    /// the root directory is listed as "/".
+    #[test]
+    fn a_removed_hard_link_does_not_hide_a_data_change() {
+        let store: Arc<dyn Store> =
+            Arc::new(MemStore::new(Geometry { segment_size: 1 << 20, segment_count: 16 }));
+        mkfs(store.clone(), &MkfsOptions::default()).unwrap();
+        let fs = open(&store);
+        let b = fs.create(ROOT, b"b", 0o644, 0, 0).unwrap().ino;
+        fs.write(b, 0, &vec![7u8; 200_000]).unwrap();
+        fs.link(b, ROOT, b"b2").unwrap();
+        fs.sync().unwrap();
+        let s1 = fs.point_now().unwrap();
+        for same_group in [false, true] {
+            let s = fs.point_now().unwrap();
+            fs.write(b, 100_000, b"X").unwrap();
+            if !same_group {
+                fs.commit().unwrap();
+            }
+            let gone: &[u8] = if same_group { b"b3" } else { b"b2" };
+            if same_group {
+                fs.link(b, ROOT, b"b3").unwrap();
+                fs.commit().unwrap();
+                let s2 = fs.point_now().unwrap();
+                fs.write(b, 100_000, b"Y").unwrap();
+                fs.unlink(ROOT, gone).unwrap();
+                let got = rows(&fs.changes(s2, None).unwrap());
+                assert!(got.contains(&row("changed", "/b", "", true, true)), "{got:?}");
+                assert!(got.contains(&row("deleted", "/b3", "", false, false)), "{got:?}");
+                continue;
+            }
+            fs.unlink(ROOT, gone).unwrap();
+            let got = rows(&fs.changes(s, None).unwrap());
+            assert!(got.contains(&row("changed", "/b", "", true, true)), "{got:?}");
+            assert!(got.contains(&row("deleted", "/b2", "", false, false)), "{got:?}");
+            assert!(got.iter().all(|r| !r.1.is_empty() || r.0 == "deleted"), "every path known: {got:?}");
+        }
+        fs.setattr(ROOT, &SetAttr { mode: Some(0o700), ..SetAttr::default() }).unwrap();
+        let got = rows(&fs.changes(s1, None).unwrap());
+        assert!(got.contains(&row("changed", "/", "", false, true)), "the root is \"/\": {got:?}");
     }
 
     /// Each kind of change between two points, with paths at each end

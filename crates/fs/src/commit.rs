@@ -23,13 +23,18 @@ impl State {
     }
 
     /// Commit when the group or the buffers are past their bounds; EROFS
-    /// when nothing may change.
+    /// when nothing may change, EIO once the engine has latched (a write
+    /// or sync failed: nothing accepted from then on could be stored).
     pub(crate) fn bound_group(&mut self) -> Result<()> {
         if self.read_only {
             return Err(Error::read_only("the file system is open read-only"));
         }
+        if self.eng.failed() {
+            return Err(Error::Engine(zlogfs_engine::Error::Failed));
+        }
         if self.group.bytes() + self.bufs.count() * 64 > self.group.max_bytes() / 2
             || self.bufs.bytes() > self.bufs.limit()
+            || self.group.changes_full()
         {
             self.commit()?;
         }

@@ -49,7 +49,8 @@ impl State {
             Atime::Strict => true,
             Atime::Relatime => i.atime <= i.mtime || i.atime <= i.ctime || t.sec - i.atime.sec >= 86_400,
         };
-        if !due || (!self.diratime && i.kind() == Kind::Dir) {
+        // A latched engine stores nothing more: no update to accept.
+        if !due || (!self.diratime && i.kind() == Kind::Dir) || self.eng.failed() {
             return;
         }
         if self.group.bytes() + self.bufs.count() * 64 > self.group.max_bytes() / 2 {

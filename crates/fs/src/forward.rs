@@ -153,7 +153,14 @@ impl State {
         let (lo, hi) = all_forward_range();
         for (k, _) in self.scan(&lo, &hi, usize::MAX)? {
             match parse_forward_key(&k) {
-                Some((_, _, moved)) if moved <= oldest => self.del(k),
+                Some((_, _, moved)) if moved <= oldest => {
+                    self.del(k);
+                    // Each group must fit one journal block: however many
+                    // forwards go, they go in groups that do.
+                    if self.group_full() {
+                        self.commit()?;
+                    }
+                }
                 Some(_) => {}
                 None => return Err(Error::corrupt(describe_key(&k), "a malformed key")),
             }

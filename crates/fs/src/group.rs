@@ -13,7 +13,7 @@ use zlogfs_engine::engine::{Engine, Room, WriteBatch};
 use zlogfs_engine::max_block_raw;
 use zlogfs_engine::BlockAddr;
 
-use crate::changes::{Event, Record};
+use crate::changes::{Event, Record, RECORD_HEADER_MAX};
 use crate::error::{Error, Result};
 use crate::filesystem::now;
 use crate::history::Policy;
@@ -286,6 +286,14 @@ impl Group {
         self.pend.bytes + self.released.len() * FREE_BYTES + held
     }
 
+    /// The change record cannot take one more operation's events: the
+    /// group must commit before it accepts another (its record is one
+    /// engine value, [`crate::changes::RECORD_MAX`]).
+    pub(crate) fn changes_full(&self) -> bool {
+        use crate::changes::{OP_EVENTS_MAX, RECORD_HEADER_MAX, RECORD_MAX};
+        self.pend.event_bytes + RECORD_HEADER_MAX + OP_EVENTS_MAX > RECORD_MAX
+    }
+
     /// Nothing to commit: no mutation, no config change.
     pub(crate) fn is_empty(&self) -> bool {
         self.pend.is_empty() && !self.cfg_dirty
@@ -460,7 +468,14 @@ impl Group {
             self.pend.map.remove(&k);
         }
         let rec = Record { time: now(), events: self.pend.events.clone() };
-        self.put(change_key(first), rec.encode());
+        let v = rec.encode();
+        debug_assert!(
+            v.len() <= RECORD_HEADER_MAX + self.pend.event_bytes,
+            "a change record of {} bytes passes its estimate of {}",
+            v.len(),
+            RECORD_HEADER_MAX + self.pend.event_bytes
+        );
+        self.put(change_key(first), v);
         self.mark_version(8);
     }
 

@@ -46,6 +46,8 @@ pub struct Pending {
     pub bytes: usize,
     /// What the operations did, in order, for the group's change record.
     pub events: Vec<Event>,
+    /// The change record's encoded bytes at most, header aside.
+    pub event_bytes: usize,
     /// (inode, metadata) of the data and metadata events noted: one each
     /// per group, none for an inode made in it (the feed lists it as
     /// created, whatever else happened to it).
@@ -88,6 +90,7 @@ impl Pending {
             return;
         }
         self.bytes += e.bytes();
+        self.event_bytes += e.bytes();
         self.events.push(e);
     }
     /// Add `later`'s mutations, which win over these.
@@ -96,6 +99,7 @@ impl Pending {
         self.frees.extend(later.frees);
         self.bytes += later.bytes;
         self.events.extend(later.events);
+        self.event_bytes += later.event_bytes;
         self.touched.extend(later.touched);
     }
     /// True when nothing waits.

@@ -228,7 +228,7 @@ impl State {
                 self.del(k);
                 freed += u64::from(a.len);
             }
-            if n % RELEASE_STEP == RELEASE_STEP - 1 {
+            if n % RELEASE_STEP == RELEASE_STEP - 1 || self.group_full() {
                 self.commit()?;
             }
         }

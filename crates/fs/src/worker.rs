@@ -169,6 +169,43 @@ mod tests {
         assert!(fs.sync().is_err());
     }
 
+    /// Once the engine latches (a write or sync failed), every operation
+    /// that would change the file system fails at once (issue 44, item
+    /// 3: they returned success and were never stored); reads go on.
+    #[test]
+    fn a_latched_file_system_refuses_every_change() {
+        let store = Arc::new(FaultStore::new(Geometry { segment_size: 1 << 20, segment_count: 16 }));
+        mkfs(store.clone(), &MkfsOptions::default()).unwrap();
+        let fs =
+            Fs::open(store.clone(), FsOptions { commit_interval: None, ..FsOptions::default() }).unwrap();
+        let a = fs.create(ROOT, b"f", 0o644, 0, 0).unwrap();
+        let d = fs.mkdir(ROOT, b"d", 0o755, 0, 0).unwrap();
+        fs.write(a.ino, 0, b"kept").unwrap();
+        fs.sync().unwrap();
+        store.set_faults(FaultConfig { fail_at: Some(1), persistent: true, ..Default::default() });
+        fs.write(a.ino, 4, b" lost").unwrap();
+        assert!(fs.sync().is_err(), "the sync fails and latches");
+        store.set_faults(FaultConfig::default());
+        let latched = |r: crate::Result<()>, what: &str| match r {
+            Err(crate::Error::Engine(zlogfs_engine::Error::Failed)) => {}
+            r => panic!("{what} on a latched file system: {r:?}"),
+        };
+        latched(fs.create(ROOT, b"g", 0o644, 0, 0).map(drop), "create");
+        latched(fs.mkdir(ROOT, b"e", 0o755, 0, 0).map(drop), "mkdir");
+        latched(fs.write(a.ino, 0, b"x").map(drop), "write");
+        latched(fs.rename(ROOT, b"f", ROOT, b"h", 0), "rename");
+        latched(fs.unlink(ROOT, b"f"), "unlink");
+        latched(fs.rmdir(ROOT, b"d"), "rmdir");
+        latched(fs.setxattr(a.ino, b"user.x", b"1", 0), "setxattr");
+        let trunc = crate::SetAttr { size: Some(0), ..Default::default() };
+        latched(fs.setattr(a.ino, &trunc).map(drop), "truncate");
+        latched(fs.symlink(ROOT, b"s", b"f", 0, 0).map(drop), "symlink");
+        latched(fs.link(a.ino, d.ino, b"l").map(drop), "link");
+        // Reads still answer, from what was stored.
+        assert_eq!(fs.read(a.ino, 0, 4).unwrap(), b"kept");
+        assert!(fs.lookup(ROOT, b"g").is_err());
+    }
+
     #[test]
     fn a_group_committed_between_intervals_is_synced_at_the_next() {
         let store = Arc::new(FaultStore::new(Geometry { segment_size: 1 << 20, segment_count: 16 }));

@@ -260,6 +260,14 @@ impl Engine {
         self.sh.visible.load(AtOrd::Acquire)
     }
 
+    /// Latched: a write or sync failed, and nothing more is written until
+    /// the image is reopened ([`Error::Failed`]). Layers above refuse
+    /// changes at once while this holds, rather than accept what can
+    /// never be stored.
+    pub fn failed(&self) -> bool {
+        self.sh.failed.load(AtOrd::Acquire)
+    }
+
     fn check_ok(&self) -> Result<()> {
         if self.sh.failed.load(AtOrd::Acquire) {
             return Err(Error::Failed);
