@@ -253,6 +253,13 @@ impl Room {
     }
 }
 
+/// Bytes kept free at the end of a segment whose successor is not chosen
+/// yet: room for the empty batch that names it ([`LogWriter::block_room`]).
+/// Batches start aligned and segments are whole alignment units, so a
+/// batch placed within the rest less this leaves at least this much.
+pub const NAMING_TAIL: usize = BATCH_ALIGN as usize;
+const _: () = assert!(NAMING_TAIL >= BATCH_HEADER_SIZE);
+
 /// Largest batch the writer assembles before writing it out.
 const MAX_BATCH: usize = 1 << 20;
 
@@ -492,13 +499,23 @@ impl LogWriter {
         (self.geometry.segment_size - self.heads[h].offset) as usize
     }
 
+    /// Bytes head `h`'s batches may still take in its segment: all of its
+    /// rest once a successor is chosen (the next batch names it), else
+    /// all but [`NAMING_TAIL`], kept so that an empty batch can name the
+    /// successor when one is free again. Without it a full log could fill
+    /// a segment to its end unnamed, and the log could never go on.
+    fn block_room(&self, h: usize) -> usize {
+        let tail = if self.heads[h].next_seg == NO_SEGMENT { NAMING_TAIL } else { 0 };
+        self.seg_room(h).saturating_sub(tail)
+    }
+
     /// Make room at head `h` for `blocks` more blocks of `bytes` in its
     /// pending batch, writing it out or moving to the next segment as
     /// needed.
     fn make_room(&mut self, h: usize, blocks: usize, bytes: usize, room: Room) -> Result<()> {
         let fits = |w: &LogWriter| {
             let p = w.heads[h].pending.projected(blocks, bytes);
-            p <= w.seg_room(h) && p <= MAX_BATCH.max(bytes + 4096)
+            p <= w.block_room(h) && p <= MAX_BATCH.max(bytes + 4096)
         };
         if fits(self) {
             return Ok(());
@@ -506,10 +523,10 @@ impl LogWriter {
         if !self.heads[h].pending.is_empty() {
             self.write_head(h, room)?;
         }
-        if self.heads[h].pending.projected(blocks, bytes) > self.seg_room(h) {
+        if self.heads[h].pending.projected(blocks, bytes) > self.block_room(h) {
             self.advance(h, room)?;
         }
-        if self.heads[h].pending.projected(blocks, bytes) > self.seg_room(h) {
+        if self.heads[h].pending.projected(blocks, bytes) > self.block_room(h) {
             return Err(Error::Invalid(format!(
                 "{bytes} bytes do not fit in a {}-byte segment",
                 self.geometry.segment_size
@@ -524,7 +541,7 @@ impl LogWriter {
         if !self.heads[h].next_named {
             // An empty batch whose header names the next segment, so that
             // recovery can follow the log there.
-            if self.seg_room(h) < BATCH_HEADER_SIZE + BATCH_ALIGN as usize {
+            if self.seg_room(h) < BATCH_HEADER_SIZE {
                 return Err(Error::NoSpace("log segment ended without a successor".into()));
             }
             self.write_head(h, room)?;
@@ -1120,6 +1137,38 @@ mod tests {
                 if n % 9 == 0 {
                     w.write_pending(Room::User).unwrap();
                 }
+            }
+        }
+    }
+
+    /// A log full for users' writes still names its next segment for
+    /// deletes (issue 44, item 2): users' batches leave the end of a
+    /// segment whose successor is not chosen free, so that a write that
+    /// may use the reserve goes on to a new segment. (They once filled it
+    /// to the end unnamed, and every later write failed with "log segment
+    /// ended without a successor", across reopens too.)
+    #[test]
+    fn a_full_log_keeps_room_to_name_its_successor() {
+        for size in (150..1400).step_by(97) {
+            let mut w = writer();
+            let rec = vec![0x5a; size];
+            let mut n = 0;
+            loop {
+                match w.add_journal(&rec, n, Room::User) {
+                    Ok(()) => n += 1,
+                    Err(Error::NoSpace(_)) => break,
+                    Err(e) => panic!("record size {size}: {e}"),
+                }
+                if n % 3 == 0 {
+                    w.write_pending(Room::User).unwrap();
+                }
+            }
+            let seg = w.pos().seg;
+            while w.pos().seg == seg {
+                w.add_journal(&rec, n, Room::Relieve)
+                    .unwrap_or_else(|e| panic!("record size {size}: a delete after the log filled: {e}"));
+                w.write_pending(Room::Relieve).unwrap();
+                n += 1;
             }
         }
     }
