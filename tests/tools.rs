@@ -397,3 +397,127 @@ fn two_devices_from_the_command_line() {
     assert!(listed.contains("small"), "{listed}");
     let _ = std::fs::remove_dir_all(&w);
 }
+
+/// Bad command lines get a clear error, never a panic (exit 101), and a
+/// closed pipe ends a listing quietly (issue 44, items 13 and 14).
+#[test]
+fn no_panic_on_odd_arguments_or_a_closed_pipe() {
+    let dir = work("odd");
+    let img = dir.join("a.img");
+    ok(&[OsStr::new("mkfs"), s(&img), OsStr::new("--size"), OsStr::new("64M")]);
+    let src = dir.join("src");
+    std::fs::create_dir(&src).unwrap();
+    for i in 0..3000 {
+        std::fs::write(src.join(format!("a-file-with-a-long-enough-name-{i:05}")), b"x").unwrap();
+    }
+    let img2 = dir.join("b.img");
+    ok(&[OsStr::new("import"), s(&src), s(&img2)]);
+
+    // An argument that is not UTF-8, as a file name may be.
+    let odd = OsStr::from_bytes(b"/tmp/\xff\xfe.img");
+    for args in [vec![OsStr::new("ls"), odd, OsStr::new("/")], vec![odd, s(&dir.join("mnt"))]] {
+        let o = zlogfs(&args);
+        assert_ne!(o.status.code(), Some(101), "{args:?} panicked: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(!o.status.success(), "{args:?}");
+        assert!(!o.stderr.is_empty(), "{args:?} says why");
+    }
+
+    // `zlogfs ls IMG / | head -1` and `du` into a closed pipe.
+    for cmd in ["ls", "du"] {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_zlogfs"))
+            .args([OsStr::new(cmd), s(&img2), OsStr::new("/")])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(c.stdout.take());
+        let o = c.wait_with_output().unwrap();
+        assert_ne!(
+            o.status.code(),
+            Some(101),
+            "{cmd} into a closed pipe: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(o.stderr.is_empty(), "{cmd} ends quietly: {}", String::from_utf8_lossy(&o.stderr));
+    }
+
+    // An endpoint without a scheme.
+    let o = Command::new(env!("CARGO_BIN_EXE_zlogfs"))
+        .args(["mkfs", "s3://bucket/x"])
+        .env("AWS_ENDPOINT_URL", "127.0.0.1:5000")
+        .env("AWS_ACCESS_KEY_ID", "k")
+        .env("AWS_SECRET_ACCESS_KEY", "s")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_ne!(o.status.code(), Some(101), "{err}");
+    assert!(!o.status.success() && err.contains("not an http"), "{err}");
+
+    // `nbd --socket` on a regular file: refused, the file kept.
+    let notes = dir.join("notes.txt");
+    std::fs::write(&notes, b"mine").unwrap();
+    let o = zlogfs(&[OsStr::new("nbd"), s(&img), OsStr::new("--socket"), s(&notes)]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("not a socket"), "{err}");
+    assert_eq!(std::fs::read(&notes).unwrap(), b"mine", "the file stays");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A copy of one device of a two-device image is refused beside the
+/// other (issue 44, item 4): (a) an older copy of the fast device with
+/// the current bulk device, read-only or not, and (b) a copy of the bulk
+/// device while the original is still where the fast device recorded
+/// it. Each message names both devices. Moving a device still works.
+#[test]
+fn a_copy_of_one_device_is_refused_beside_the_other() {
+    let w = work("pair");
+    let (bulk, fast) = (w.join("bulk.img"), w.join("fast.img"));
+    let src = w.join("src");
+    std::fs::create_dir_all(&src).expect("mkdir");
+    std::fs::write(src.join("a"), b"first").expect("write");
+    let fast_arg = format!("--fast={}", fast.display());
+    ok(&[s("mkfs".as_ref()), s(&bulk), fast_arg.as_ref(), s("--size=64M".as_ref())]);
+    ok(&[s("import".as_ref()), s(&src), s(&bulk)]);
+    let err = |args: &[&OsStr]| {
+        let o = zlogfs(args);
+        assert!(!o.status.success(), "zlogfs {args:?} succeeded: {}", String::from_utf8_lossy(&o.stdout));
+        assert_ne!(o.status.code(), Some(101), "a panic");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+
+    // (a) A backup of the fast device, then more writing.
+    let fast_copy = w.join("fast-backup.img");
+    std::fs::copy(&fast, &fast_copy).expect("copy");
+    let src2 = w.join("src2");
+    std::fs::create_dir_all(&src2).expect("mkdir");
+    std::fs::write(src2.join("b"), b"second").expect("write");
+    ok(&[s("import".as_ref()), s(&src2), s(&bulk)]);
+    let copy_arg = format!("--fast={}", fast_copy.display());
+    for cmd in ["ls", "fsck", "sync"] {
+        let e = err(&[s(cmd.as_ref()), s(&bulk), copy_arg.as_ref()]);
+        assert!(
+            e.contains("not last used together") && e.contains("fast-backup.img") && e.contains("bulk.img"),
+            "{cmd}: {e}"
+        );
+    }
+    assert!(ok(&[s("ls".as_ref()), s(&bulk)]).contains('b'), "the current pair opens");
+
+    // (b) A copy of the bulk device, the original still in place.
+    let bulk_copy = w.join("bulk-backup.img");
+    std::fs::copy(&bulk, &bulk_copy).expect("copy");
+    let e = err(&[s("sync".as_ref()), s(&bulk_copy), fast_arg.as_ref()]);
+    assert!(e.contains("is a copy of the bulk device") && e.contains("fast.img"), "{e}");
+    let fsck = ok(&[s("fsck".as_ref()), s(&bulk)]);
+    assert!(fsck.contains("clean"), "the original is untouched: {fsck}");
+
+    // A bulk device moved (nothing left at the old path) opens from its
+    // new path, which is recorded; then the old copy is the older one.
+    let moved = w.join("moved.img");
+    std::fs::rename(&bulk, &moved).expect("rename");
+    ok(&[s("sync".as_ref()), s(&moved), fast_arg.as_ref()]);
+    std::fs::rename(&bulk_copy, &bulk).expect("rename");
+    let e = err(&[s("ls".as_ref()), s(&bulk), fast_arg.as_ref()]);
+    assert!(e.contains("copy of the bulk device") || e.contains("not last used together"), "{e}");
+    assert!(ok(&[s("ls".as_ref()), s(&moved)]).contains('b'));
+    let _ = std::fs::remove_dir_all(&w);
+}

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use zlogfs::fs::{self, Fs, FsOptions, MkfsOptions, ROOT};
-use zlogfs::store::{CrashMode, FaultConfig, FaultStore, Geometry, Store, TwoStore};
+use zlogfs::store::{CrashMode, FaultConfig, FaultStore, Geometry, OpKind, Store, TwoStore};
 
 const SEG: u32 = 256 << 10;
 
@@ -145,6 +145,54 @@ fn a_wrong_or_missing_partner_is_refused() {
     assert!(e.to_string().contains("not the bulk device"), "{e}");
     // The right pair opens.
     rig.open().expect("the right pair");
+}
+
+/// The two devices are tied in time (issue 44, item 4): a read-write
+/// use moves both pairing records on at its open and its clean close, a
+/// copy of one device taken before is refused beside the other with a
+/// message naming both, and a move cut short at any of its writes still
+/// opens.
+#[test]
+fn an_older_copy_of_one_device_is_refused() {
+    let rig = Rig::new(8, 16);
+    let names = ("fast.img".to_string(), "bulk.img".to_string());
+    let pair = |fast: &Arc<FaultStore>, bulk: &Arc<FaultStore>| {
+        TwoStore::new(fast.clone(), bulk.clone(), names.clone(), true)
+    };
+    let two = Arc::new(pair(&rig.fast, &rig.bulk).expect("the new pair"));
+    assert_eq!(two.check_generation().unwrap(), 0, "never used for writing");
+    assert_eq!(two.advance_generation().unwrap(), 1);
+    let (stale_fast, stale_bulk) = (Arc::new(rig.fast.fork()), Arc::new(rig.bulk.fork()));
+    let f = Fs::open(two.clone(), FsOptions { commit_interval: None, ..FsOptions::default() }).unwrap();
+    f.create(ROOT, b"later", 0o644, 0, 0).unwrap();
+    f.close().unwrap();
+    drop(two);
+    let (fg, bg) = pair(&rig.fast, &rig.bulk).unwrap().pairings().unwrap();
+    assert_eq!((fg.gen, bg.gen), (2, 2), "the clean close moved both on");
+    for (fast, bulk, older) in [(&stale_fast, &rig.bulk, "fast.img"), (&rig.fast, &stale_bulk, "bulk.img")] {
+        let e = pair(fast, bulk).err().expect("a stale copy is refused").to_string();
+        assert!(
+            e.contains("not last used together") && e.contains(&format!("{older} is an older copy")),
+            "{e}"
+        );
+    }
+    // A move cut short after the bulk device's first write, then after
+    // the fast device's: both open, and the next move goes on from there.
+    for (dev, nth) in [(&rig.fast, 1), (&rig.bulk, 2)] {
+        let two = pair(&rig.fast, &rig.bulk).expect("opens");
+        dev.set_faults(FaultConfig {
+            fail_at: Some(nth),
+            fail_kinds: Some(OpKind::Write),
+            ..Default::default()
+        });
+        assert!(two.advance_generation().is_err(), "the injected failure");
+        dev.set_faults(FaultConfig::default());
+        let two = pair(&rig.fast, &rig.bulk).expect("a move cut short opens");
+        let g = two.check_generation().unwrap();
+        assert!(two.advance_generation().unwrap() > g);
+        two.check_generation().unwrap();
+    }
+    rig.open().expect("the pair opens").close().unwrap();
 }
 
 /// A store's power cut: which stores lose what they had not synced.

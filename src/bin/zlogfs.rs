@@ -19,6 +19,26 @@ use zlogfs::Role;
 use zlogfs::{engine, Options};
 use zlogfs::{validate_geometry, DEFAULT_SEGMENT_SIZE};
 
+/// `println!` that ends the program quietly when standard output is a
+/// pipe its reader closed (`zlogfs ls IMG / | head -1`), where
+/// `println!` panics; any other failure to write is said, exit 1.
+macro_rules! outln {
+    () => { $crate::out_line(format_args!("")) };
+    ($($t:tt)*) => { $crate::out_line(format_args!($($t)*)) };
+}
+
+fn out_line(args: std::fmt::Arguments) {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    if let Err(e) = o.write_fmt(args).and_then(|()| o.write_all(b"\n")) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("zlogfs: writing to standard output: {e}");
+        std::process::exit(1);
+    }
+}
+
 #[path = "zlogfs/admin.rs"]
 mod admin;
 #[path = "zlogfs/logging.rs"]
@@ -457,7 +477,9 @@ fn parse_size(s: &str) -> Result<u64, String> {
 fn main() -> ExitCode {
     // Run as mount.fuse.zlogfs (a link to this program), mount(8) and
     // /etc/fstab lines of type fuse.zlogfs mount through it.
-    let argv: Vec<String> = std::env::args().collect();
+    // Arguments need not be UTF-8 (file names need not be): clap reads
+    // them as OS strings; here only the helper form needs text.
+    let argv: Vec<String> = std::env::args_os().map(|a| a.to_string_lossy().into_owned()).collect();
     let name = argv.first().map(|a| a.rsplit('/').next().unwrap_or(a).to_string()).unwrap_or_default();
     // mount.fuse3 (what mount(8) runs for type fuse.zlogfs when there is no
     // mount.fuse.zlogfs) runs `zlogfs IMAGE DIR -o OPTIONS` from PATH.
@@ -467,6 +489,12 @@ fn main() -> ExitCode {
             && !<Cli as clap::CommandFactory>::command().get_subcommands().any(|c| c.get_name() == a)
     });
     if name.starts_with("mount.") || (helper_form && argv.len() >= 3) {
+        if let Some(bad) = std::env::args_os().skip(1).find(|a| a.to_str().is_none()) {
+            return finish(Err(format!(
+                "{}: mount(8)'s form takes UTF-8 paths and options; use `zlogfs mount IMAGE DIR`",
+                bad.to_string_lossy()
+            )));
+        }
         return finish(mount::helper(&argv[1..]));
     }
     let cli = Cli::parse();
@@ -711,14 +739,21 @@ pub(crate) fn open_image(
             let ff = open(&path).map_err(|e| at(format!("its fast device: {e}")))?;
             let names = (absolute(&path).display().to_string(), absolute(image).display().to_string());
             store::check_pair(&ff, &f, &names).map_err(|e| at(e.to_string()))?;
+            let recorded = store::check_not_a_copy(&ff, &names).map_err(|e| at(e.to_string()))?;
             let g = |n: u32| Geometry { segment_size: sb.geometry.segment_size, segment_count: n };
             let fast_segs = sb.fast_segments;
             let ff = ff.with_geometry(g(fast_segs)).map_err(|e| format!("{}: {e}", path.display()))?;
             let f =
                 f.with_geometry(g(sb.geometry.segment_count - fast_segs)).map_err(|e| at(e.to_string()))?;
+            let moved = sb.partner != names.0 || recorded != names.1;
             let two = TwoStore::new(Arc::new(ff), Arc::new(f), names, true).map_err(|e| at(e.to_string()))?;
-            if !read_only && sb.partner != absolute(&path).display().to_string() {
-                record_partner(&two).map_err(|e| at(format!("recording its fast device's new path: {e}")))?;
+            if !read_only {
+                if moved {
+                    two.record_names().map_err(|e| at(format!("recording the devices' new paths: {e}")))?;
+                }
+                // Any copy of either device taken before now is older
+                // than the pair from here on.
+                two.advance_generation().map_err(|e| at(e.to_string()))?;
             }
             Ok(Arc::new(two))
         }
@@ -775,20 +810,6 @@ fn open_s3(url: zlogfs_s3::S3Url, read_only: bool, fast: Option<&Path>) -> Resul
             Err(e) => return Err(e.to_string()),
         }
     }
-}
-
-/// Write the superblock and its copy again through `two`, so that the
-/// bulk device records where its fast device is now (opened read-write
-/// from another path than the one recorded).
-fn record_partner(two: &TwoStore) -> std::io::Result<()> {
-    use zlogfs::store::{MetaSlot, META_SLOT_SIZE};
-    let mut buf = [0u8; META_SLOT_SIZE];
-    two.read_meta(MetaSlot::Super, &mut buf)?;
-    for slot in [MetaSlot::Super, MetaSlot::SuperCopy] {
-        two.write_meta(slot, &buf)?;
-        two.sync()?;
-    }
-    Ok(())
 }
 
 /// `open` an image, waiting a few seconds for another process to let go of
@@ -909,13 +930,13 @@ fn import(dir: &Path, image: &Path, f: &FormatArgs, json: bool) -> Res {
             "entries_per_second": entries as f64 / secs.max(1e-9),
             "skipped": rep.skipped.iter().map(|(p, e)| serde_json::json!({"path": p, "error": e})).collect::<Vec<_>>(),
         });
-        println!("{v:#}");
+        outln!("{v:#}");
     } else {
-        println!(
+        outln!(
             "imported {} files, {} directories, {} symlinks, {} special files, {} extra hard links, {} xattrs",
             rep.files, rep.dirs, rep.symlinks, rep.specials, rep.hardlinks, rep.xattrs
         );
-        println!(
+        outln!(
             "{} bytes of data stored in {} bytes (ratio {:.2}) in {:.1} s ({:.0} entries/s, {:.1} MB/s)",
             u.logical,
             u.physical,
@@ -962,9 +983,9 @@ fn export(image: &Path, dir: &Path, path: &str, json: bool) -> Res {
                 "path": d.path, "start": d.range.map(|r| r.0), "end": d.range.map(|r| r.1), "reason": d.reason,
             })).collect::<Vec<_>>(),
         });
-        println!("{v:#}");
+        outln!("{v:#}");
     } else {
-        println!(
+        outln!(
             "exported {} files, {} directories, {} symlinks, {} special files, {} extra hard links: {} bytes in {:.1} s",
             rep.files, rep.dirs, rep.symlinks, rep.specials, rep.hardlinks, rep.bytes, secs
         );
@@ -1042,10 +1063,10 @@ fn ls(image: &Path, path: &str, json: bool) -> Res {
                 "uid": a.uid, "gid": a.gid, "size": a.size, "physical": p, "mtime": a.mtime.sec})
             })
             .collect();
-        println!("{:#}", serde_json::Value::Array(v));
+        outln!("{:#}", serde_json::Value::Array(v));
     } else {
         for (n, a, p) in rows {
-            println!(
+            outln!(
                 "{} {:>3} {:>5} {:>5} {:>12} {:>12} {}",
                 mode_string(&a),
                 a.nlink,
@@ -1099,24 +1120,24 @@ fn stat(image: &Path, path: &str, json: bool) -> Res {
             "nlink": a.nlink, "uid": a.uid, "gid": a.gid, "rdev": a.rdev, "size": a.size, "blocks": a.blocks,
             "physical": phys, "codec": codec, "atime": t(a.atime), "mtime": t(a.mtime), "ctime": t(a.ctime),
             "btime": t(a.btime)});
-        println!("{v:#}");
+        outln!("{v:#}");
     } else {
-        println!(
+        outln!(
             "  path: {path}\n inode: {}  kind: {:?}  mode: {:o} ({})",
             a.ino,
             a.kind,
             a.mode & 0o7777,
             mode_string(&a)
         );
-        println!(" links: {}  uid: {}  gid: {}  rdev: {:#x}", a.nlink, a.uid, a.gid, a.rdev);
-        println!(
+        outln!(" links: {}  uid: {}  gid: {}  rdev: {:#x}", a.nlink, a.uid, a.gid, a.rdev);
+        outln!(
             "  size: {}  blocks: {} (512 B)  stored: {} bytes  codec policy: {}",
             a.size,
             a.blocks,
             phys,
             codec.as_deref().unwrap_or("(file system default)")
         );
-        println!(
+        outln!(
             " atime: {}\n mtime: {}\n ctime: {}\n btime: {}",
             t(a.atime),
             t(a.mtime),

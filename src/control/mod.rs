@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 
 pub use client::request;
 pub use ops::{handler, Info};
-pub use server::{accept_or_stop, Handler, Server};
+pub use server::{accept_or_stop, remove_stale_socket, Handler, Server};
 
 /// The protocol version this build speaks.
 pub const VERSION: u64 = 1;

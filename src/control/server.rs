@@ -55,6 +55,35 @@ impl Conns {
     }
 }
 
+/// Make way for a socket at `path`: remove a socket there that nobody
+/// answers on (left by a server that died). Anything else stays: a socket
+/// that answers is `served_by`'s (AddrInUse), and a file of any other
+/// kind is the user's (AlreadyExists), never removed.
+pub fn remove_stale_socket(path: &Path, served_by: &str) -> io::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!(
+                "{} exists and is not a socket: give another path, or remove it yourself",
+                path.display()
+            ),
+        ));
+    }
+    if UnixStream::connect(path).is_ok() {
+        return Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!("{} is served by {served_by}", path.display()),
+        ));
+    }
+    std::fs::remove_file(path)
+}
+
 /// How long a connection may sit idle between requests.
 const IDLE: Duration = Duration::from_secs(300);
 
@@ -63,19 +92,7 @@ impl Server {
     pub fn start(path: PathBuf, owner: u32, handler: Handler) -> io::Result<Server> {
         let dir = path.parent().ok_or_else(|| io::Error::other("a control socket needs a directory"))?;
         private_dir(dir, owner)?;
-        if path.exists() {
-            if UnixStream::connect(&path).is_ok() {
-                return Err(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    format!(
-                        "{} is served by another daemon (is this mount point mounted twice?)",
-                        path.display()
-                    ),
-                ));
-            }
-            // Left by a daemon that died: nobody answers on it.
-            std::fs::remove_file(&path)?;
-        }
+        remove_stale_socket(&path, "another daemon (is this mount point mounted twice?)")?;
         let listener = UnixListener::bind(&path)?;
         listener.set_nonblocking(true)?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
@@ -241,5 +258,41 @@ fn answer(out: &mut UnixStream, req: &Map<String, Value>, handler: &Handler) -> 
     match r {
         Ok(v) => send(out, json!({"v": VERSION, "ok": true, "result": v})),
         Err(e) => error(out, e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server makes way only for a socket nobody answers on (issue 44,
+    /// item 13: `zlogfs nbd --socket FILE` once deleted a regular file
+    /// there as a "stale socket").
+    #[test]
+    fn only_a_dead_socket_is_removed() {
+        let dir = std::env::temp_dir().join(format!("zlogfs-stale-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("notes.txt");
+        std::fs::write(&file, b"mine").unwrap();
+        let e = remove_stale_socket(&file, "x").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists, "{e}");
+        assert_eq!(std::fs::read(&file).unwrap(), b"mine", "the user's file stays");
+        let sub = dir.join("d");
+        std::fs::create_dir(&sub).unwrap();
+        assert!(remove_stale_socket(&sub, "x").is_err());
+        assert!(sub.is_dir());
+
+        let live = dir.join("live.sock");
+        let l = UnixListener::bind(&live).unwrap();
+        let e = remove_stale_socket(&live, "another server").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AddrInUse, "{e}");
+        assert!(e.to_string().contains("another server"), "{e}");
+        drop(l);
+        // The listener is gone, its socket file stays: nobody answers.
+        assert!(live.exists());
+        remove_stale_socket(&live, "x").unwrap();
+        assert!(!live.exists(), "a dead socket is removed");
+        remove_stale_socket(&live, "x").unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -307,6 +307,7 @@ fn slot_of(i: u64) -> MetaSlot {
         0 => MetaSlot::Super,
         1 => MetaSlot::CheckpointA,
         2 => MetaSlot::CheckpointB,
+        3 => MetaSlot::Pairing,
         _ => MetaSlot::SuperCopy,
     }
 }

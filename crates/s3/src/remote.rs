@@ -100,12 +100,38 @@ fn io_err(what: &str, e: object_store::Error) -> io::Error {
     io::Error::new(kind, format!("{what}: {e}"))
 }
 
+/// The server's address (`endpoint`, else AWS_ENDPOINT_URL or
+/// AWS_ENDPOINT from the environment) must be an http or https URL: the
+/// client takes one without a scheme (`127.0.0.1:5000`) as a relative
+/// path and fails deep inside.
+fn check_endpoint(endpoint: Option<&str>) -> io::Result<()> {
+    let (e, from) = match endpoint {
+        Some(e) => (e.to_string(), "the endpoint"),
+        None => {
+            match ["AWS_ENDPOINT_URL", "AWS_ENDPOINT"].iter().find_map(|v| Some((std::env::var(v).ok()?, *v)))
+            {
+                Some((e, v)) => (e, v),
+                None => return Ok(()),
+            }
+        }
+    };
+    let host = e.strip_prefix("http://").or_else(|| e.strip_prefix("https://"));
+    match host {
+        Some(h) if !h.is_empty() && !h.starts_with('/') => Ok(()),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{from} {e:?} is not an http:// or https:// URL (for example http://127.0.0.1:5000)"),
+        )),
+    }
+}
+
 impl Remote {
     /// Connect (lazily: the first request does) to the bucket of `url`,
     /// configured from the environment: AWS_ENDPOINT_URL, AWS_REGION,
     /// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and the rest the
     /// `object_store` crate reads.
     pub fn new(url: &S3Url, endpoint: Option<&str>, retry_for: Duration) -> io::Result<Remote> {
+        check_endpoint(endpoint)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("zlogfs-s3")

@@ -125,7 +125,7 @@ fn unescape(f: &str) -> String {
 
 fn show(v: &Value, json: bool, text: impl FnOnce(&Value)) {
     if json {
-        println!("{v:#}");
+        outln!("{v:#}");
     } else {
         text(v);
     }
@@ -149,13 +149,13 @@ fn print_stats(v: &Value) {
     let n = |k: &str| v[k].as_u64().unwrap_or(0);
     let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
     let ratio = f("ratio");
-    println!(
+    outln!(
         "image:            {} (format version {}, file system records version {})",
         v["image"].as_str().unwrap_or(""),
         n("format_version"),
         n("records_version")
     );
-    println!(
+    outln!(
         "segments:         {} of {} KiB, {} free, {} free at the next index flush; {} live bytes",
         n("segments"),
         n("segment_size") / 1024,
@@ -163,7 +163,7 @@ fn print_stats(v: &Value) {
         n("pinned_segments"),
         n("live_bytes")
     );
-    println!(
+    outln!(
         "space:            {} usable ({} reserved segments); {} used, {} free of which {} dead \
          (reclaimed by the cleaner); about {} more logical bytes fit at ratio {ratio:.2}",
         n("usable_bytes"),
@@ -196,7 +196,7 @@ fn print_stats(v: &Value) {
         } else {
             String::new()
         };
-        println!(
+        outln!(
             "{:<18}{} segments, {} free; {} of {} bytes live{}{classes}{}",
             format!("{} device:", d["role"].as_str().unwrap_or("")),
             d["segments"],
@@ -210,7 +210,7 @@ fn print_stats(v: &Value) {
     let o = &v["object_store"];
     if o.is_object() {
         let m = |k: &str| o[k].as_u64().unwrap_or(0);
-        println!(
+        outln!(
             "object store:     {} PUT, {} GET, {} LIST, {} DELETE since open ({} failed attempts \
              retried); {} bytes up, {} down; cache {} hits, {} misses; {} bytes not yet uploaded; \
              manifest {}",
@@ -227,13 +227,8 @@ fn print_stats(v: &Value) {
             m("manifest")
         );
     }
-    println!(
-        "tree:             {} files, {} directories, {} others",
-        n("files"),
-        n("dirs"),
-        n("other_inodes")
-    );
-    println!(
+    outln!("tree:             {} files, {} directories, {} others", n("files"), n("dirs"), n("other_inodes"));
+    outln!(
         "file data:        {} logical, {} allocated, {} stored (ratio {ratio:.2}); {} inline in the index",
         n("logical_bytes"),
         n("allocated_bytes"),
@@ -241,7 +236,7 @@ fn print_stats(v: &Value) {
         n("inline_bytes")
     );
     if n("patched_chunks") > 0 {
-        println!(
+        outln!(
             "patched chunks:   {} ({} stored in patches, replacing {} stored bytes of their bases; \
              {} without a base, all patches)",
             n("patched_chunks"),
@@ -252,13 +247,13 @@ fn print_stats(v: &Value) {
     }
     for (k, c) in v["codecs"].as_object().into_iter().flatten() {
         let (raw, stored) = (c["logical"].as_u64().unwrap_or(0), c["stored"].as_u64().unwrap_or(0));
-        println!(
+        outln!(
             "  {k:<24} {:>8} blocks {raw:>14} -> {stored:>14} ({:.2})",
             c["blocks"].as_u64().unwrap_or(0),
             raw as f64 / stored.max(1) as f64
         );
     }
-    println!(
+    outln!(
         "inodes:           {} records, {} bytes raw, {} compressed: {:.1} bytes per inode; {} (uid, gid, mode) triples",
         n("inodes"),
         n("inode_bytes_raw"),
@@ -266,7 +261,7 @@ fn print_stats(v: &Value) {
         f("bytes_per_inode"),
         n("triples")
     );
-    println!(
+    outln!(
         "index:            {} runs, {} bytes ({:.1} bytes per file, inline data included); {} entries in memtables",
         n("index_runs"),
         n("index_bytes"),
@@ -276,24 +271,24 @@ fn print_stats(v: &Value) {
     let amp = v["device_bytes_per_user_byte"]
         .as_f64()
         .map_or("no user bytes yet".to_string(), |a| format!("{a:.2} device bytes per user byte"));
-    println!(
+    outln!(
         "writes:           {} bytes by users, {} bytes to the device ({amp}) over the image's life",
         n("user_bytes_written"),
         n("device_bytes_written")
     );
-    println!("checkpoint:       {}", n("checkpoint"));
+    outln!("checkpoint:       {}", n("checkpoint"));
     if n("background_errors") > 0 {
-        println!(
+        outln!(
             "background errors: {} (the last: {})",
             n("background_errors"),
             v["last_background_error"].as_str().unwrap_or("")
         );
     }
     if let Some(e) = v["engine_background_error"].as_str() {
-        println!("engine stopped:   {e} (unmount and mount again)");
+        outln!("engine stopped:   {e} (unmount and mount again)");
     }
     if n("snapshots") > 0 || n("automatic_points") > 0 {
-        println!(
+        outln!(
             "history:          {} snapshots, {} automatic points (policy {}), holding {} stored bytes the \
              present no longer uses, {} of them only for automatic points (counted free: dropped before \
              a writer runs out of room)",
@@ -310,17 +305,23 @@ fn print_stats(v: &Value) {
 /// The volumes of `stats` (files with a chunk size of their own).
 fn print_volumes(v: &Value) {
     let Some(vols) = v.as_array().filter(|a| !a.is_empty()) else { return };
-    println!("volumes:          {} (files with a chunk size of their own)", vols.len());
+    outln!("volumes:          {} (files with a chunk size of their own)", vols.len());
     // The ratio of a volume is of its allocated bytes: most of a new
     // volume is holes.
     let head = ("chunk", "unit", "cold", "logical", "allocated", "stored", "alloc/stored");
-    println!(
+    outln!(
         "  {:>6} {:>6} {:>12} {:>14} {:>14} {:>14} {:>12}  path",
-        head.0, head.1, head.2, head.3, head.4, head.5, head.6
+        head.0,
+        head.1,
+        head.2,
+        head.3,
+        head.4,
+        head.5,
+        head.6
     );
     for r in vols {
         let n = |k: &str| r[k].as_u64().unwrap_or(0);
-        println!(
+        outln!(
             "  {:>6} {:>6} {:>12} {:>14} {:>14} {:>14} {:>12.2}  {}",
             r["chunk"].as_str().unwrap_or(""),
             r["unit"].as_str().filter(|u| !u.is_empty()).unwrap_or("-"),
@@ -341,9 +342,9 @@ pub fn du(target: &Path, path: &str, json: bool) -> Res {
         Target::Mount { socket, .. } => ask(&socket, "du", json!({"path": path}), &mut |_| {})?,
     };
     show(&v, json, |v| {
-        println!("{:>14} {:>14} {:>7} {:>8}  path", "logical", "physical", "ratio", "files");
+        outln!("{:>14} {:>14} {:>7} {:>8}  path", "logical", "physical", "ratio", "files");
         for r in v["entries"].as_array().into_iter().flatten().chain(std::iter::once(&v["total"])) {
-            println!(
+            outln!(
                 "{:>14} {:>14} {:>7.2} {:>8}  {}",
                 r["logical"].as_u64().unwrap_or(0),
                 r["physical"].as_u64().unwrap_or(0),
@@ -366,7 +367,7 @@ pub fn sync(target: &Path, json: bool) -> Res {
             ask(socket, "sync", json!({}), &mut |_| {})?;
         }
     }
-    show(&json!({"target": t.name(), "synced": true}), json, |_| println!("{}: synced", t.name()));
+    show(&json!({"target": t.name(), "synced": true}), json, |_| outln!("{}: synced", t.name()));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -391,18 +392,18 @@ pub fn snapshot(target: &Path, action: &str, name: Option<&str>, json: bool) -> 
         }
     };
     show(&v, json, |v| match action {
-        "create" => println!("{}: snapshot {} taken", t.name(), v["created"].as_str().unwrap_or("")),
-        "policy" => println!("{}: automatic points: {}", t.name(), v["policy"].as_str().unwrap_or("")),
-        "delete" => println!(
+        "create" => outln!("{}: snapshot {} taken", t.name(), v["created"].as_str().unwrap_or("")),
+        "policy" => outln!("{}: automatic points: {}", t.name(), v["policy"].as_str().unwrap_or("")),
+        "delete" => outln!(
             "{}: snapshot {} deleted, {} bytes freed",
             t.name(),
             v["deleted"].as_str().unwrap_or(""),
             v["freed_bytes"].as_u64().unwrap_or(0)
         ),
         _ => {
-            println!("{:<24} {:<22} {:>14}", "name", "taken", "delete frees");
+            outln!("{:<24} {:<22} {:>14}", "name", "taken", "delete frees");
             for s in v["snapshots"].as_array().into_iter().flatten() {
-                println!(
+                outln!(
                     "{:<24} {:<22} {:>14}",
                     s["name"].as_str().unwrap_or(""),
                     s["time"].as_str().unwrap_or(""),
@@ -445,9 +446,9 @@ pub fn changes(target: &Path, since: &str, until: Option<&str>, json: bool) -> R
                 _ => path("path"),
             };
             let tail = if what.is_empty() { String::new() } else { format!("  ({})", what.join(", ")) };
-            println!("{:<8} {line}{tail}", c["op"].as_str().unwrap_or(""));
+            outln!("{:<8} {line}{tail}", c["op"].as_str().unwrap_or(""));
         }
-        println!("clock: {}", v["clock"].as_str().unwrap_or(""));
+        outln!("clock: {}", v["clock"].as_str().unwrap_or(""));
     });
     Ok(ExitCode::SUCCESS)
 }
@@ -484,7 +485,7 @@ pub fn clean(target: &Path, segments: Option<usize>, max_live: f64, demote: bool
     };
     pb.finish_and_clear();
     show(&rep, json, |rep| {
-        println!(
+        outln!(
             "{}: {} segments examined, {} freed; {} chunks and {} patches ({} stored bytes) moved; {} leaked bytes reclaimed",
             target.display(),
             rep["examined"],
@@ -495,10 +496,10 @@ pub fn clean(target: &Path, segments: Option<usize>, max_live: f64, demote: bool
             rep["leaked_bytes"]
         );
         for s in rep["skipped"].as_array().into_iter().flatten() {
-            println!("skipped segment {}: {}", s["segment"], s["why"].as_str().unwrap_or(""));
+            outln!("skipped segment {}: {}", s["segment"], s["why"].as_str().unwrap_or(""));
         }
         if let Some(why) = rep["stopped"].as_str() {
-            println!("cleaning stopped early: {why}; delete files or snapshots to make room");
+            outln!("cleaning stopped early: {why}; delete files or snapshots to make room");
         }
     });
     Ok(ExitCode::SUCCESS)
@@ -576,27 +577,27 @@ fn fsck_image(image: &Path, repair: bool, step: &dyn Fn(u64, u64)) -> Result<Val
 
 fn print_fsck(v: &Value) {
     for m in v["repaired"].as_array().into_iter().flatten() {
-        println!("repaired: {}", m.as_str().unwrap_or(""));
+        outln!("repaired: {}", m.as_str().unwrap_or(""));
     }
     for p in v["problems"].as_array().into_iter().flatten() {
-        println!("problem: {}", p.as_str().unwrap_or(""));
+        outln!("problem: {}", p.as_str().unwrap_or(""));
     }
     if v["opened"].as_bool() != Some(true) {
-        println!("{}", v["error"].as_str().unwrap_or(""));
-        println!("the file system does not open: its records in damaged index blocks are lost");
+        outln!("{}", v["error"].as_str().unwrap_or(""));
+        outln!("the file system does not open: its records in damaged index blocks are lost");
         return;
     }
     let n = |k: &str| v[k].as_u64().unwrap_or(0);
     let leaked = v["leaked"].as_array().map_or(0, Vec::len);
     if leaked > 0 {
-        println!(
+        outln!(
             "note: {} bytes in {leaked} segments are counted in use but held by nothing (left by a crash or a \
              failed write; the cleaner gives them back when it cleans those segments)",
             n("leaked_bytes")
         );
     }
     let problems = v["problems"].as_array().map_or(0, Vec::len);
-    println!(
+    outln!(
         "{}: {} inodes, {} entries, {} chunks, {} blocks ({} bytes) verified, {} xattrs: {}",
         v["image"].as_str().unwrap_or(""),
         n("inodes"),
@@ -681,7 +682,7 @@ fn size(b: u64) -> String {
 fn print_view(v: &Value, title: &str) {
     let row = |name: &str, h: &Value| {
         let n = |k: &str| h[k].as_u64().unwrap_or(0);
-        println!(
+        outln!(
             "  {name:<22} {:>9} {:>9.1} {:>9} {:>9} {:>9} {:>9} {:>9} {:>11}",
             n("count"),
             h["per_s"].as_f64().unwrap_or(0.0),
@@ -693,11 +694,18 @@ fn print_view(v: &Value, title: &str) {
             size(n("bytes"))
         );
     };
-    println!("{title}");
+    outln!("{title}");
     let head = |what: &str| {
-        println!(
+        outln!(
             "  {what:<22} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>11}",
-            "count", "per s", "mean", "p50", "p90", "p99", "p99.9", "bytes"
+            "count",
+            "per s",
+            "mean",
+            "p50",
+            "p90",
+            "p99",
+            "p99.9",
+            "bytes"
         )
     };
     head("operation");
@@ -712,7 +720,7 @@ fn print_view(v: &Value, title: &str) {
     let n = |k: &str| c[k].as_u64().unwrap_or(0);
     let (hits, misses) = (n("cache_hits"), n("cache_misses"));
     let dev = |k: &str| v["split"][k]["bytes"].as_u64().unwrap_or(0);
-    println!(
+    outln!(
         "  user bytes written {}, read {}; device bytes written {}, read {}; block cache {hits} hits, {misses} misses{}",
         size(n("user_bytes_written")),
         size(n("user_bytes_read")),
@@ -748,14 +756,14 @@ pub fn watch(target: &Path, interval: f64, count: Option<u64>, json: bool) -> Re
         let v = interval_view(&before, &now, at.elapsed().as_secs_f64());
         at = std::time::Instant::now();
         if json {
-            println!("{v}");
+            outln!("{v}");
         } else {
             let t = chrono_now();
             print_view(
                 &v,
                 &format!("{}: {t}, the last {:.1} s", dir.display(), v["seconds"].as_f64().unwrap_or(0.0)),
             );
-            println!();
+            outln!();
         }
         before = now;
         shown += 1;
@@ -798,12 +806,12 @@ pub fn scrub(target: &Path, rate: Option<u64>, json: bool) -> Res {
     pb.finish_and_clear();
     show(&v, json, |v| {
         for d in v["damaged"].as_array().into_iter().flatten() {
-            println!("damaged: {}", d.as_str().unwrap_or(""));
+            outln!("damaged: {}", d.as_str().unwrap_or(""));
         }
         let n = |k: &str| v[k].as_u64().unwrap_or(0);
         let secs = v["seconds"].as_f64().unwrap_or(0.0);
         let damaged = v["damaged"].as_array().map_or(0, Vec::len);
-        println!(
+        outln!(
             "{}: {} blocks ({}) verified in {secs:.1} s ({}/s){}: {}",
             v["target"].as_str().unwrap_or(""),
             n("blocks"),

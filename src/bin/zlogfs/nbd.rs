@@ -99,12 +99,10 @@ impl Server {
 /// chmod the socket to share them); one left by a server that died is
 /// replaced.
 fn bind_unix(p: &Path) -> Result<UnixListener, String> {
-    if p.exists() {
-        if UnixStream::connect(p).is_ok() {
-            return Err(format!("{} is served by another server already", p.display()));
-        }
-        std::fs::remove_file(p).map_err(|e| format!("removing the stale socket {}: {e}", p.display()))?;
-    }
+    zlogfs::control::remove_stale_socket(p, "another server already").map_err(|e| match e.kind() {
+        std::io::ErrorKind::AddrInUse | std::io::ErrorKind::AlreadyExists => e.to_string(),
+        _ => format!("removing the stale socket {}: {e}", p.display()),
+    })?;
     let l = UnixListener::bind(p).map_err(|e| format!("cannot listen on {}: {e}", p.display()))?;
     std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o600))
         .map_err(|e| format!("making {} private: {e}", p.display()))?;

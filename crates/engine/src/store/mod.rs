@@ -28,12 +28,12 @@ pub use fault::{CrashMode, FaultConfig, FaultStore, OpKind, Target};
 pub use file::FileStore;
 pub use mem::MemStore;
 pub(crate) use metered::Metered;
-pub use two::{check_pair, TwoStore};
+pub use two::{check_not_a_copy, check_pair, Pairing, TwoStore};
 
 /// Size of one metadata slot.
 pub const META_SLOT_SIZE: usize = 4096;
 /// Bytes reserved at the start of an image file or device for metadata
-/// slots; segment 0 starts here. Room for 16 slots, 3 used today.
+/// slots; segment 0 starts here. Room for 16 slots, 5 used today.
 pub const META_AREA_SIZE: u64 = 64 * 1024;
 /// The unit a device writes atomically at best; torn writes tear here.
 pub const SECTOR_SIZE: usize = 512;
@@ -47,6 +47,10 @@ pub enum MetaSlot {
     CheckpointA,
     /// Checkpoint slot B (odd checkpoint numbers).
     CheckpointB,
+    /// Of two devices, on each: which use of the pair it last took part
+    /// in ([`crate::store::two`]'s pairing record), so that an older copy
+    /// of one device is refused beside the other.
+    Pairing,
     /// A copy of the superblock, in the last slot: read when the
     /// superblock is damaged.
     SuperCopy,
@@ -59,6 +63,7 @@ impl MetaSlot {
             MetaSlot::Super => 0,
             MetaSlot::CheckpointA => 1,
             MetaSlot::CheckpointB => 2,
+            MetaSlot::Pairing => 3,
             MetaSlot::SuperCopy => 15,
         }
     }
