@@ -178,6 +178,38 @@ fn one_damaged_superblock_index_or_filter_block_costs_nothing() {
     }
 }
 
+/// A flipped bit in the superblock's copy is reported by a read-only
+/// open (fsck), and a repair or a read-write open writes the copy again
+/// (issue 44, item 16: it went unnoticed, and the next flip in the
+/// primary found no copy).
+#[test]
+fn a_damaged_superblock_copy_is_reported_and_mended() {
+    let seed = seed("a_damaged_superblock_copy_is_reported_and_mended");
+    let mut r = rng(seed);
+    let (st, model) = build(seed, true);
+    let ro = zlogfs::Options { read_only: true, ..small_opts() };
+    for _ in 0..7 {
+        let f = Arc::new(st.fork());
+        let off = r.gen_range(0..72);
+        f.corrupt_durable(Target::Meta(MetaSlot::SuperCopy), off, r.gen_range(0..8));
+        let ctx = format!("seed {seed}: byte {off} of the copy");
+        let e = open(&f, &ro).unwrap_or_else(|err| panic!("{ctx}: {err}"));
+        let damage = e.damage();
+        assert!(damage.iter().any(|d| d.contains("copy")), "{ctx}: not reported: {damage:?}");
+        drop(e);
+        let e = open(&f, &small_opts()).unwrap();
+        e.close().unwrap();
+        let e = open(&f, &ro).unwrap();
+        assert!(e.damage().is_empty(), "{ctx}: a read-write open mends it: {:?}", e.damage());
+        assert!(dump(&e).unwrap() == model, "{ctx}: wrong data");
+        // Now the primary: the copy is there again.
+        drop(e);
+        f.corrupt_durable(Target::Meta(MetaSlot::Super), off, 3);
+        let e = open(&f, &ro).unwrap_or_else(|err| panic!("{ctx}, then the primary: {err}"));
+        assert!(dump(&e).unwrap() == model, "{ctx}: wrong data from the copy");
+    }
+}
+
 /// A flipped bit in an index run's data block: the engine still opens, and
 /// `verify_runs` names the block and the keys it held (fsck reports them).
 #[test]

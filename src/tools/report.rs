@@ -235,6 +235,39 @@ fn point(fs: &Fs, spec: &str) -> Result<Option<u64>> {
     Ok(fs.point_at(t)?)
 }
 
+/// The time a point names, when it is given as a time (not a clock token
+/// or a snapshot's name).
+fn time_of(fs: &Fs, spec: &str) -> Result<Option<std::time::SystemTime>> {
+    if spec.starts_with("zlogfs:") || fs.snapshots()?.iter().any(|(n, _)| n == spec) {
+        return Ok(None);
+    }
+    Ok(crate::fs::parse_time(spec).ok().map(|t| t.to_system()))
+}
+
+/// A window of times the records can never answer is an error, not an
+/// empty list: a start or an end in the future, or an end before the
+/// start (docs/SEMANTICS.md, the change feed).
+fn check_window(fs: &Fs, since: &str, until: Option<&str>) -> Result<()> {
+    let now = std::time::SystemTime::now();
+    let s = time_of(fs, since)?;
+    if s.is_some_and(|t| t > now) {
+        return Err(crate::fs::Error::Invalid(format!("--since {since:?} is in the future")).into());
+    }
+    let Some(until) = until else { return Ok(()) };
+    let u = time_of(fs, until)?;
+    if u.is_some_and(|t| t > now) {
+        return Err(crate::fs::Error::Invalid(format!("--until {until:?} is in the future")).into());
+    }
+    if let (Some(s), Some(u)) = (s, u) {
+        if u < s {
+            return Err(
+                crate::fs::Error::Invalid(format!("--until {until:?} is before --since {since:?}")).into()
+            );
+        }
+    }
+    Ok(())
+}
+
 fn kind_name(k: Kind) -> &'static str {
     match k {
         Kind::File => "file",
@@ -250,6 +283,7 @@ fn kind_name(k: Kind) -> &'static str {
 /// What `zlogfs changes` reports: the changes from `since` to `until`
 /// (None: now), and the clock token to pass as `--since` next time.
 pub fn changes(fs: &Fs, since: &str, until: Option<&str>) -> Result<Value> {
+    check_window(fs, since, until)?;
     let until_seq = match until {
         None => Some(fs.point_now()?),
         Some(u) => point(fs, u)?,

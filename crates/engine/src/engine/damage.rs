@@ -80,6 +80,7 @@ impl Engine {
                 .map_err(|e| Error::io("rewriting the superblock", e))?;
             self.sh.store.sync().map_err(|e| Error::io("syncing the superblock", e))?;
         }
+        Self::keep_superblock_copy(&self.sh)?;
         self.merge()?;
         lock(&self.sh.damage).clear();
         Ok(found)

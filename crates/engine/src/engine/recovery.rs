@@ -137,6 +137,24 @@ pub fn read_superblock_noting(store: &dyn Store) -> Result<(Superblock, Option<S
     }
 }
 
+/// What is wrong with the superblock's copy (slot 15), when the primary
+/// `sb` is sound: None when it matches, or when it is all zeros (an image
+/// made before the copy: its first read-write open writes it).
+fn superblock_copy_damage(store: &dyn Store, sb: &Superblock) -> Option<String> {
+    let mut buf = [0u8; 4096];
+    if let Err(e) = store.read_meta(MetaSlot::SuperCopy, &mut buf) {
+        return Some(format!("the superblock's copy in slot 15 cannot be read: {e}"));
+    }
+    if buf.iter().all(|&b| b == 0) {
+        return None;
+    }
+    match Superblock::decode(&buf) {
+        Ok(c) if c == *sb => None,
+        Ok(_) => Some("the superblock's copy in slot 15 differs from the superblock".into()),
+        Err(e) => Some(format!("the superblock's copy in slot 15 is damaged ({e})")),
+    }
+}
+
 impl Engine {
     /// Open the image on `store`: the newest checkpoint that loads, its
     /// runs, and the log rolled forward from its replay start, so that
@@ -145,6 +163,11 @@ impl Engine {
         let store: Arc<dyn Store> = Arc::new(crate::store::Metered(store));
         let (sb, sb_note) = read_superblock_noting(store.as_ref())?;
         let mut damage: Vec<String> = sb_note.into_iter().collect();
+        if damage.is_empty() && opts.read_only {
+            // A read-write open writes a damaged copy again
+            // (keep_superblock_copy); a read-only one (fsck) says so.
+            damage.extend(superblock_copy_damage(store.as_ref(), &sb));
+        }
         check_devices(&sb, store.as_ref())?;
         if sb.geometry != store.geometry() {
             return Err(Error::Invalid(format!(
