@@ -663,6 +663,7 @@ impl ZlogFuse {
     fn readdir(&self, ino: Ino, offset: u64, size: u32, plus: bool, reply: Reply) {
         let mut buf = DirBuf::new(size);
         let (et, at) = (self.opts.entry_timeout, self.opts.attr_timeout);
+        let mut failed = None;
         let r = self.list(ino, offset, |child, off, kind, name| {
             if !plus {
                 return buf.add(child, off, type_bits(kind), name);
@@ -671,7 +672,9 @@ impl ZlogFuse {
                 // Listed, but not looked up: its attributes come by LOOKUP.
                 return buf.add_plus_unlooked(child, off, libc::S_IFDIR, name);
             }
-            // An entry removed since it was listed is left out.
+            // An entry removed since it was listed is left out; any other
+            // failure (a damaged index block) fails the listing rather
+            // than shorten it silently.
             match self.fs().getattr(child) {
                 Ok(a) => {
                     let added = buf.add_plus(&file_attr(&a), off, name, et, at);
@@ -681,10 +684,14 @@ impl ZlogFuse {
                     }
                     added
                 }
-                Err(_) => true,
+                Err(Error::NotFound(_)) => true,
+                Err(e) => {
+                    failed = Some(e);
+                    false
+                }
             }
         });
-        match r {
+        match r.and_then(|()| failed.map_or(Ok(()), Err)) {
             Ok(()) => reply.data(&buf.into_bytes()),
             Err(e) => reply.error(reply_errno(e)),
         }
