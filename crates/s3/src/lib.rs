@@ -159,10 +159,20 @@ impl S3Options {
             upload_every: Duration::from_secs(5),
             max_backlog: 256 << 20,
             endpoint: None,
-            retry_for: Duration::from_secs(60),
+            retry_for: retry_budget(),
             keep_replaced: Duration::from_secs(60),
         }
     }
+}
+
+/// How long a request is retried by default: 60 seconds, or
+/// `ZLOGFS_S3_RETRY_SECONDS` from the environment (a server restart or a
+/// load balancer's failover must be ridden out, not latch the image).
+pub const DEFAULT_RETRY_SECS: u64 = 60;
+
+fn retry_budget() -> Duration {
+    let secs = std::env::var("ZLOGFS_S3_RETRY_SECONDS").ok().and_then(|v| v.trim().parse::<u64>().ok());
+    Duration::from_secs(secs.unwrap_or(DEFAULT_RETRY_SECS))
 }
 
 /// One segment as this store sees it.

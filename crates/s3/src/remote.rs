@@ -90,6 +90,8 @@ pub struct Remote {
     prefix: Key,
     url: S3Url,
     pub counters: Arc<Counters>,
+    /// How long a request is retried before it fails.
+    retry_for: Duration,
 }
 
 fn io_err(what: &str, e: object_store::Error) -> io::Error {
@@ -125,6 +127,51 @@ fn check_endpoint(endpoint: Option<&str>) -> io::Result<()> {
     }
 }
 
+/// A create-only PUT, tried again after any failure but a refusal until
+/// `retry_for` has passed since the first try. The client retries a
+/// timed-out or cut request only when it is idempotent, and a
+/// create-only PUT is not marked so; here it is safe to repeat: a repeat
+/// that finds the object there reads it back and takes it as ours when
+/// the bytes are the same ([`Remote::put_many`]).
+async fn put_create_retried(
+    os: &Arc<dyn ObjectStore>,
+    key: &Key,
+    data: &[u8],
+    retry_for: Duration,
+) -> object_store::Result<object_store::PutResult> {
+    let start = std::time::Instant::now();
+    let mut wait = Duration::from_millis(100);
+    loop {
+        let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
+        match os.put_opts(key, PutPayload::from(data.to_vec()), opts).await {
+            Err(e) if retryable(&e) && start.elapsed() + wait < retry_for => {
+                tracing::debug!("uploading {key}: {e}; trying again in {wait:?}");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(5));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// A failure another try may not meet: not a refusal of the request
+/// itself (the object exists, a condition failed, no such bucket, no
+/// permission).
+fn retryable(e: &object_store::Error) -> bool {
+    use object_store::Error as E;
+    !matches!(
+        e,
+        E::AlreadyExists { .. }
+            | E::Precondition { .. }
+            | E::NotFound { .. }
+            | E::PermissionDenied { .. }
+            | E::Unauthenticated { .. }
+            | E::NotImplemented { .. }
+            | E::NotSupported { .. }
+            | E::InvalidPath { .. }
+    )
+}
+
 impl Remote {
     /// Connect (lazily: the first request does) to the bucket of `url`,
     /// configured from the environment: AWS_ENDPOINT_URL, AWS_REGION,
@@ -147,7 +194,10 @@ impl Remote {
                 max_backoff: Duration::from_secs(5),
                 base: 2.0,
             },
-            max_retries: 10,
+            // The budget is time (retry_for), not a count: quick
+            // failures (a refused connection) ran out of 10 tries in
+            // about 2.5 s.
+            max_retries: usize::MAX,
             retry_timeout: retry_for,
         };
         let counters = Arc::new(Counters::default());
@@ -165,7 +215,7 @@ impl Remote {
         }
         let os = b.build().map_err(|e| io_err(&format!("configuring {url}"), e))?;
         let prefix = Key::from(url.prefix.as_str());
-        Ok(Remote { rt, os: Arc::new(os), prefix, url: url.clone(), counters })
+        Ok(Remote { rt, os: Arc::new(os), prefix, url: url.clone(), counters, retry_for })
     }
 
     /// Where this image lives, for messages.
@@ -230,9 +280,9 @@ impl Remote {
             let os = Arc::clone(&self.os);
             let len = data.len() as u64;
             add(&self.counters.puts, 1);
+            let retry_for = self.retry_for;
             async move {
-                let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
-                let r = os.put_opts(&key, PutPayload::from(data.clone()), opts).await;
+                let r = put_create_retried(&os, &key, &data, retry_for).await;
                 (key, data, len, r)
             }
         });

@@ -520,6 +520,44 @@ fn an_unreachable_bucket_fails_the_writer_cleanly() {
     e.close().unwrap();
 }
 
+/// A server away for 20 seconds (every connection cut before the request
+/// reaches it) is ridden out within the retry budget (issue 44, item 6:
+/// quick failures latched the writer after about 2.5 s, 10 tries, and a
+/// create-only upload was not tried again after a cut at all).
+#[test]
+fn a_server_away_for_seconds_is_ridden_out() {
+    let proxy = Proxy::start(11);
+    let b = bucket("away");
+    let (c1, c2) = (tempdir("w1"), tempdir("w2"));
+    let o = S3Options {
+        endpoint: Some(proxy.endpoint()),
+        retry_for: Duration::from_secs(60),
+        ..opts(&b, &c1.0, SyncMode::Remote)
+    };
+    make(&o);
+    let e = open(&o);
+    put_range(&e, 0..100);
+    e.sync().unwrap();
+    proxy.control("/__faults?cut=1");
+    put_range(&e, 100..200);
+    let start = std::time::Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_secs(20));
+            proxy.control("/__faults?cut=0");
+        });
+        e.sync().expect("the sync waits for the server to come back");
+    });
+    assert!(start.elapsed() >= Duration::from_secs(19), "the server was away: {:?}", start.elapsed());
+    assert!(proxy.count("cuts_injected") > 10);
+    put_range(&e, 200..220);
+    e.sync().expect("not latched");
+    e.close().unwrap();
+    let e = open(&opts(&b, &c2.0, SyncMode::Remote));
+    check_range(&e, 0..220);
+    e.close().unwrap();
+}
+
 /// A writer that stays idle while a newer one commits past the manifests
 /// kept (old ones are deleted) must still fail at its next upload, and
 /// leave the newer writer's image whole.
