@@ -1858,3 +1858,45 @@ fn long_names_in_one_interval_and_a_full_image_keep_their_word() {
     child.wait().expect("wait");
     fsck_clean(&d);
 }
+
+/// `zlogfs mount BULK DIR --fast PATH` mounts with the fast device given
+/// (issue 44, item 15: the flag was dropped on the way to the daemon, so
+/// the recorded path was used), and refuses `--fast` for an image of one
+/// device.
+#[test]
+fn mount_takes_the_fast_device_given() {
+    if !usable() {
+        return;
+    }
+    let d = Dir::new("fastflag");
+    let (bulk, fast, moved) = (d.img(), d.0.join("fast.img"), d.0.join("moved.img"));
+    let b = bulk.to_str().expect("utf8");
+    ok(&["mkfs", b, "--size", "64M", &format!("--fast={}", fast.display())]);
+    fs::rename(&fast, &moved).expect("move the fast device");
+    let mut child = Command::new(ZLOGFS)
+        .args(["mount", "-f", b, d.mnt().to_str().expect("utf8"), &format!("--fast={}", moved.display())])
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn mount");
+    wait_for("the mount with --fast", || is_mounted(&d.mnt()) || child.try_wait().ok().flatten().is_some());
+    assert!(is_mounted(&d.mnt()), "mounted with the fast device given");
+    fs::write(d.mnt().join("f"), b"on two devices").expect("write");
+    unmount(&d);
+    assert!(child.wait().expect("wait").success());
+    let one = d.0.join("one.img");
+    ok(&["mkfs", one.to_str().expect("utf8"), "--size", "16M"]);
+    let o = zlogfs(&[
+        "mount",
+        "-f",
+        one.to_str().expect("utf8"),
+        d.mnt().to_str().expect("utf8"),
+        &format!("--fast={}", moved.display()),
+    ]);
+    assert!(!o.status.success(), "a one-device image with --fast");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("one-device image"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(!is_mounted(&d.mnt()));
+}

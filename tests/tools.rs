@@ -386,6 +386,9 @@ fn two_devices_from_the_command_line() {
     assert!(e.contains("not a fast device"), "{e}");
     let e = err(&[s("ls".as_ref()), s(&other), fast_arg.as_ref()]);
     assert!(e.contains("a one-device image"), "{e}");
+    let same = w.join("same.img");
+    let e = err(&[s("mkfs".as_ref()), s(&same), format!("--fast={}", same.display()).as_ref()]);
+    assert!(e.contains("the image itself"), "{e}");
     std::fs::rename(&fast, w.join("moved.img")).expect("rename");
     let e = err(&[s("ls".as_ref()), s(&bulk)]);
     assert!(e.contains("its fast device") && e.contains("fast.img"), "{e}");

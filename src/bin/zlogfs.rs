@@ -512,8 +512,13 @@ fn main() -> ExitCode {
     }
     let r = match cli.cmd {
         Cmd::Mount { image, dir, mut options, foreground } => {
-            // The global flags reach the daemon as mount options.
+            // The global flags reach the daemon as mount options
+            // (--fast was once dropped here, so a two-device image
+            // mounted with the recorded path instead).
             options.extend(s3.as_options());
+            if let Some(f) = FAST.get() {
+                options.push(format!("fast={}", f.display()));
+            }
             mount::mount(&image, &dir, &options, foreground)
         }
         Cmd::Mkfs { image, fmt, force } => mkfs(&image, &fmt, force).map(|_| ExitCode::SUCCESS),
@@ -632,6 +637,12 @@ fn mkfs(image: &Path, f: &FormatArgs, force: bool) -> Result<(), String> {
     };
     let store: Arc<dyn Store> = match (fast, fast_size) {
         (Some(fp), Some(fsize)) => {
+            if absolute(fp) == absolute(image) {
+                return Err(format!(
+                    "--fast {} is the image itself: the fast device must be another file or device",
+                    fp.display()
+                ));
+            }
             let fg = segments(fsize);
             if fg.segment_count < 4 {
                 return Err(format!(
