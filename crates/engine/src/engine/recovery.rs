@@ -16,7 +16,7 @@ use crate::store::{MetaSlot, Store};
 use super::background::{background, BgState};
 use super::checkpoint::CkptState;
 use super::journal::{decode_journal, Op};
-use super::{CheckpointBody, Core, Engine, Options, Room, Shared, Version};
+use super::{lock, CheckpointBody, Core, Engine, Options, Room, Shared, Version};
 
 /// Create an empty image on `store`: superblock and the first checkpoint.
 pub fn mkfs(store: Arc<dyn Store>) -> Result<Superblock> {
@@ -240,7 +240,43 @@ impl Engine {
         } else {
             None
         };
-        Ok(Engine { sh, worker })
+        let e = Engine { sh, worker };
+        if !e.sh.opts.read_only {
+            e.mend_stuck_heads()?;
+        }
+        Ok(e)
+    }
+
+    /// A head whose segment is full to its end with no successor named
+    /// (written by builds before the log kept room to name one, on a
+    /// full log) would fail every write: it moves to a free segment, and
+    /// the index is flushed and checkpointed at once, so that recovery
+    /// starts past the move. A crash before the checkpoint finds the
+    /// image as it was. What was mended is logged.
+    fn mend_stuck_heads(&self) -> Result<()> {
+        let moved = {
+            let mut core = lock(&self.sh.core);
+            let stuck = core.log.stuck_heads();
+            let mut moved = Vec::new();
+            for h in stuck {
+                let from = core.log.pos();
+                let to = core.log.jump(h)?;
+                moved.push(format!(
+                    "the log's head {h} was at the end of segment {} with no next segment named (a full \
+                     image written by an older build): it goes on in segment {to}",
+                    if h == 0 { from.seg } else { from.alt.map_or(from.seg, |a| a.seg) }
+                ));
+            }
+            moved
+        };
+        if moved.is_empty() {
+            return Ok(());
+        }
+        self.flush()?;
+        for m in &moved {
+            tracing::warn!("{m}");
+        }
+        Ok(())
     }
 
     /// An image made before the superblock had a copy gets one (a
@@ -424,4 +460,50 @@ fn replay_batch(
         }
     }
     seq.saturating_sub(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::store::{Geometry, MemStore};
+    use crate::WriteBatch;
+
+    /// An image whose log head filled its segment to the end with no
+    /// successor named (issue 44, item 2: every later open failed each
+    /// write with "log segment ended without a successor") opens and goes
+    /// on, keeps what it held, and the mend survives reopens.
+    #[test]
+    fn a_head_stuck_at_a_segment_end_is_mended_at_open() {
+        let store: Arc<dyn Store> =
+            Arc::new(MemStore::new(Geometry { segment_size: 128 << 10, segment_count: 16 }));
+        mkfs(store.clone()).unwrap();
+        let opts = Options { background: false, ..Options::default() };
+        let e = Engine::open(store.clone(), opts.clone()).unwrap();
+        let put = |e: &Engine, from: u32, to: u32| {
+            for i in from..to {
+                let mut b = WriteBatch::new();
+                b.put(format!("k{i:05}").into_bytes(), vec![i as u8; 300]);
+                e.write(&b).unwrap();
+            }
+            e.sync().unwrap();
+        };
+        put(&e, 0, 50);
+        lock(&e.sh.core).log.fill_unnamed(0).unwrap();
+        assert_eq!(lock(&e.sh.core).log.stuck_heads(), vec![0], "the head is stuck");
+        drop(e);
+        let e = Engine::open(store.clone(), opts.clone()).unwrap();
+        assert!(lock(&e.sh.core).log.stuck_heads().is_empty(), "mended at open");
+        put(&e, 50, 400);
+        drop(e);
+        for _ in 0..2 {
+            let e = Engine::open(store.clone(), opts.clone()).unwrap();
+            for i in 0..400u32 {
+                let v = e.get(format!("k{i:05}").as_bytes()).unwrap();
+                assert_eq!(v.as_deref(), Some(&vec![i as u8; 300][..]), "key {i}");
+            }
+            e.close().unwrap();
+        }
+    }
 }

@@ -535,6 +535,52 @@ impl LogWriter {
         Ok(())
     }
 
+    /// Heads whose segment is full to its end with no successor named:
+    /// left by builds before [`NAMING_TAIL`] on a full log, the log cannot
+    /// go on from them ([`LogWriter::jump`] mends them).
+    pub fn stuck_heads(&self) -> Vec<usize> {
+        (0..self.heads.len())
+            .filter(|&h| self.heads[h].next_seg == NO_SEGMENT && self.seg_room(h) < BATCH_HEADER_SIZE)
+            .collect()
+    }
+
+    /// Move head `h` to a free segment without naming it from the full
+    /// one. Recovery reaches what is written there only from a checkpoint
+    /// whose replay start is past the move: the caller flushes the index
+    /// and writes one before any journal record
+    /// (`Engine::mend_stuck_heads`). The segment it left stays as it is.
+    pub fn jump(&mut self, h: usize) -> Result<u32> {
+        self.choose_next(h, Room::System)?;
+        let head = &mut self.heads[h];
+        let left = head.seg;
+        head.seg = head.next_seg;
+        head.offset = 0;
+        head.next_seg = NO_SEGMENT;
+        head.next_named = false;
+        head.seg_prev_crc = 0;
+        let to = head.seg;
+        self.store.sealed(left);
+        Ok(to)
+    }
+
+    /// Make head `h` fill its segment to the end without naming a
+    /// successor, as builds before [`NAMING_TAIL`] could on a full log
+    /// (for the test of the mend; the filler block leaks its bytes).
+    #[cfg(test)]
+    pub fn fill_unnamed(&mut self, h: usize) -> Result<()> {
+        self.write_head(h, Room::User)?;
+        let rest = self.seg_room(h);
+        let pad = rest.saturating_sub(BATCH_HEADER_SIZE + SUMMARY_ENTRY_SIZE + BLOCK_HEADER_SIZE + 64);
+        let raw = vec![0; pad];
+        self.place(h, NewBlock::encode(BlockKind::Data, 0, CodecSpec::new(codec::CodecId::None, 0), &raw));
+        self.heads[h].next_seg = NO_SEGMENT;
+        // No successor can be chosen for it.
+        let reserve = std::mem::replace(&mut self.reserve_segments, u32::MAX / 2);
+        let r = self.write_head(h, Room::User);
+        self.reserve_segments = reserve;
+        r
+    }
+
     /// Move head `h` to its next segment (naming it in a batch first).
     fn advance(&mut self, h: usize, room: Room) -> Result<()> {
         self.choose_next(h, room)?;
