@@ -1930,3 +1930,91 @@ fn deleted_data_gives_the_image_files_space_back() {
     assert!(after + (48 << 20) <= full, "{full} -> {after} bytes allocated after the delete");
     fsck_clean(&d);
 }
+
+/// A tmpfs mounted for a test, unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn new(at: PathBuf, size: &str) -> Tmpfs {
+        fs::create_dir_all(&at).expect("mkdir");
+        run_ok(Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"]).arg(&at));
+        Tmpfs(at)
+    }
+    fn resize(&self, size: &str) {
+        run_ok(Command::new("mount").args(["-o", &format!("remount,size={size}")]).arg(&self.0));
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// A mount whose device fails (here: the host file system under a sparse
+/// image runs out of room) latches: from then on every change fails at
+/// once with an error, through the kernel, and nothing is accepted that
+/// cannot be stored (issue 44, item 3: mkdir, create, write, rename,
+/// unlink, setxattr and truncate returned 0, showed in the mount, and
+/// were gone after the remount). Reads go on; what was fsynced before
+/// survives.
+#[test]
+fn a_latched_mount_refuses_every_change() {
+    if !usable() {
+        return;
+    }
+    let d = Dir::new("latch");
+    let host = Tmpfs::new(d.0.join("host"), "24M");
+    let img = host.0.join("img");
+    let i = img.to_str().expect("utf8");
+    ok(&["mkfs", i, "--size", "64M", "--history", "none"]);
+    let m = d.mnt();
+    let mount = || {
+        let c = Command::new(ZLOGFS)
+            .args(["mount", "-f", i, m.to_str().expect("utf8")])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn mount");
+        wait_for("the mount", || is_mounted(&m));
+        c
+    };
+    let mut child = mount();
+    let kept = common::noise(3, 1 << 20);
+    fs::write(m.join("kept"), &kept).expect("write");
+    fs::File::open(m.join("kept")).expect("open").sync_all().expect("fsync");
+    fs::create_dir(m.join("d")).expect("mkdir");
+    // Fill the host until a sync fails.
+    let mut failed = false;
+    for n in 0..64 {
+        let r = fs::write(m.join(format!("f{n}")), common::noise(n + 10, 1 << 20))
+            .and_then(|()| fs::File::open(m.join(format!("f{n}")))?.sync_all());
+        if r.is_err() {
+            failed = true;
+            break;
+        }
+    }
+    assert!(failed, "24 MiB of host held 64 MiB of noise");
+    let refused = |what: &str, r: std::io::Result<()>| {
+        let e = r.expect_err(&format!("{what} on a latched mount succeeded"));
+        assert!(matches!(e.raw_os_error(), Some(libc::EIO) | Some(libc::ENOSPC)), "{what}: {e}");
+    };
+    refused("mkdir", fs::create_dir(m.join("new")));
+    refused("create", fs::File::create(m.join("new-file")).map(drop));
+    refused("rename", fs::rename(m.join("kept"), m.join("moved")));
+    refused("unlink", fs::remove_file(m.join("kept")));
+    refused("rmdir", fs::remove_dir(m.join("d")));
+    refused("truncate", fs::OpenOptions::new().write(true).open(m.join("kept")).and_then(|f| f.set_len(10)));
+    refused("setxattr", xattr::set(m.join("kept"), "user.x", b"1"));
+    refused("chmod", fs::set_permissions(m.join("kept"), fs::Permissions::from_mode(0o600)));
+    assert!(!m.join("new").exists() && m.join("kept").exists(), "nothing refused shows");
+    assert!(fs::read(m.join("kept")).expect("reads go on") == kept);
+    unmount(&d);
+    let _ = child.wait();
+    host.resize("200M");
+    let mut child = mount();
+    assert!(fs::read(m.join("kept")).expect("read") == kept, "fsynced before the latch");
+    assert!(m.join("d").is_dir() && !m.join("new").exists() && !m.join("moved").exists());
+    unmount(&d);
+    assert!(child.wait().expect("wait").success());
+    ok(&["fsck", i]);
+}
