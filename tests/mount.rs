@@ -2018,3 +2018,35 @@ fn a_latched_mount_refuses_every_change() {
     assert!(child.wait().expect("wait").success());
     ok(&["fsck", i]);
 }
+
+/// Set-ID bits the daemon clears on a write or fallocate by a caller
+/// without CAP_FSETID are gone from the kernel's cached attributes at
+/// once (issue 44, item 11: a stat right after showed them for up to the
+/// attribute timeout; xfstests generic/355 and 683-685).
+#[test]
+fn cleared_set_id_bits_do_not_linger_in_the_kernels_cache() {
+    if !usable() {
+        return;
+    }
+    let d = Dir::new("setid-cache");
+    mkfs(&d, "64M");
+    let mut child = mount_fg(&d, "allow_other");
+    let m = d.mnt();
+    fs::set_permissions(&m, fs::Permissions::from_mode(0o777)).expect("chmod root");
+    // As a user would see it: stat(1) in a process of its own.
+    let mode = |p: &Path| run_ok(Command::new("stat").args(["-c", "%a"]).arg(p)).trim().to_string();
+    for (name, script) in
+        [("w", "echo x >> {}"), ("a", "fallocate -l 8192 {}"), ("p", "fallocate -p -o 0 -l 4 {}")]
+    {
+        let p = m.join(name);
+        run_ok(
+            Command::new("sh").args(["-c", &format!("printf 0123456789 > {0}; chmod 6666 {0}", p.display())]),
+        );
+        assert_eq!(mode(&p), "6666", "{name}: cached before");
+        assert!(as_nobody(&script.replace("{}", &p.display().to_string())), "{script}");
+        assert_eq!(mode(&p), "666", "{name}: the bits are gone at once");
+    }
+    unmount(&d);
+    child.wait().expect("wait");
+    fsck_clean(&d);
+}

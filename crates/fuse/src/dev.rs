@@ -170,17 +170,23 @@ pub fn send(dev: &File, unique: u64, error: i32, parts: &[&[u8]]) {
     }
 }
 
+/// The offset that asks [`notify_inval_inode`] to drop attributes only.
+pub const ATTRS_ONLY: u64 = u64::MAX;
+
 /// FUSE_NOTIFY_INVAL_INODE: the notification code, sent in a reply
 /// header's error field with unique 0.
 const NOTIFY_INVAL_INODE: i32 = 2;
 
 /// Tell the kernel to drop its cached pages of `[off, off + len)` of
 /// `ino` (and its attributes): the file changed behind its back. An inode
-/// the kernel does not hold (ENOENT) has nothing to drop.
+/// the kernel does not hold (ENOENT) has nothing to drop. `off` of
+/// [`ATTRS_ONLY`] drops the attributes alone, which takes no lock a
+/// request in progress may hold (safe from inside a handler).
 pub fn notify_inval_inode(dev: &File, ino: u64, off: u64, len: u64) {
     let mut body = [0u8; 24];
     body[..8].copy_from_slice(&ino.to_le_bytes());
-    body[8..16].copy_from_slice(&(off.min(i64::MAX as u64) as i64).to_le_bytes());
+    let off = if off == ATTRS_ONLY { -1 } else { off.min(i64::MAX as u64) as i64 };
+    body[8..16].copy_from_slice(&off.to_le_bytes());
     body[16..].copy_from_slice(&(len.min(i64::MAX as u64) as i64).to_le_bytes());
     send(dev, 0, NOTIFY_INVAL_INODE, &[&body]);
 }

@@ -371,6 +371,14 @@ fn caller_of(pid: u32, gid: u32, fsetid: Option<bool>) -> Caller {
     Caller { fsetid, groups }
 }
 
+/// A write, fallocate or copy into `ino` by a caller without CAP_FSETID
+/// may have cleared its set-ID bits: the kernel's cached attributes go
+/// before the reply, or they show the bits for up to `attr_timeout`
+/// (xfstests generic/355, 683-685).
+fn setid_cleared(fs: &Fs, ino: Ino) {
+    fs.changed_elsewhere(ino, dev::ATTRS_ONLY, 0);
+}
+
 /// The errno of a failed request, logging failures that are more than a
 /// refused operation.
 fn reply_errno(e: Error) -> i32 {
@@ -871,7 +879,7 @@ impl ZlogFuse {
         // The writer has no CAP_FSETID: the set-ID bits may go.
         let by = (kill_setid && self.has_setid(ino)).then(|| self.caller(h, Some(false)));
         let write = move |fs: &Fs, data: &[u8]| match &by {
-            Some(c) => fs.write_by(ino, offset, data, c),
+            Some(c) => fs.write_by(ino, offset, data, c).inspect(|_| setid_cleared(fs, ino)),
             None => fs.write(ino, offset, data),
         };
         if data.len() >= LARGE_IO {
@@ -949,7 +957,9 @@ impl ZlogFuse {
         let fs = self.fs();
         self.workers.run(move || {
             let r = match &by {
-                Some(c) => fs.fallocate_by(ino, mode, offset, length, c),
+                Some(c) => {
+                    fs.fallocate_by(ino, mode, offset, length, c).inspect(|()| setid_cleared(&fs, ino))
+                }
                 None => fs.fallocate(ino, mode, offset, length),
             };
             empty(r, reply)
@@ -980,6 +990,9 @@ impl ZlogFuse {
         let fs = self.fs();
         self.workers.run(move || {
             let r = fs.copy_file_range_by(ino, off_in, ino_out, off_out, len, by.as_ref());
+            if by.is_some() && r.is_ok() {
+                setid_cleared(&fs, ino_out);
+            }
             written(r.map(|n| n as usize), reply)
         });
     }
