@@ -28,7 +28,7 @@ rm -f "$log"
 cargo build --release --quiet --bin zlogfs || exit 1
 start=$(date +%s)
 ZLOGFS=target/release/zlogfs W=$W GROUP="${GROUP:--g quick}" LIMIT="${LIMIT:-40m}" \
-    MOUNT_OPTS="-o allow_other,uring=off,logfile=$log" EXCLUDE=tests/xfstests/exclude \
+    MOUNT_OPTS="-o allow_other,uring=off,logfile=$log" EXCLUDE="$PWD/tests/xfstests/exclude" \
     bash "$shared/run.sh" deps unpack build users config run summary fsck 2>&1 | tee "$W/ci.out"
 echo "xfstests took $(($(date +%s) - start)) s"
 bad=0
