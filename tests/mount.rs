@@ -2050,3 +2050,32 @@ fn cleared_set_id_bits_do_not_linger_in_the_kernels_cache() {
     child.wait().expect("wait");
     fsck_clean(&d);
 }
+
+/// Under strictatime every read moves the atime, also a read of pages
+/// the kernel holds from an earlier open (issue 44 via xfstests
+/// generic/003: the second read was served from the page cache and never
+/// reached the daemon); under relatime the second read does not.
+#[test]
+fn strictatime_reads_move_the_atime_every_time() {
+    if !usable() {
+        return;
+    }
+    let d = Dir::new("strictatime");
+    mkfs(&d, "64M");
+    let p = d.mnt().join("f");
+    let atime = || run_ok(Command::new("stat").args(["-c", "%x"]).arg(&p)).trim().to_string();
+    for (opts, second_moves) in [("strictatime", true), ("", false)] {
+        let mut child = mount_fg(&d, opts);
+        if !p.exists() {
+            fs::write(&p, b"aaa\n").expect("write");
+        }
+        std::thread::sleep(Duration::from_millis(1100));
+        run_ok(Command::new("cat").arg(&p));
+        let first = atime();
+        std::thread::sleep(Duration::from_millis(1100));
+        run_ok(Command::new("cat").arg(&p));
+        assert_eq!(atime() != first, second_moves, "-o {opts}: the second read");
+        unmount(&d);
+        child.wait().expect("wait");
+    }
+}

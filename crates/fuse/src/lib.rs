@@ -852,10 +852,18 @@ impl ZlogFuse {
     }
 
     fn open(&self, ino: Ino, reply: Reply) {
-        match self.fs().open_file(ino) {
-            Ok(_) => {
+        let fs = self.fs();
+        match fs.open_file(ino) {
+            Ok(a) => {
+                let mut flags = self.open_flags();
+                if fs.atime_due(&a) {
+                    // The next read must reach us to move the atime: the
+                    // kernel's cached pages go (as at every open of a file
+                    // whose atime is due: rare under relatime).
+                    flags &= !fopen::KEEP_CACHE;
+                }
                 let mut b = Vec::with_capacity(16);
-                abi::put_open(&mut b, self.open_flags());
+                abi::put_open(&mut b, flags);
                 reply.data(&b)
             }
             Err(e) => reply.error(reply_errno(e)),
