@@ -551,6 +551,12 @@ impl LogWriter {
     /// (`Engine::mend_stuck_heads`). The segment it left stays as it is.
     pub fn jump(&mut self, h: usize) -> Result<u32> {
         self.choose_next(h, Room::System)?;
+        Ok(self.move_to_next(h))
+    }
+
+    /// Head `h` goes on at the start of its chosen next segment (the one
+    /// it leaves is sealed); returns that segment.
+    fn move_to_next(&mut self, h: usize) -> u32 {
         let head = &mut self.heads[h];
         let left = head.seg;
         head.seg = head.next_seg;
@@ -560,7 +566,7 @@ impl LogWriter {
         head.seg_prev_crc = 0;
         let to = head.seg;
         self.store.sealed(left);
-        Ok(to)
+        to
     }
 
     /// Make head `h` fill its segment to the end without naming a
@@ -592,14 +598,7 @@ impl LogWriter {
             }
             self.write_head(h, room)?;
         }
-        let head = &mut self.heads[h];
-        let left = head.seg;
-        head.seg = head.next_seg;
-        head.offset = 0;
-        head.next_seg = NO_SEGMENT;
-        head.next_named = false;
-        head.seg_prev_crc = 0;
-        self.store.sealed(left);
+        self.move_to_next(h);
         Ok(())
     }
 
