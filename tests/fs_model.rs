@@ -831,16 +831,29 @@ fn run(seed: u64, steps: usize, setup: Setup) -> u64 {
                 let p = path(&mut r);
                 let off = r.gen_range(0..30_000u64);
                 let len = r.gen_range(1..20_000u64);
+                // Every mode the mount accepts: a hole, a reservation (that
+                // grows the size, or is kept past it), a zeroed range (that
+                // grows the size, or not).
+                use fs::{
+                    FALLOC_FL_KEEP_SIZE as KEEP, FALLOC_FL_PUNCH_HOLE as PUNCH, FALLOC_FL_ZERO_RANGE as ZERO,
+                };
+                let mode = [PUNCH | KEEP, 0, KEEP, ZERO, ZERO | KEEP][r.gen_range(0..5)];
                 let fr = fs_resolve(&f, &p).and_then(|i| {
                     if errno(f.getattr(i))?.kind == Kind::Symlink {
                         return Err(libc::EINVAL);
                     }
-                    errno(f.fallocate(i, fs::FALLOC_FL_PUNCH_HOLE | fs::FALLOC_FL_KEEP_SIZE, off, len))
+                    errno(f.fallocate(i, mode, off, len))
                 });
                 let mr = m.file(&p).map(|v| {
-                    let end = ((off + len) as usize).min(v.len());
-                    if (off as usize) < end {
-                        v[off as usize..end].fill(0);
+                    let end = (off + len) as usize;
+                    if mode & KEEP == 0 && v.len() < end {
+                        v.resize(end, 0);
+                    }
+                    if mode & (PUNCH | ZERO) != 0 {
+                        let end = end.min(v.len());
+                        if (off as usize) < end {
+                            v[off as usize..end].fill(0);
+                        }
                     }
                 });
                 if mr.is_ok() {

@@ -701,8 +701,9 @@ impl State {
     }
 
     fn relocate(&mut self, ino: Ino, idx: u64, rep: &mut CleanReport) -> Result<()> {
-        let cs = self.chunk_of(ino)?;
-        self.dirty_mut(ino, idx, cs)?;
+        // A chunk in a block: never a reservation, so its count holds.
+        let mut i = self.inode(ino)?;
+        self.dirty_mut(&mut i, idx)?;
         rep.chunks += 1;
         self.relocated()
     }

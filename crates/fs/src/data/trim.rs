@@ -113,7 +113,7 @@ impl State {
             } else {
                 let stored = self.bufs.contains(i.ino, idx) || self.stored_extent(i.ino, idx)?.is_some();
                 if stored {
-                    let buf = self.dirty_mut(i.ino, idx, cs as u32)?;
+                    let buf = self.dirty_mut(i, idx)?;
                     let hi = (to as usize).min(buf.len());
                     if (from as usize) < hi {
                         buf[from as usize..hi].fill(0);
@@ -201,7 +201,7 @@ impl State {
                 let idx = size / cs;
                 let has = self.bufs.contains(i.ino, idx) || self.stored_extent(i.ino, idx)?.is_some();
                 if has {
-                    let buf = self.dirty_mut(i.ino, idx, cs as u32)?;
+                    let buf = self.dirty_mut(i, idx)?;
                     let n = (size - idx * cs) as usize;
                     let cut = buf.len().saturating_sub(n);
                     buf.truncate(n);

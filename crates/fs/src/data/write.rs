@@ -10,6 +10,13 @@ use crate::keys::*;
 use crate::patch::{is_marked, mark, runs_of};
 use crate::state::State;
 
+/// A chunk's size, and how many of its bytes lie within its file's size.
+#[derive(Clone, Copy)]
+struct Room {
+    cs: u32,
+    within: u64,
+}
+
 /// How a chunk is loaded into a new buffer.
 #[derive(Clone, Copy)]
 enum Load {
@@ -22,30 +29,42 @@ enum Load {
 }
 
 impl State {
-    /// The buffer of a chunk of `cs` bytes, loading its stored content
-    /// first; it will be stored whole.
-    pub(crate) fn dirty_mut(&mut self, ino: Ino, idx: u64, cs: u32) -> Result<&mut Vec<u8>> {
-        let b = self.dirty_buf(ino, idx, cs, false)?;
+    /// The buffer of chunk `idx` of file `i`, loading its stored content
+    /// first; it will be stored whole. `i`'s allocated count loses what
+    /// of a reservation lay past its size (see [`State::insert_buf`]).
+    pub(crate) fn dirty_mut(&mut self, i: &mut Inode, idx: u64) -> Result<&mut Vec<u8>> {
+        let b = self.dirty_buf(i, idx, false)?;
         b.touched = None;
         Ok(b.data_mut())
     }
 
-    /// The buffer of a chunk, loading its stored content first (then, with
-    /// `track`, tracking the blocks written, so that the commit may store
-    /// only those).
-    fn dirty_buf(&mut self, ino: Ino, idx: u64, cs: u32, track: bool) -> Result<&mut Buf> {
-        self.complete(ino, idx)?;
-        if self.bufs.get(ino, idx).is_none() {
-            let e = self.stored_extent(ino, idx)?;
-            self.insert_buf(ino, idx, cs, e, if track { Load::Track } else { Load::Whole })?;
+    /// The buffer of a chunk of file `i`, loading its stored content first
+    /// (then, with `track`, tracking the blocks written, so that the
+    /// commit may store only those).
+    fn dirty_buf(&mut self, i: &mut Inode, idx: u64, track: bool) -> Result<&mut Buf> {
+        self.complete(i.ino, idx)?;
+        if self.bufs.get(i.ino, idx).is_none() {
+            let e = self.stored_extent(i.ino, idx)?;
+            let load = if track { Load::Track } else { Load::Whole };
+            i.alloc -= self.insert_buf(i.ino, idx, self.room(i, idx), e, load)?;
         }
-        Ok(self.bufs.get_mut(ino, idx).expect("just inserted"))
+        Ok(self.bufs.get_mut(i.ino, idx).expect("just inserted"))
     }
 
-    /// Buffer chunk `idx` (of `cs` bytes), stored as `e`, loaded as `load`
-    /// says (a chunk not stored in a block is always loaded whole and not
-    /// tracked).
-    fn insert_buf(&mut self, ino: Ino, idx: u64, cs: u32, e: Option<Extent>, load: Load) -> Result<()> {
+    /// The bytes of chunk `idx` of file `i` that lie within its size.
+    fn room(&self, i: &Inode, idx: u64) -> Room {
+        let cs = self.cs(i);
+        Room { cs: cs as u32, within: i.size.saturating_sub(idx * cs).min(cs) }
+    }
+
+    /// Buffer chunk `idx` (of `room.cs` bytes), stored as `e`, loaded as
+    /// `load` says (a chunk not stored in a block is always loaded whole
+    /// and not tracked). A reservation becomes zeros up to the size only
+    /// (a buffer holds no bytes past the size); what it reserved past
+    /// the size is given back, and returned: the caller takes it off the
+    /// file's allocated count.
+    fn insert_buf(&mut self, ino: Ino, idx: u64, room: Room, e: Option<Extent>, load: Load) -> Result<u64> {
+        let cs = room.cs;
         if e.as_ref().is_some_and(|e| e.len() > u64::from(cs)) {
             return Err(Error::corrupt(
                 format!("chunk {idx} of inode {ino}"),
@@ -56,6 +75,7 @@ impl State {
             ));
         }
         let words = (cs / PATCH_BLOCK).div_ceil(64) as usize;
+        let mut dropped = 0;
         let buf = match e {
             Some(e @ (Extent::Own(..) | Extent::Shared { .. } | Extent::Patched { .. })) => match load {
                 Load::Partial => Buf::new(vec![0; e.len() as usize], Some(vec![0; words]), true, cs),
@@ -63,18 +83,21 @@ impl State {
                 Load::Whole => Buf::new(self.extent_bytes(ino, idx, &e)?, None, false, cs),
             },
             Some(Extent::Reserved(len)) => {
-                // The chunk is written now: its reservation becomes this
-                // buffer (counted in the buffers' bytes from here on), and the
-                // record goes, as a hole's would have none.
+                // The chunk is written now: its reservation within the size
+                // becomes this buffer (counted in the buffers' bytes from
+                // here on), and the record goes, as a hole's would have
+                // none.
                 self.release(ino, idx, &Extent::Reserved(len))?;
                 self.del(extent_key(ino, idx));
-                Buf::new(vec![0; len as usize], None, false, cs)
+                let kept = u64::from(len).min(room.within);
+                dropped = u64::from(len) - kept;
+                Buf::new(vec![0; kept as usize], None, false, cs)
             }
             Some(e) => Buf::new(self.extent_bytes(ino, idx, &e)?, None, false, cs),
             None => Buf::new(Vec::new(), None, false, cs),
         };
         self.bufs.insert(ino, idx, buf);
-        Ok(())
+        Ok(dropped)
     }
 
     /// Copy the stored chunk's bytes of `ranges` into its partial buffer.
@@ -126,7 +149,8 @@ impl State {
     /// The buffer for a write of `[from, from + n)` of a chunk. With
     /// patches on, a stored chunk is not read whole: the buffer is partial,
     /// and only the blocks the write covers in part are read.
-    fn write_buf(&mut self, ino: Ino, idx: u64, cs: u32, from: usize, n: usize) -> Result<&mut Buf> {
+    fn write_buf(&mut self, i: &mut Inode, idx: u64, from: usize, n: usize) -> Result<&mut Buf> {
+        let ino = i.ino;
         if self.bufs.get(ino, idx).is_none() {
             let e = self.stored_extent(ino, idx)?;
             let load = match (self.patches, self.cleaning) {
@@ -134,11 +158,12 @@ impl State {
                 (true, true) => Load::Track,
                 (false, _) => Load::Whole,
             };
-            self.insert_buf(ino, idx, cs, e, load)?;
+            i.alloc -= self.insert_buf(ino, idx, self.room(i, idx), e, load)?;
         }
         let b = self.bufs.get(ino, idx).expect("buffered");
         if !b.partial {
-            return self.dirty_buf(ino, idx, cs, self.patches);
+            let track = self.patches;
+            return self.dirty_buf(i, idx, track);
         }
         // Blocks the write covers only in part, not yet in the buffer:
         // their stored bytes first.
@@ -171,7 +196,9 @@ impl State {
                     "moved but it has no record",
                 ));
             }
-            self.insert_buf(ino, idx, cs, e, if self.cleaning { Load::Partial } else { Load::Track })?;
+            // A patched chunk: never a reservation, so nothing is dropped.
+            let room = Room { cs, within: u64::from(cs) };
+            self.insert_buf(ino, idx, room, e, if self.cleaning { Load::Partial } else { Load::Track })?;
         }
         let b = self.bufs.get(ino, idx).expect("buffered");
         if b.partial {
@@ -229,7 +256,7 @@ impl State {
             let from = (at - idx * cs) as usize;
             let n = (cs as usize - from).min(data.len() - pos);
             // Blocks are tracked only when they may become patches.
-            let b = self.write_buf(i.ino, idx, cs as u32, from, n)?;
+            let b = self.write_buf(i, idx, from, n)?;
             if let Some(t) = &mut b.touched {
                 let pb = PATCH_BLOCK as usize;
                 mark(t, from / pb..(from + n).div_ceil(pb));
