@@ -152,6 +152,11 @@ impl State {
 /// engine reclaims them together (one flush and two checkpoints).
 const ROUND: usize = 4;
 
+/// The fullest segments (live share) that a writer short of room cleans:
+/// the dead bytes of fuller ones cost more to reach than they give, and
+/// statfs does not count them free.
+pub(crate) const WRITER_MAX_LIVE: f64 = 0.95;
+
 impl Fs {
     /// Clean: move live data out of the segments with the most dead space
     /// and free them. Holds the file system for one round of a few segments
@@ -319,7 +324,7 @@ impl State {
         if self.futile_at == Some(self.stats.commits) {
             return Ok(());
         }
-        let fit = CleanOptions { max_live: 0.95, cold: false, ..CleanOptions::default() };
+        let fit = CleanOptions { max_live: WRITER_MAX_LIVE, cold: false, ..CleanOptions::default() };
         let (mut rep, mut tried) = (CleanReport::default(), HashSet::new());
         while need > self.space_hint && self.clean_round(&fit, &mut rep, &mut tried)? {}
         if need <= self.space_hint {

@@ -390,9 +390,20 @@ impl Fs {
     pub fn statfs(&self) -> Result<StatFs> {
         let mut st = self.st();
         let bsize = 4096u64;
-        let (usable, free) = self.eng.capacity();
-        // What fallocate reserved is taken; what only automatic points of
-        // history hold is free (a writer short of room drops them).
+        if !st.group.pending().frees.is_empty() {
+            // What a delete frees counts once its record is durable: make
+            // it so now, so that df after rm shows the space.
+            if let Err(e) = st.commit().and_then(|()| Ok(st.eng.sync()?)) {
+                tracing::warn!("statfs: committing the deletes before counting free space failed: {e}");
+            }
+            st.purgeable_at = None;
+        }
+        let (usable, _) = self.eng.capacity();
+        // What a writer's room check would grant (free segments, and what
+        // cleaning for room gives back); what fallocate reserved is taken;
+        // what only automatic points of history hold is free (a writer
+        // short of room drops them).
+        let free = self.eng.writable_bytes(crate::clean::WRITER_MAX_LIVE);
         let free = (free.saturating_sub(st.group.counters().reserved) + st.purgeable()?).min(usable);
         let (total, free) = (usable / bsize, free / bsize);
         let used_inodes = st.group.cfg().next_ino - 1;

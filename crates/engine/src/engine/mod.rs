@@ -600,6 +600,28 @@ impl Engine {
         (usable, usable.saturating_sub(live))
     }
 
+    /// Bytes a writer can count on, uncompressed accounting: what
+    /// [`Engine::free_bytes`] counts, and the dead bytes of the segments a
+    /// writer short of room cleans (at most `max_live` of them live, as
+    /// the cleaner's victims are picked), net of moving what is live.
+    /// Neither the current segments' unwritten rest (a writer's room check
+    /// does not count it) nor the dead bytes of fuller segments count:
+    /// counted, a full image showed free space while every write got
+    /// ENOSPC. What statfs reports.
+    pub fn writable_bytes(&self, max_live: f64) -> u64 {
+        let free = self.free_bytes();
+        let core = lock(&self.sh.core);
+        let g = self.sh.sb.geometry;
+        let usable = core.log.usable_per_segment() as u64;
+        let dead: u64 = (0..g.segment_count)
+            .filter(|&s| !core.log.is_head(s) && !core.log.is_free(s))
+            .map(|s| core.log.usage[s as usize].live)
+            .filter(|&live| live > 0 && f64::from(live) / f64::from(g.segment_size) <= max_live)
+            .map(|live| usable.saturating_sub(u64::from(live)))
+            .sum();
+        free + dead
+    }
+
     /// Of two devices, the fast one's `(segments, free segments)`; None
     /// with one device. Cheaper than `stats` (no walk of the index).
     pub fn fast_free(&self) -> Option<(u32, u32)> {
