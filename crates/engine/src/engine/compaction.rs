@@ -16,6 +16,9 @@ use crate::log::{max_block_raw, NewBlock};
 use super::checkpoint::Hold;
 use super::{lock, Core, Engine, Frozen, Room, Version};
 
+/// The most runs one merge takes (a window of adjacent runs).
+const MERGE_WIDTH: usize = 4;
+
 /// A run being written.
 struct RunBuilder {
     meta: RunMeta,
@@ -125,24 +128,49 @@ impl Engine {
         self.merge_runs(true).map(|_| ())
     }
 
+    /// Merge while there are more than `max_runs` runs and a merge can
+    /// lower their number. Runs are capped in size ([`Engine::run_caps`]):
+    /// past `max_runs` full runs, no merge can get back under the limit,
+    /// and merging full runs only wrote as many again, for ever (issue 45:
+    /// an import stalled at 1.2 million files).
     pub(super) fn maybe_merge(&self) -> Result<()> {
-        while self.version().runs.len() > self.sh.opts.max_runs {
-            if !self.merge_runs(false)? {
-                break;
+        loop {
+            let before = self.version().runs.len();
+            if before <= self.sh.opts.max_runs || !self.merge_runs(false)? {
+                return Ok(());
+            }
+            if self.version().runs.len() >= before {
+                // Runs came in front meanwhile, or the merge's estimate
+                // was off: the next flush tries again.
+                return Ok(());
             }
         }
-        Ok(())
+    }
+
+    /// The most keys, and sparse-index bytes, a run holds: its filter and
+    /// its sparse index are single blocks (cut at 90% of the block limit;
+    /// the filter takes 10 bits a key, the index a key and ~22 bytes a
+    /// data block).
+    fn run_caps(&self) -> (usize, usize) {
+        let max_block = max_block_raw(self.sh.sb.geometry);
+        (max_block * 8 / 10 * 9 / 10, max_block * 9 / 10)
+    }
+
+    /// How many runs merging `window` writes at most: what its entries and
+    /// its sparse indexes fill, as if no version were dropped.
+    fn runs_out(&self, window: &[Arc<Run>]) -> u64 {
+        let (max_keys, max_index) = self.run_caps();
+        let entries: u64 = window.iter().map(|r| r.meta.entries).sum();
+        let index: u64 =
+            window.iter().flat_map(|r| r.index.iter()).map(|e| e.last_key.len() as u64 + 22).sum();
+        entries.div_ceil(max_keys as u64).max(index.div_ceil(max_index as u64)).max(1)
     }
 
     /// Write the runs built from `entries` (internal order) into the log.
     /// A run's filter and sparse index are single blocks, so a long stream
     /// is cut, between keys, into several runs with disjoint key ranges.
     fn write_runs(&self, entries: impl Iterator<Item = Result<Entry>>) -> Result<Vec<Run>> {
-        let max_block = max_block_raw(self.sh.sb.geometry);
-        // Bloom filter: 10 bits a key; sparse index: a key and ~22 bytes a
-        // data block. Cut at 90% of the block limit.
-        let max_keys = max_block * 8 / 10 * 9 / 10;
-        let max_index = max_block * 9 / 10;
+        let (max_keys, max_index) = self.run_caps();
         let mut out = Vec::new();
         let mut b: Option<RunBuilder> = None;
         for e in entries {
@@ -250,7 +278,10 @@ impl Engine {
         Ok(true)
     }
 
-    /// Merge runs: all of them, or the cheapest window of adjacent runs.
+    /// Merge runs: all of them, or the window of adjacent runs (two to
+    /// [`MERGE_WIDTH`]) that lowers their number at the least cost in
+    /// bytes read per run gone. False when no window lowers it (every run
+    /// is about full).
     pub(super) fn merge_runs(&self, all: bool) -> Result<bool> {
         let _g = lock(&self.sh.ckpt_lock);
         let ver = self.version();
@@ -261,11 +292,24 @@ impl Engine {
         let (lo, hi) = if all {
             (0, n)
         } else {
-            let w = n.min(4);
-            (0..=n - w)
-                .min_by_key(|&i| ver.runs[i..i + w].iter().map(|r| r.meta.bytes).sum::<u64>())
-                .map(|i| (i, i + w))
-                .unwrap_or((0, n))
+            let mut best: Option<(f64, usize, usize)> = None;
+            for w in 2..=n.min(MERGE_WIDTH) {
+                for lo in 0..=n - w {
+                    let window = &ver.runs[lo..lo + w];
+                    let gone = (w as u64).saturating_sub(self.runs_out(window));
+                    if gone == 0 {
+                        continue;
+                    }
+                    let cost = window.iter().map(|r| r.meta.bytes).sum::<u64>() as f64 / gone as f64;
+                    if best.is_none_or(|(c, _, _)| cost < c) {
+                        best = Some((cost, lo, lo + w));
+                    }
+                }
+            }
+            match best {
+                Some((_, lo, hi)) => (lo, hi),
+                None => return Ok(false),
+            }
         };
         self.merge_window(&ver, lo, hi)?;
         Ok(true)
