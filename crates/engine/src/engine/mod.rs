@@ -45,6 +45,9 @@ pub use damage::DamagedBlock;
 pub use journal::{decode_journal, Op, WriteBatch};
 pub use recovery::{mkfs, read_superblock, read_superblock_noting};
 
+/// Keys and values, in key order, as a scan returns them.
+type KeyValues = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// Keys a scan takes from each memtable beyond its limit (tombstones and
 /// versions newer than the scan's point take none of the limit).
 const SCAN_MARGIN: usize = 64;
@@ -538,7 +541,7 @@ impl Engine {
         limit: usize,
         seq: u64,
         keys: usize,
-    ) -> Result<(Vec<(Vec<u8>, Vec<u8>)>, bool)> {
+    ) -> Result<(KeyValues, bool)> {
         let mut sources: Vec<Box<dyn Iterator<Item = Result<Entry>>>> = Vec::new();
         // The smallest of the last keys of the memtables that had more.
         let mut cut: Option<Vec<u8>> = None;
