@@ -22,7 +22,8 @@
 #              /usr/include copied in and fsynced, the daemon killed -9
 #              and remounted, in both sync modes; export through an empty
 #              cache directory; the Linux source tree in and out the same
-#              way (when test.sh unpacked it); fsck after each
+#              way (with POSIX_LARGE=1, when test.sh unpacked it); fsck
+#              after each
 #
 # pjdfstest and fsx run on each transport: FUSE over io_uring (-o uring,
 # which turns the fuse module's enable_uring on) and /dev/fuse
@@ -39,6 +40,7 @@
 #   POSIX_SUITES="fsx fio" tests/posix/run.sh
 #   FSX_OPS=5000 tests/posix/run.sh    # shorter fsx runs
 #   STRESS_SECS=180 POSIX_SUITES=stress tests/posix/run.sh   # the long stress run
+#   bash bench/posix-large.sh          # the large version of everything
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 here=tests/posix
@@ -161,7 +163,7 @@ if [[ " $suites " == *" pjdfstest "* ]]; then
     for cache in "allow_other" "allow_other,attr_timeout=0,entry_timeout=0,negative_timeout=0"; do
     for t in "${transports[@]}"; do
         cache_t="$cache,$t"
-        echo "== pjdfstest, -o $cache_t"
+        echo "== pjdfstest, -o $cache_t [at ${SECONDS} s]"
         fresh 2G "$cache_t"
         chmod 777 "$mnt"
         for pass in all erofs; do
@@ -184,7 +186,7 @@ fi
 if [[ " $suites " == *" fsx "* ]]; then
     seed=1
     for t in "${transports[@]}"; do
-        echo "== fsx: 4 seeds x $fsx_ops operations, -o $t"
+        echo "== fsx: 4 seeds x $fsx_ops operations, -o $t [at ${SECONDS} s]"
         # A large image (a sparse file): fsx rewrites its file for a long
         # time, and this is not a test of the cleaner.
         fresh 24G "$t"
@@ -206,7 +208,7 @@ if [[ " $suites " == *" fsx "* ]]; then
 fi
 
 if [[ " $suites " == *" fio "* ]]; then
-    echo "== fio verify=crc32c across a remount: written with -o $first, verified with -o $last"
+    echo "== fio verify=crc32c across a remount: written with -o $first, verified with -o $last [at ${SECONDS} s]"
     fresh 4G "$first"
     # With verify on, fio fills buffers itself: zeros need verify_pattern.
     kinds=(random "" zero "--verify_pattern=0x00" half "--buffer_compress_percentage=50 --refill_buffers")
@@ -240,7 +242,7 @@ if [[ " $suites " == *" fio "* ]]; then
 fi
 
 if [[ " $suites " == *" clean "* ]]; then
-    echo "== fio overwrites, 2.75x the capacity, of an image kept 70% full (the cleaner keeps up), -o $first"
+    echo "== fio overwrites, 2.75x the capacity, of an image kept 70% full (the cleaner keeps up), -o $first [at ${SECONDS} s]"
     fresh 128M "$first"
     # 88 MiB of incompressible data in 128 MiB, rewritten in random order
     # in 64 KiB and 4 KiB blocks, each loop verified (crc32c) after it.
@@ -271,7 +273,7 @@ fi
 
 if [[ " $suites " == *" stress "* ]]; then
     for opt in "$first" "$first,nopatches"; do
-        echo "== writers, readers and zlogfs clean in a loop, ${stress_secs} s, -o $opt"
+        echo "== writers, readers and zlogfs clean in a loop, ${stress_secs} s, -o $opt [at ${SECONDS} s]"
         fresh 256M "$opt"
         stress_with_cleaner "-o $opt"
         unmount_and_check "the stress run (-o $opt)"
@@ -279,7 +281,7 @@ if [[ " $suites " == *" stress "* ]]; then
 fi
 
 if [[ " $suites " == *" two "* ]]; then
-    echo "== two devices: pjdfstest, -o allow_other,$first"
+    echo "== two devices: pjdfstest, -o allow_other,$first [at ${SECONDS} s]"
     fresh_two 2G 256M "allow_other,$first"
     chmod 777 "$mnt"
     for pass in all erofs; do
@@ -293,7 +295,7 @@ if [[ " $suites " == *" two "* ]]; then
         fi
     done
     unmount_and_check "pjdfstest on two devices"
-    echo "== two devices: fsx, 2 seeds x $fsx_ops operations, -o $first"
+    echo "== two devices: fsx, 2 seeds x $fsx_ops operations, -o $first [at ${SECONDS} s]"
     fresh_two 24G 1G "$first"
     for seed in 11 12; do
         if fsx -q -f "$PWD/$here/fsx.toml" -N "$fsx_ops" -S "$seed" -P "$work" "$mnt/fsx$seed" >"$work/fsx.log" 2>&1 \
@@ -305,7 +307,7 @@ if [[ " $suites " == *" two "* ]]; then
         fi
     done
     unmount_and_check "fsx on two devices"
-    echo "== two devices: writers, readers and zlogfs clean, ${stress_secs} s, a 12 MiB fast device, -o $first"
+    echo "== two devices: writers, readers and zlogfs clean, ${stress_secs} s, a 12 MiB fast device, -o $first [at ${SECONDS} s]"
     fresh_two 256M 12M "$first"
     stress_with_cleaner "on two devices"
     "$zlogfs" stats "$mnt" 2>/dev/null | grep -E 'device:' | sed 's/^/    /' || true
@@ -338,7 +340,7 @@ if [[ " $suites " == *" s3 "* ]]; then
             cat "$work/fsck"
         fi
     }
-    echo "== object store: pjdfstest, -o allow_other,$first,sync=remote"
+    echo "== object store: pjdfstest, -o allow_other,$first,sync=remote [at ${SECONDS} s]"
     "$zlogfs" mkfs "$url" --cache "$cache" 2>/dev/null
     "$zlogfs" mount -o "allow_other,$first,sync=remote,cache=$cache" "$url" "$mnt"
     chmod 777 "$mnt"
@@ -351,7 +353,7 @@ if [[ " $suites " == *" s3 "* ]]; then
     fi
     # A fifth of the usual operations: the other suites run fsx at length;
     # this one checks the store under it, and CI time is short.
-    echo "== object store: fsx, 1 seed x $((fsx_ops / 5)) operations"
+    echo "== object store: fsx, 1 seed x $((fsx_ops / 5)) operations [at ${SECONDS} s]"
     if fsx -q -f "$PWD/$here/fsx.toml" -N "$((fsx_ops / 5))" -S 21 -P "$work" "$mnt/fsx" >"$work/fsx.log" 2>&1 \
         && grep -q 'A-OK' "$work/fsx.log"; then
         ok "fsx seed 21 on a bucket: $(tail -n 1 "$work/fsx.log")"
@@ -361,7 +363,7 @@ if [[ " $suites " == *" s3 "* ]]; then
     fi
     s3_unmount_and_check "pjdfstest and fsx on a bucket"
     for mode in local remote; do
-        echo "== object store: /usr/include in, fsync, kill -9, remount (sync=$mode)"
+        echo "== object store: /usr/include in, fsync, kill -9, remount (sync=$mode) [at ${SECONDS} s]"
         "$zlogfs" mount -o "sync=$mode,cache=$cache" "$url" "$mnt"
         rm -rf "$mnt/include"
         cp -a /usr/include "$mnt/include"
@@ -385,7 +387,7 @@ fd = os.open(sys.argv[1], os.O_RDONLY); os.fsync(fd); os.close(fd)' "$mnt/includ
         "$zlogfs" stats "$mnt" 2>/dev/null | grep 'object store' | sed 's/^/    /' || true
         s3_unmount_and_check "kill -9 and remount (sync=$mode)"
     done
-    echo "== object store: a read-only mount follows the writer (-o ro,refresh=1)"
+    echo "== object store: a read-only mount follows the writer (-o ro,refresh=1) [at ${SECONDS} s]"
     fsync_tree() { # dir: every file in it, and it, fsynced (sync(1) does not reach a FUSE daemon)
         python3 -c 'import os, sys
 for d, _, fs in os.walk(sys.argv[1]):
@@ -456,7 +458,7 @@ for d, _, fs in os.walk(sys.argv[1]):
     umount "$reader"
     rm -rf "$work/reader-cache"
     s3_unmount_and_check "following"
-    echo "== object store: export from an empty cache (another machine's view)"
+    echo "== object store: export from an empty cache (another machine's view) [at ${SECONDS} s]"
     rm -rf "$work/export"
     if "$zlogfs" export --cache "$work/empty-cache" "$url" "$work/export" >/dev/null 2>"$work/export.log" &&
         diff -r --no-dereference /usr/include "$work/export/include" >"$work/diff.log" 2>&1; then
@@ -467,10 +469,14 @@ for d, _, fs in os.walk(sys.argv[1]):
     fi
     rm -rf "$work/export" "$work/empty-cache"
     # The Linux source tree when test.sh unpacked it (ZLOGFS_ROUNDTRIP_TREES).
+    # Only in the large run (POSIX_LARGE=1, bench/posix-large.sh): 1.5 GB
+    # through moto took minutes of CI's hour.
     linux=""
-    for t in ${ZLOGFS_ROUNDTRIP_TREES:-}; do [[ "$t" == *linux* ]] && linux=$t; done
+    if [ "${POSIX_LARGE:-0}" = 1 ]; then
+        for t in ${ZLOGFS_ROUNDTRIP_TREES:-}; do [[ "$t" == *linux* ]] && linux=$t; done
+    fi
     if [ -n "$linux" ]; then
-        echo "== object store: the Linux source tree in (sync=local), unmount, export through an empty cache"
+        echo "== object store: the Linux source tree in (sync=local), unmount, export through an empty cache [at ${SECONDS} s]"
         "$zlogfs" mount -o "cache=$cache" "$url" "$mnt"
         rm -rf "$mnt/include"
         cp -a "$linux" "$mnt/linux"
