@@ -45,13 +45,6 @@ pub use damage::DamagedBlock;
 pub use journal::{decode_journal, Op, WriteBatch};
 pub use recovery::{mkfs, read_superblock, read_superblock_noting};
 
-/// Keys and values, in key order, as a scan returns them.
-type KeyValues = Vec<(Vec<u8>, Vec<u8>)>;
-
-/// Keys a scan takes from each memtable beyond its limit (tombstones and
-/// versions newer than the scan's point take none of the limit).
-const SCAN_MARGIN: usize = 64;
-
 /// Tunables of an open engine (none of them is part of the format).
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -502,15 +495,6 @@ impl Engine {
     }
 
     /// [`Engine::scan`] as of sequence number `seq`.
-    ///
-    /// The memtables give only the keys a page may need (`limit` and a
-    /// margin, every version of each), not everything from `start` on:
-    /// copying the rest of a directory of a million entries out of the
-    /// memtable for every page of a listing made listing it quadratic
-    /// (issue 45). Past the last key a memtable gave, the other sources
-    /// may hold keys it hides (a newer version, a tombstone): the page
-    /// ends there, and is read again with more of the memtables when it
-    /// came out short.
     pub fn scan_at(
         &self,
         start: &[u8],
@@ -520,42 +504,10 @@ impl Engine {
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         self.check_horizon(seq)?;
         let ver = self.version();
-        let mut keys = limit.saturating_add(SCAN_MARGIN);
-        loop {
-            let (out, cut) = self.scan_page(&ver, start, end, limit, seq, keys)?;
-            if !cut || out.len() >= limit {
-                return Ok(out);
-            }
-            keys = keys.saturating_mul(4);
-        }
-    }
-
-    /// One try of [`Engine::scan_at`], taking at most `keys` keys of each
-    /// memtable; true with it when the page ended at a memtable's cut
-    /// rather than at `end` or `limit`.
-    fn scan_page(
-        &self,
-        ver: &Version,
-        start: &[u8],
-        end: Option<&[u8]>,
-        limit: usize,
-        seq: u64,
-        keys: usize,
-    ) -> Result<(KeyValues, bool)> {
         let mut sources: Vec<Box<dyn Iterator<Item = Result<Entry>>>> = Vec::new();
-        // The smallest of the last keys of the memtables that had more.
-        let mut cut: Option<Vec<u8>> = None;
-        for mem in std::iter::once(&ver.active).chain(ver.frozen.iter().map(|f| &f.mem)) {
-            let got = mem.range(start, end, keys);
-            let distinct =
-                got.windows(2).filter(|w| w[0].key != w[1].key).count() + usize::from(!got.is_empty());
-            if distinct >= keys {
-                let last = got.last().map(|e| e.key.clone()).unwrap_or_default();
-                if cut.as_ref().is_none_or(|c| last < *c) {
-                    cut = Some(last);
-                }
-            }
-            sources.push(Box::new(got.into_iter().map(Ok)));
+        sources.push(Box::new(ver.active.range(start, end, usize::MAX).into_iter().map(Ok)));
+        for f in &ver.frozen {
+            sources.push(Box::new(f.mem.range(start, end, usize::MAX).into_iter().map(Ok)));
         }
         for r in &ver.runs {
             sources.push(Box::new(r.cursor(self.sh.store.clone(), self.sh.cache.clone(), start)));
@@ -565,10 +517,7 @@ impl Engine {
         for e in MergeIter::new(sources)? {
             let e = e?;
             if end.is_some_and(|end| e.key.as_slice() >= end) || out.len() >= limit {
-                return Ok((out, false));
-            }
-            if cut.as_ref().is_some_and(|c| e.key > *c) {
-                return Ok((out, true));
+                break;
             }
             if e.seq > seq || last.as_ref() == Some(&e.key) {
                 continue;
@@ -578,9 +527,7 @@ impl Engine {
                 out.push((e.key, v));
             }
         }
-        // Every source ran out: a memtable that had more was cut short.
-        let short = cut.is_some();
-        Ok((out, short))
+        Ok(out)
     }
 
     /// The kept points of history: merges keep, per key, the newest
