@@ -156,13 +156,11 @@ impl Engine {
         (max_block * 8 / 10 * 9 / 10, max_block * 9 / 10)
     }
 
-    /// How many runs merging `window` writes at most: what its entries and
-    /// its sparse indexes fill, as if no version were dropped.
-    fn runs_out(&self, window: &[Arc<Run>]) -> u64 {
+    /// How many runs merging runs of `fill` (each run's entries and
+    /// sparse-index bytes) writes at most, as if no version were dropped.
+    fn runs_out(&self, fill: &[(u64, u64)]) -> u64 {
         let (max_keys, max_index) = self.run_caps();
-        let entries: u64 = window.iter().map(|r| r.meta.entries).sum();
-        let index: u64 =
-            window.iter().flat_map(|r| r.index.iter()).map(|e| e.last_key.len() as u64 + 22).sum();
+        let (entries, index) = fill.iter().fold((0, 0), |(e, i), &(re, ri)| (e + re, i + ri));
         entries.div_ceil(max_keys as u64).max(index.div_ceil(max_index as u64)).max(1)
     }
 
@@ -292,15 +290,21 @@ impl Engine {
         let (lo, hi) = if all {
             (0, n)
         } else {
+            // Each run's entries and sparse-index bytes, summed once.
+            let fill: Vec<(u64, u64)> = ver
+                .runs
+                .iter()
+                .map(|r| (r.meta.entries, r.index.iter().map(|e| e.last_key.len() as u64 + 22).sum()))
+                .collect();
             let mut best: Option<(f64, usize, usize)> = None;
             for w in 2..=n.min(MERGE_WIDTH) {
                 for lo in 0..=n - w {
-                    let window = &ver.runs[lo..lo + w];
-                    let gone = (w as u64).saturating_sub(self.runs_out(window));
+                    let gone = (w as u64).saturating_sub(self.runs_out(&fill[lo..lo + w]));
                     if gone == 0 {
                         continue;
                     }
-                    let cost = window.iter().map(|r| r.meta.bytes).sum::<u64>() as f64 / gone as f64;
+                    let bytes: u64 = ver.runs[lo..lo + w].iter().map(|r| r.meta.bytes).sum();
+                    let cost = bytes as f64 / gone as f64;
                     if best.is_none_or(|(c, _, _)| cost < c) {
                         best = Some((cost, lo, lo + w));
                     }
