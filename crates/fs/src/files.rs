@@ -403,8 +403,9 @@ impl Fs {
         // cleaning for room gives back); what fallocate reserved is taken;
         // what only automatic points of history hold is free (a writer
         // short of room drops them).
-        let free = self.eng.writable_bytes(crate::clean::WRITER_MAX_LIVE);
-        let free = (free.saturating_sub(st.group.counters().reserved) + st.purgeable()?).min(usable);
+        let purgeable = st.purgeable_by_segment()?;
+        let free = self.eng.writable_bytes_freeing(crate::clean::WRITER_MAX_LIVE, &purgeable);
+        let free = free.saturating_sub(st.group.counters().reserved).min(usable);
         let (total, free) = (usable / bsize, free / bsize);
         let used_inodes = st.group.cfg().next_ino - 1;
         let ffree = (1u64 << 32).saturating_sub(used_inodes);

@@ -7,6 +7,9 @@
 //! the oldest one left (a block freed at sequence number `died` was
 //! readable only below it).
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use zlogfs_engine::engine::Engine;
 
 use crate::error::{Error, Result};
@@ -160,15 +163,21 @@ impl State {
 
     /// Stored bytes held only for automatic points (no named snapshot
     /// reads them): what dropping every point would free, which a writer
-    /// short of room does before it gets ENOSPC. Statfs counts them free;
-    /// read again at most every [`PURGEABLE_EVERY`].
+    /// short of room does before it gets ENOSPC.
     pub(crate) fn purgeable(&mut self) -> Result<u64> {
+        Ok(self.purgeable_by_segment()?.values().sum())
+    }
+
+    /// [`State::purgeable`] per segment, each block once (statfs counts
+    /// what releasing them gives back segment by segment); read again at
+    /// most every [`PURGEABLE_EVERY`].
+    pub(crate) fn purgeable_by_segment(&mut self) -> Result<Arc<BTreeMap<u32, u64>>> {
         if self.group.snapshots().is_empty() {
-            return Ok(0);
+            return Ok(Arc::default());
         }
-        if let Some((at, n)) = self.purgeable_at {
+        if let Some((at, n)) = &self.purgeable_at {
             if at.elapsed() < PURGEABLE_EVERY {
-                return Ok(n);
+                return Ok(n.clone());
             }
         }
         let (lo, hi) = snapshots_range();
@@ -179,14 +188,17 @@ impl State {
             }
         }
         named.sort_unstable();
-        let mut n = 0u64;
+        let (mut by_seg, mut last) = (BTreeMap::new(), None);
+        // Held frees come in block order: a block held twice is one block.
         for (_, a, born, died) in self.held_frees()? {
             let i = named.partition_point(|&s| s < born);
-            if named.get(i).is_none_or(|&s| s >= died) {
-                n += u64::from(a.len);
+            if named.get(i).is_none_or(|&s| s >= died) && last != Some((a.seg, a.offset)) {
+                *by_seg.entry(a.seg).or_insert(0u64) += u64::from(a.len);
+                last = Some((a.seg, a.offset));
             }
         }
-        self.purgeable_at = Some((std::time::Instant::now(), n));
+        let n = Arc::new(by_seg);
+        self.purgeable_at = Some((std::time::Instant::now(), n.clone()));
         Ok(n)
     }
 

@@ -61,9 +61,9 @@ pub(crate) struct State {
     /// the views of this file system's snapshots ([`crate::Fs::view`]),
     /// whose reads and cached blocks are good only while it stays.
     pub(crate) held_gen: Arc<AtomicU64>,
-    /// Bytes held only for automatic points, and when counted
-    /// ([`State::purgeable`]).
-    pub(crate) purgeable_at: Option<(std::time::Instant, u64)>,
+    /// Bytes held only for automatic points, per segment, and when
+    /// counted ([`State::purgeable_by_segment`]).
+    pub(crate) purgeable_at: Option<(std::time::Instant, Arc<std::collections::BTreeMap<u32, u64>>)>,
 }
 
 impl State {
