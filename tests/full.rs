@@ -247,6 +247,35 @@ fn fallocate_truncate_and_delete_of_a_gigabyte_keep_the_counts() {
     }
 }
 
+/// A read whose atime update commits first (the group was past half its
+/// bound) saved the inode it had read before the commit: the commit had
+/// stored a buffered chunk of zeros as a hole and taken it off the
+/// allocated count, and the read put the older count back (xfstests
+/// generic/247: direct writes of zeros racing mmap writes over a file of
+/// 500 MiB; "counts 524288000 allocated bytes, its chunks hold 494927872";
+/// issue 44, item 9).
+#[test]
+fn a_read_that_commits_for_its_atime_keeps_the_allocated_count() {
+    let (_s, f) = fresh(Atime::Relatime);
+    let r = &mut common::rng(common::seed("a_read_that_commits_for_its_atime_keeps_the_allocated_count"));
+    let cs = 64 << 10;
+    let data: Vec<u8> = (0..200 * cs).map(|_| r.gen()).collect();
+    let a = f.create(ROOT, b"a", 0o644, 0, 0).expect("create").ino;
+    f.write(a, 0, &data).expect("write");
+    f.sync().expect("sync");
+    let zeros = vec![0u8; cs];
+    for n in 0..200u64 {
+        f.write(a, n * cs as u64, &zeros).expect("write zeros");
+        let name = format!("{n:0>250}");
+        f.create(ROOT, name.as_bytes(), 0o644, 0, 0).expect("create a long name");
+        f.read(a, 0, 1).expect("read");
+    }
+    f.sync().expect("sync");
+    let rep = f.check(&|_, _| {}).expect("fsck");
+    assert!(rep.problems.is_empty(), "{} problems: {:?}", rep.problems.len(), rep.problems.first());
+    assert_eq!(f.getattr(a).expect("stat").blocks, 0, "every chunk is zeros: a hole");
+}
+
 #[test]
 fn fallocate_reserves_room_for_the_first_write() {
     let seed = common::seed("fallocate_reserves_room_for_the_first_write");

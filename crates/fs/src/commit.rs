@@ -127,10 +127,11 @@ impl State {
 
     /// Before buffering `len` more bytes: when the buffered data could
     /// outgrow the free log (counted uncompressed), commit first to learn
-    /// what it really takes; ENOSPC when the log is full.
-    pub(crate) fn pre_write(&mut self, len: usize) -> Result<()> {
+    /// what it really takes; ENOSPC when the log is full. True when it
+    /// committed: a caller's copy of an inode read before is stale.
+    pub(crate) fn pre_write(&mut self, len: usize) -> Result<bool> {
         if (self.bufs.bytes() + len) as u64 <= self.space_hint {
-            return Ok(());
+            return Ok(false);
         }
         self.commit()?;
         self.space_hint = self.free_now();
@@ -150,7 +151,7 @@ impl State {
                 self.space_hint
             )));
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Free log bytes for writes other than into reserved chunks: the

@@ -50,7 +50,13 @@ impl State {
             return;
         }
         if self.group.bytes() + self.bufs.count() * 64 > self.group.max_bytes() / 2 {
-            if let Err(e) = self.commit() {
+            // The commit may change the file (a buffered chunk of zeros
+            // stored as a hole comes off its allocated count): the copy
+            // read before it is stale (issue 44, item 9).
+            if let Err(e) = self.commit().and_then(|()| {
+                i = self.inode(i.ino)?;
+                Ok(())
+            }) {
                 // The operation that needs the commit meets this again.
                 self.note_dropped_atime(&e);
                 return;
@@ -191,7 +197,10 @@ impl Fs {
             )));
         }
         let fresh = st.fresh_bytes(&i, off, data.len())?;
-        st.pre_write(fresh)?;
+        if st.pre_write(fresh)? {
+            // The commit may have changed the file (see State::relatime).
+            i = st.file(ino)?;
+        }
         st.write_data(&mut i, off, data)?;
         let t = now();
         i.mtime = t;

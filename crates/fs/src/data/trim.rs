@@ -165,8 +165,11 @@ impl State {
             plan.push((idx, have, want));
             need += u64::from(want - have);
             if need > self.space_hint.saturating_sub(self.bufs.bytes() as u64) {
-                // Commits, cleans, or says ENOSPC, before anything changed.
-                self.pre_write(need as usize)?;
+                // Commits, cleans, or says ENOSPC, before anything changed
+                // (but the commit may have changed `i`: read it again).
+                if self.pre_write(need as usize)? {
+                    *i = self.inode(i.ino)?;
+                }
             }
         }
         if plan.is_empty() {
