@@ -105,16 +105,19 @@ pub struct Usage {
     pub counters: Counters,
 }
 
-/// A path of inode `ino` from the names fsck gathered ("inode N" when it
-/// has none, an orphan).
-fn path_of(names: &HashMap<Ino, (Ino, Vec<u8>)>, ino: Ino) -> String {
+/// A path of inode `ino`, found when needed (to say which file a damaged
+/// block holds): each inode names its directory, whose entries are read
+/// until one names it. "inode N" when one step is unknown (an orphan, a
+/// file whose directory does not list it). fsck and scrub held a name of
+/// every inode of the tree for this (issue 45).
+pub(crate) fn path_of(st: &State, ino: Ino) -> String {
     let mut parts = Vec::new();
     let mut cur = ino;
     while cur != ROOT && parts.len() < 4096 {
-        match names.get(&cur) {
+        match name_in_parent(st, cur) {
             Some((p, n)) => {
-                parts.push(name_str(n));
-                cur = *p;
+                parts.push(name_str(&n));
+                cur = p;
             }
             None => return format!("inode {ino}"),
         }
@@ -123,10 +126,59 @@ fn path_of(names: &HashMap<Ino, (Ino, Vec<u8>)>, ino: Ino) -> String {
     format!("/{}", parts.join("/"))
 }
 
+/// The directory `ino` names as its parent, and its name there.
+fn name_in_parent(st: &State, ino: Ino) -> Option<(Ino, Vec<u8>)> {
+    let parent = st.inode(ino).ok()?.parent;
+    if parent == 0 {
+        return None;
+    }
+    let (lo, hi) = dirents_range(parent);
+    let mut found = None;
+    let r = st.for_each(&lo, &hi, |k, v| {
+        if found.is_none() && decode_dirent(v)?.0 == ino {
+            found = parse_dirent_key(k).map(|(_, n)| n.to_vec());
+        }
+        Ok(())
+    });
+    if let Err(e) = r {
+        tracing::warn!("naming inode {ino}: reading directory {parent}: {e}");
+    }
+    found.map(|n| (parent, n))
+}
+
 /// A block's users as fsck found them: the owning chunk (its length), or
 /// the pieces of a shared block (offset and length of each).
 type OwnBlocks = HashMap<BlockAddr, (Ino, u64, u32)>;
 type SharedUsers = HashMap<BlockAddr, Vec<(Ino, u64, u32, u32)>>;
+
+/// What fsck keeps of an inode for the phases after the inode scan, and
+/// what they count for it: about 64 bytes, where the whole inode in a
+/// hash map, its name and its counts in four more took about 1 KiB a file
+/// (issue 45: 1 GiB at a million files).
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    ino: Ino,
+    parent: Ino,
+    size: u64,
+    alloc: u64,
+    /// Bytes of its chunks.
+    chunks: u64,
+    nlink: u32,
+    /// Entries naming it; of a directory, the subdirectories in it.
+    entries: u32,
+    subdirs: u32,
+    /// Its own chunk size (0: the image's).
+    chunk: u32,
+    kind: Kind,
+    flags: u8,
+}
+
+/// [`Node::flags`]: its directory (`parent`) has an entry for it.
+const PARENT_ENTRY: u8 = 1;
+/// Reachable from the root.
+const REACHABLE: u8 = 2;
+/// Waiting in the orphan list.
+const ORPHAN: u8 = 4;
 
 /// fsck's phases over one state, and what each gathers for the next.
 struct Checker<'a> {
@@ -134,16 +186,11 @@ struct Checker<'a> {
     /// The image's chunk size (files without their own).
     cs: u64,
     rep: CheckReport,
-    inodes: HashMap<Ino, Inode>,
-    orphans: HashSet<Ino>,
-    /// Names of each inode, subdirectories of each directory.
-    links: HashMap<Ino, u32>,
-    subdirs: HashMap<Ino, u32>,
-    children: HashMap<Ino, Vec<Ino>>,
-    /// A name of each inode, to say which file a damaged block holds.
-    names: HashMap<Ino, (Ino, Vec<u8>)>,
-    /// Bytes of each inode's chunks.
-    alloc: HashMap<Ino, u64>,
+    /// Every inode, in order of number (the order the scan gives).
+    nodes: Vec<Node>,
+    /// The subdirectories of each directory (directories only: files are
+    /// found reachable by a second pass over the entries).
+    subdirs_of: HashMap<Ino, Vec<Ino>>,
     own_blocks: OwnBlocks,
     shared_users: SharedUsers,
     /// Bytes of blocks already released from their segments' counts
@@ -164,7 +211,7 @@ impl Fs {
         c.inodes()?;
         c.orphans()?;
         c.dirents()?;
-        c.links();
+        c.links()?;
         c.chunks()?;
         c.shared_lists()?;
         let mut per_seg = c.blocks(progress);
@@ -176,38 +223,14 @@ impl Fs {
     }
 }
 
-/// A name of every inode, from a scan of every directory, to say which
-/// files something concerns.
-pub(crate) struct Names(HashMap<Ino, (Ino, Vec<u8>)>);
-
-impl Names {
-    /// Scan the tree.
-    pub(crate) fn scan(st: &State) -> Result<Names> {
-        let mut c = Checker::new(st);
-        c.inodes()?;
-        c.dirents()?;
-        Ok(Names(c.names))
-    }
-
-    /// A path of `ino` ("inode N" when it had no name).
-    pub(crate) fn path(&self, ino: Ino) -> String {
-        path_of(&self.0, ino)
-    }
-}
-
 impl<'a> Checker<'a> {
     fn new(st: &'a State) -> Self {
         Checker {
             st,
             cs: st.group.chunk_size(),
             rep: CheckReport::default(),
-            inodes: HashMap::new(),
-            orphans: HashSet::new(),
-            links: HashMap::new(),
-            subdirs: HashMap::new(),
-            children: HashMap::new(),
-            names: HashMap::new(),
-            alloc: HashMap::new(),
+            nodes: Vec::new(),
+            subdirs_of: HashMap::new(),
             own_blocks: HashMap::new(),
             shared_users: HashMap::new(),
             released: HashMap::new(),
@@ -250,18 +273,26 @@ impl<'a> Checker<'a> {
         true
     }
 
+    fn node(&self, ino: Ino) -> Option<&Node> {
+        self.nodes.binary_search_by_key(&ino, |n| n.ino).ok().map(|i| &self.nodes[i])
+    }
+
+    fn node_mut(&mut self, ino: Ino) -> Option<&mut Node> {
+        self.nodes.binary_search_by_key(&ino, |n| n.ino).ok().map(|i| &mut self.nodes[i])
+    }
+
     /// Inode records: they decode, lie below the next inode number, and
     /// the root is a directory.
     fn inodes(&mut self) -> Result<()> {
         let st = self.st;
         let (lo, hi) = inodes_range();
         let (base, next) = (st.group.cfg().base_sec, st.group.cfg().next_ino);
-        for (k, v) in st.scan(&lo, &hi, usize::MAX)? {
-            let Some(ino) = parse_inode_key(&k) else {
+        st.for_each(&lo, &hi, |k, v| {
+            let Some(ino) = parse_inode_key(k) else {
                 self.bad(format!("malformed inode key {k:02x?}"));
-                continue;
+                return Ok(());
             };
-            match Inode::decode(ino, &v, base, |id| st.group.triple(id)) {
+            match Inode::decode(ino, v, base, |id| st.group.triple(id)) {
                 Ok(i) => {
                     if ino >= next {
                         self.bad(format!("inode {ino} is not below the next inode number {next}"));
@@ -270,41 +301,61 @@ impl<'a> Checker<'a> {
                         let image = st.group.cfg().chunk_size;
                         self.bad(format!("inode {ino} has chunks larger than the image's ({image} bytes)"));
                     }
-                    self.inodes.insert(ino, i);
+                    self.nodes.push(Node {
+                        ino,
+                        parent: i.parent,
+                        size: i.size,
+                        alloc: i.alloc,
+                        chunks: 0,
+                        nlink: i.nlink,
+                        entries: 0,
+                        subdirs: 0,
+                        chunk: i.chunk.unwrap_or(0),
+                        kind: i.kind(),
+                        flags: 0,
+                    });
                 }
                 Err(e) => self.bad(format!("inode {ino}: {e}")),
             }
+            Ok(())
+        })?;
+        // Keys order inodes by number; a damaged run could not.
+        if !self.nodes.is_sorted_by_key(|n| n.ino) {
+            self.nodes.sort_unstable_by_key(|n| n.ino);
         }
-        self.rep.inodes = self.inodes.len() as u64;
-        if !self.inodes.get(&ROOT).is_some_and(|r| r.kind() == Kind::Dir) {
+        self.nodes.shrink_to_fit();
+        self.rep.inodes = self.nodes.len() as u64;
+        if !self.node(ROOT).is_some_and(|r| r.kind == Kind::Dir) {
             self.bad("the root directory is missing or not a directory".into());
         }
         Ok(())
     }
 
     fn orphans(&mut self) -> Result<()> {
-        let (lo, hi) = orphans_range();
-        for (k, _) in self.st.scan(&lo, &hi, usize::MAX)? {
-            if let Some(i) = parse_orphan_key(&k) {
-                self.orphans.insert(i);
+        let (st, (lo, hi)) = (self.st, orphans_range());
+        st.for_each(&lo, &hi, |k, _| {
+            if let Some(i) = parse_orphan_key(k) {
+                self.rep.orphans += 1;
+                if let Some(n) = self.node_mut(i) {
+                    n.flags |= ORPHAN;
+                }
             }
-        }
-        self.rep.orphans = self.orphans.len() as u64;
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Directory entries: valid names in directories, naming inodes of
     /// their kind; a subdirectory names its directory as its parent.
     fn dirents(&mut self) -> Result<()> {
-        let (lo, hi) = all_dirents_range();
-        for (k, v) in self.st.scan(&lo, &hi, usize::MAX)? {
+        let (st, (lo, hi)) = (self.st, all_dirents_range());
+        st.for_each(&lo, &hi, |k, v| {
             self.rep.dirents += 1;
-            match parse_dirent_key(&k) {
-                Some((parent, name)) => self.dirent(parent, name, &v),
+            match parse_dirent_key(k) {
+                Some((parent, name)) => self.dirent(parent, name, v),
                 None => self.bad(format!("malformed directory entry key {k:02x?}")),
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     fn dirent(&mut self, parent: Ino, name: &[u8], v: &[u8]) {
@@ -312,14 +363,14 @@ impl<'a> Checker<'a> {
         if let Err(e) = check_name(name) {
             self.bad(format!("directory {parent}: entry {nm:?}: {e}"));
         }
-        if !self.inodes.get(&parent).is_some_and(|p| p.kind() == Kind::Dir) {
+        if !self.node(parent).is_some_and(|p| p.kind == Kind::Dir) {
             self.bad(format!("entry {nm:?} lies in {parent}, which is not a directory"));
         }
         let (child, kind) = match decode_dirent(v) {
             Ok(x) => x,
             Err(e) => return self.bad(format!("directory {parent}: entry {nm:?}: {e}")),
         };
-        match self.inodes.get(&child).map(|c| (c.kind(), c.parent)) {
+        match self.node(child).map(|c| (c.kind, c.parent)) {
             None => self.bad(format!("directory {parent}: entry {nm:?} points at missing inode {child}")),
             Some((ck, cparent)) => {
                 if ck != kind {
@@ -328,45 +379,65 @@ impl<'a> Checker<'a> {
                     ));
                 }
                 if ck == Kind::Dir {
-                    *self.subdirs.entry(parent).or_default() += 1;
+                    if let Some(p) = self.node_mut(parent) {
+                        p.subdirs += 1;
+                    }
+                    self.subdirs_of.entry(parent).or_default().push(child);
                     if cparent != parent {
                         self.bad(format!(
                             "directory {child} is in {parent} but names {cparent} as its parent"
                         ));
                     }
                 }
+                let c = self.node_mut(child).expect("looked up above");
+                c.entries += 1;
+                if c.parent == parent {
+                    c.flags |= PARENT_ENTRY;
+                }
             }
         }
-        *self.links.entry(child).or_default() += 1;
-        self.children.entry(parent).or_default().push(child);
-        self.names.entry(child).or_insert_with(|| (parent, name.to_vec()));
     }
 
-    /// Each inode's number, kind, link count and `alloc`, in order of
-    /// number.
-    fn sorted_inodes(&self) -> Vec<(Ino, Kind, u32, u64)> {
-        let mut sorted: Vec<_> = self.inodes.values().map(|i| (i.ino, i.kind(), i.nlink, i.alloc)).collect();
-        sorted.sort_unstable_by_key(|i| i.0);
-        sorted
-    }
-
-    /// Link counts match the entries, directories have one name, and
-    /// every inode not waiting as an orphan is reachable from the root.
-    fn links(&mut self) {
-        let mut seen = HashSet::from([ROOT]);
+    /// Mark what is reachable from the root: the directories through
+    /// their subdirectories, then, in a second pass over the entries,
+    /// everything a reachable directory names.
+    fn reach(&mut self) -> Result<()> {
         let mut queue = vec![ROOT];
+        if let Some(r) = self.node_mut(ROOT) {
+            r.flags |= REACHABLE;
+        }
         while let Some(d) = queue.pop() {
-            for &c in self.children.get(&d).map(|v| v.as_slice()).unwrap_or(&[]) {
-                if seen.insert(c) && self.inodes.get(&c).is_some_and(|i| i.kind() == Kind::Dir) {
+            for c in self.subdirs_of.remove(&d).unwrap_or_default() {
+                if let Some(n) = self.node_mut(c).filter(|n| n.flags & REACHABLE == 0) {
+                    n.flags |= REACHABLE;
                     queue.push(c);
                 }
             }
         }
-        for (ino, kind, nlink, _) in self.sorted_inodes() {
-            let n = self.links.get(&ino).copied().unwrap_or(0);
-            let orphan = self.orphans.contains(&ino);
+        let (st, (lo, hi)) = (self.st, all_dirents_range());
+        st.for_each(&lo, &hi, |k, v| {
+            let (Some((parent, _)), Ok((child, _))) = (parse_dirent_key(k), decode_dirent(v)) else {
+                return Ok(()); // said by the first pass
+            };
+            if self.node(parent).is_some_and(|p| p.flags & REACHABLE != 0) {
+                if let Some(c) = self.node_mut(child) {
+                    c.flags |= REACHABLE;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Link counts match the entries, directories have one name, files
+    /// are listed by the directory they name, and every inode not waiting
+    /// as an orphan is reachable from the root.
+    fn links(&mut self) -> Result<()> {
+        self.reach()?;
+        for i in 0..self.nodes.len() {
+            let Node { ino, kind, nlink, entries: n, subdirs, parent, flags, .. } = self.nodes[i];
+            let orphan = flags & ORPHAN != 0;
             if kind == Kind::Dir {
-                let want = 2 + self.subdirs.get(&ino).copied().unwrap_or(0);
+                let want = 2 + subdirs;
                 if nlink != want && !(orphan && nlink == 0) {
                     self.bad(format!("directory {ino} has link count {nlink}, its entries make {want}"));
                 }
@@ -376,32 +447,24 @@ impl<'a> Checker<'a> {
             } else if nlink != n {
                 self.bad(format!("inode {ino} has link count {nlink}, but {n} entries name it"));
             }
-            self.file_parent(ino, kind);
-            if !seen.contains(&ino) && !orphan {
+            // A file's parent, when known, holds a link to it (the change
+            // feed names files by it).
+            if kind != Kind::Dir && parent != 0 && !orphan && flags & PARENT_ENTRY == 0 {
+                self.bad(format!(
+                    "inode {ino} names directory {parent} as its parent, which has no entry for it"
+                ));
+            }
+            if flags & REACHABLE == 0 && !orphan {
                 self.bad(format!("inode {ino} ({kind:?}) is not reachable from the root"));
             }
         }
-    }
-
-    /// A file's parent, when known, holds a link to it (the change feed
-    /// names files by it).
-    fn file_parent(&mut self, ino: Ino, kind: Kind) {
-        let parent = self.inodes.get(&ino).map_or(0, |i| i.parent);
-        if kind == Kind::Dir || parent == 0 || self.orphans.contains(&ino) {
-            return;
-        }
-        if !self.children.get(&parent).is_some_and(|c| c.contains(&ino)) {
-            self.bad(format!(
-                "inode {ino} names directory {parent} as its parent, which has no entry for it"
-            ));
-        }
+        Ok(())
     }
 
     /// Change records decode, and the record of where they start is
     /// there when any is.
     fn change_records(&mut self) -> Result<()> {
         let (lo, hi) = changes_range();
-        let recs = self.st.scan(&lo, &hi, usize::MAX)?;
         let from = match crate::changes::records_from(self.st) {
             Ok(f) => f,
             Err(e) => {
@@ -409,7 +472,8 @@ impl<'a> Checker<'a> {
                 return Ok(());
             }
         };
-        for (k, v) in &recs {
+        let st = self.st;
+        st.for_each(&lo, &hi, |k, v| {
             let what = describe_key(k);
             match parse_change_key(k) {
                 None => self.bad(format!("malformed change record key {k:02x?}")),
@@ -421,8 +485,8 @@ impl<'a> Checker<'a> {
             if let Err(e) = crate::changes::Record::decode(v, &what) {
                 self.bad(format!("{e}"));
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Chunk records: they decode, lie within their file, add up to its
@@ -430,14 +494,14 @@ impl<'a> Checker<'a> {
     /// blocks they use.
     fn chunks(&mut self) -> Result<()> {
         let mut reserved = 0u64;
-        let (lo, hi) = all_extents_range();
-        for (k, v) in self.st.scan(&lo, &hi, usize::MAX)? {
+        let (st, (lo, hi)) = (self.st, all_extents_range());
+        st.for_each(&lo, &hi, |k, v| {
             self.rep.extents += 1;
-            let Some((ino, idx)) = parse_extent_key(&k) else {
+            let Some((ino, idx)) = parse_extent_key(k) else {
                 self.bad(format!("malformed chunk key {k:02x?}"));
-                continue;
+                return Ok(());
             };
-            match Extent::decode(&v, &format!("chunk {idx} of inode {ino}")) {
+            match Extent::decode(v, &format!("chunk {idx} of inode {ino}")) {
                 Ok(e) => {
                     if let Extent::Reserved(n) = e {
                         reserved += u64::from(n);
@@ -446,15 +510,16 @@ impl<'a> Checker<'a> {
                 }
                 Err(e) => self.bad(e.to_string()),
             }
-        }
+            Ok(())
+        })?;
         let counted = self.st.group.counters().reserved;
         if reserved != counted {
             self.bad(format!(
                 "chunks reserve {reserved} bytes, the counters {counted} (free space is off by the difference)"
             ));
         }
-        for (ino, _, _, alloc) in self.sorted_inodes() {
-            let a = self.alloc.get(&ino).copied().unwrap_or(0);
+        for i in 0..self.nodes.len() {
+            let Node { ino, alloc, chunks: a, .. } = self.nodes[i];
             if alloc != a {
                 self.bad(format!("inode {ino} counts {alloc} allocated bytes, its chunks hold {a}"));
             }
@@ -464,12 +529,12 @@ impl<'a> Checker<'a> {
 
     /// The chunk size of file `ino`.
     fn cs_of(&self, ino: Ino) -> u64 {
-        self.inodes.get(&ino).and_then(|i| i.chunk).map_or(self.cs, u64::from)
+        self.node(ino).filter(|n| n.chunk != 0).map_or(self.cs, |n| u64::from(n.chunk))
     }
 
     fn chunk(&mut self, ino: Ino, idx: u64, e: &Extent) {
         let cs = self.cs_of(ino);
-        match self.inodes.get(&ino).map(|i| (i.kind(), i.size)) {
+        match self.node(ino).map(|n| (n.kind, n.size)) {
             // A reservation may lie past the size (fallocate's KEEP_SIZE).
             Some((Kind::File, _)) if matches!(e, Extent::Reserved(_)) => {
                 if e.len() > cs {
@@ -487,7 +552,9 @@ impl<'a> Checker<'a> {
             }
             _ => self.bad(format!("chunk {idx} belongs to inode {ino}, which is not a file")),
         }
-        *self.alloc.entry(ino).or_default() += e.len();
+        if let Some(n) = self.node_mut(ino) {
+            n.chunks += e.len();
+        }
         if let Extent::Patched { base, freed, .. } = e {
             if let (Extent::Own(a, _), 1..) = (&**base, *freed) {
                 self.released.insert(*a, *freed);
@@ -623,7 +690,7 @@ impl<'a> Checker<'a> {
                         .iter()
                         .map(|&(i, c)| {
                             let cs = self.cs_of(i);
-                            format!("{} (bytes {}..{})", path_of(&self.names, i), c * cs, (c + 1) * cs)
+                            format!("{} (bytes {}..{})", path_of(self.st, i), c * cs, (c + 1) * cs)
                         })
                         .collect();
                     self.bad(format!("block {a}: {e}; it holds data of {}", files.join(", ")))
@@ -708,15 +775,16 @@ impl<'a> Checker<'a> {
     /// Every xattr belongs to an inode.
     fn xattrs(&mut self) -> Result<()> {
         let (lo, hi) = all_xattrs_range();
-        for (k, _) in self.st.scan(&lo, &hi, usize::MAX)? {
+        let st = self.st;
+        st.for_each(&lo, &hi, |k, _| {
             self.rep.xattrs += 1;
-            match parse_xattr_key(&k) {
-                Some((ino, _)) if self.inodes.contains_key(&ino) => {}
+            match parse_xattr_key(k) {
+                Some((ino, _)) if self.node(ino).is_some() => {}
                 Some((ino, n)) => self.bad(format!("xattr {:?} belongs to missing inode {ino}", name_str(n))),
                 None => self.bad(format!("malformed xattr key {k:02x?}")),
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 }
 
@@ -758,23 +826,24 @@ impl Fs {
         let (lo, hi) = inodes_range();
         let mut block = Vec::new();
         let spec = CodecSpec::new(CodecId::Zstd, 3);
-        for (k, v) in st.scan(&lo, &hi, usize::MAX)? {
+        st.for_each(&lo, &hi, |k, v| {
             u.inodes += 1;
             u.inode_bytes_raw += (k.len() + v.len()) as u64;
-            block.extend_from_slice(&k);
-            block.extend_from_slice(&v);
+            block.extend_from_slice(k);
+            block.extend_from_slice(v);
             if block.len() >= 16 << 10 {
                 u.inode_bytes_compressed += encode(spec, &block).data.len() as u64;
                 block.clear();
             }
-        }
+            Ok(())
+        })?;
         if !block.is_empty() {
             u.inode_bytes_compressed += encode(spec, &block).data.len() as u64;
         }
         let mut blocks: HashSet<BlockAddr> = HashSet::new();
         let (lo, hi) = all_extents_range();
-        for (k, v) in st.scan(&lo, &hi, usize::MAX)? {
-            let e = Extent::decode(&v, &format!("chunk {k:02x?}"))?;
+        st.for_each(&lo, &hi, |k, v| {
+            let e = Extent::decode(v, &format!("chunk {k:02x?}"))?;
             if let Extent::Patched { base, patches, freed } = &e {
                 u.patched_chunks += 1;
                 u.bases_gone += u64::from(matches!(**base, Extent::Gone(_)));
@@ -787,7 +856,8 @@ impl Fs {
                     p => blocks.extend(p.addr()),
                 }
             }
-        }
+            Ok(())
+        })?;
         let mut sorted: Vec<BlockAddr> = blocks.into_iter().collect();
         sorted.sort_by_key(|a| (a.seg, a.offset));
         for a in sorted {
@@ -829,21 +899,35 @@ impl State {
     }
 
     /// Call `f` on every inode of the subtree at `ino` (itself included),
-    /// each once (hard links and all).
+    /// each once (hard links and all). Holds the directories, and the
+    /// files of more than one link, not every inode of the tree: a
+    /// directory's entries are read a page at a time, its files handled
+    /// as they come (issue 45).
     fn walk(&self, ino: Ino, f: &mut dyn FnMut(&Inode) -> Result<()>) -> Result<()> {
-        let mut seen = HashSet::new();
-        let mut stack = vec![ino];
-        while let Some(i) = stack.pop() {
-            if !seen.insert(i) {
+        let (mut linked, mut seen) = (HashSet::new(), HashSet::new());
+        let mut dirs = vec![ino];
+        while let Some(d) = dirs.pop() {
+            if !seen.insert(d) {
+                continue; // a damaged image's loop
+            }
+            let node = self.inode(d)?;
+            if node.kind() != Kind::Dir {
+                f(&node)?;
                 continue;
             }
-            let node = self.inode(i)?;
-            if node.kind() == Kind::Dir {
-                let (lo, hi) = dirents_range(i);
-                for (_, v) in self.scan(&lo, &hi, usize::MAX)? {
-                    stack.push(decode_dirent(&v)?.0);
+            let (lo, hi) = dirents_range(d);
+            self.for_each(&lo, &hi, |_, v| {
+                let (child, kind) = decode_dirent(v)?;
+                if kind == Kind::Dir {
+                    dirs.push(child);
+                    return Ok(());
                 }
-            }
+                let node = self.inode(child)?;
+                if node.nlink <= 1 || linked.insert(child) {
+                    f(&node)?;
+                }
+                Ok(())
+            })?;
             f(&node)?;
         }
         Ok(())

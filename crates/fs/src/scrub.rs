@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use zlogfs_engine::BlockAddr;
 
-use crate::check::Names;
+use crate::check::path_of;
 use crate::data::extent_blocks;
 use crate::error::Result;
 use crate::keys::{
@@ -52,8 +52,6 @@ impl Fs {
     pub fn scrub(&self, opts: &ScrubOptions, progress: &dyn Fn(&ScrubReport)) -> Result<ScrubReport> {
         let mut rep = ScrubReport { total: self.eng.stats().live_bytes, ..ScrubReport::default() };
         let start = Instant::now();
-        // The tree's names, scanned at the first damage only.
-        let mut names = None;
         let (mut lo, hi) = all_extents_range();
         loop {
             let page = self.scrub_page(&lo, &hi)?;
@@ -61,7 +59,7 @@ impl Fs {
                 self.pace(opts, &rep, start);
                 match self.eng.read_block(*a) {
                     Ok(_) => {}
-                    Err(e) => self.damaged(*a, users, &e.to_string(), &mut names, &mut rep)?,
+                    Err(e) => self.damaged(*a, users, &e.to_string(), &mut rep)?,
                 }
                 rep.blocks += 1;
                 rep.bytes += u64::from(a.len);
@@ -150,16 +148,9 @@ impl Fs {
     }
 
     /// Block `a` failed with `why`: damage if a chunk of `users` still
-    /// reads it, with those chunks' files and bytes (`names`: scanned
-    /// once, at the first damage).
-    fn damaged(
-        &self,
-        a: BlockAddr,
-        users: &[(Ino, u64)],
-        why: &str,
-        names: &mut Option<Names>,
-        rep: &mut ScrubReport,
-    ) -> Result<()> {
+    /// reads it, with those chunks' files (their paths found then) and
+    /// bytes.
+    fn damaged(&self, a: BlockAddr, users: &[(Ino, u64)], why: &str, rep: &mut ScrubReport) -> Result<()> {
         let st = self.st();
         let mut still = Vec::new();
         let mut out = Vec::new();
@@ -176,15 +167,11 @@ impl Fs {
             rep.moved += 1;
             return Ok(());
         }
-        let names = match names {
-            Some(n) => n,
-            None => names.insert(Names::scan(&st)?),
-        };
         let files: Vec<String> = still
             .iter()
             .map(|&(i, c)| {
                 let cs = st.inode(i).map_or(st.group.chunk_size(), |f| st.cs(&f));
-                format!("{} (bytes {}..{})", names.path(i), c * cs, (c + 1) * cs)
+                format!("{} (bytes {}..{})", path_of(&st, i), c * cs, (c + 1) * cs)
             })
             .collect();
         // `why` names the block.

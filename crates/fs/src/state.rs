@@ -19,6 +19,9 @@ use crate::keys::*;
 use crate::{pending, Atime, Attr, FsStats};
 
 /// Mutable state, behind one lock.
+/// Entries a walk of a key range reads from the index at a time.
+const SCAN_PAGE: usize = 4096;
+
 pub(crate) struct State {
     pub(crate) eng: Arc<Engine>,
     /// The operations accepted since the last commit.
@@ -121,29 +124,62 @@ impl State {
     /// Entries of `[lo, hi)`, pending mutations applied, at most `limit`.
     pub(crate) fn scan(&self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let mut out = Vec::new();
-        let mut cur = lo.to_vec();
-        let step = limit.clamp(64, 4096);
-        loop {
-            let stored = match self.at {
-                Some(seq) => self.eng.scan_at(&cur, Some(hi), step, seq)?,
-                None => self.eng.scan(&cur, Some(hi), step)?,
-            };
-            let done = stored.len() < step;
-            let next = if done {
-                hi.to_vec()
-            } else {
-                let mut k = stored.last().map(|(k, _)| k.clone()).unwrap_or_default();
-                k.push(0);
-                k
-            };
-            pending::merge_scan(stored, self.group.pending(), &cur, Some(&next), &mut out);
-            if done || out.len() >= limit {
+        let mut cur = Some(lo.to_vec());
+        while let Some(from) = cur {
+            cur = self.page(&from, hi, limit.clamp(64, 4096), &mut out)?;
+            if out.len() >= limit {
                 break;
             }
-            cur = next;
         }
         out.truncate(limit);
         Ok(out)
+    }
+
+    /// Call `f` on each entry of `[lo, hi)` in key order, pending
+    /// mutations applied, a page at a time: what a walk of the whole
+    /// index holds is a page, not the range (issue 45: whole-image tools
+    /// held every record of a million files).
+    pub(crate) fn for_each(
+        &self,
+        lo: &[u8],
+        hi: &[u8],
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let mut page = Vec::new();
+        let mut cur = Some(lo.to_vec());
+        while let Some(from) = cur {
+            cur = self.page(&from, hi, SCAN_PAGE, &mut page)?;
+            for (k, v) in page.drain(..) {
+                f(&k, &v)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Append up to `step` stored entries from `from` (and the pending
+    /// ones among them) to `out`; where the next page starts, or None at
+    /// the end of the range.
+    fn page(
+        &self,
+        from: &[u8],
+        hi: &[u8],
+        step: usize,
+        out: &mut Vec<(Vec<u8>, Vec<u8>)>,
+    ) -> Result<Option<Vec<u8>>> {
+        let stored = match self.at {
+            Some(seq) => self.eng.scan_at(from, Some(hi), step, seq)?,
+            None => self.eng.scan(from, Some(hi), step)?,
+        };
+        let next = match stored.last() {
+            Some((k, _)) if stored.len() >= step => {
+                let mut k = k.clone();
+                k.push(0);
+                Some(k)
+            }
+            _ => None,
+        };
+        pending::merge_scan(stored, self.group.pending(), from, Some(next.as_deref().unwrap_or(hi)), out);
+        Ok(next)
     }
 
     pub(crate) fn inode(&self, ino: Ino) -> Result<Inode> {

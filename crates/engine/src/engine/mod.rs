@@ -505,9 +505,9 @@ impl Engine {
         self.check_horizon(seq)?;
         let ver = self.version();
         let mut sources: Vec<Box<dyn Iterator<Item = Result<Entry>>>> = Vec::new();
-        sources.push(Box::new(ver.active.range(start, end, usize::MAX).into_iter().map(Ok)));
+        sources.push(Box::new(ver.active.cursor(start, end).map(Ok)));
         for f in &ver.frozen {
-            sources.push(Box::new(f.mem.range(start, end, usize::MAX).into_iter().map(Ok)));
+            sources.push(Box::new(f.mem.cursor(start, end).map(Ok)));
         }
         for r in &ver.runs {
             sources.push(Box::new(r.cursor(self.sh.store.clone(), self.sh.cache.clone(), start)));
