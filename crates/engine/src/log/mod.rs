@@ -619,8 +619,8 @@ impl LogWriter {
         for b in blocks {
             if b.raw_len as usize > max || b.stored_len() > max + 2 * BLOCK_HEADER_SIZE + 64 {
                 return Err(Error::Invalid(format!(
-                    "block of {} bytes exceeds the limit of {max}",
-                    b.raw_len
+                    "{:?} block of {} bytes (owner {}) exceeds the limit of {max}",
+                    b.kind, b.raw_len, b.owner
                 )));
             }
             let h = self.head_of(b.tier);

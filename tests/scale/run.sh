@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Scale (issue 45): a tree of small files through an image of small
+# segments and packs, so that the index reaches many full runs (a run
+# holds about 47,000 keys at 256 KiB segments, 754,974 at the default
+# 4 MiB: the merge paths of an image of tens of millions of files) in a
+# minute.
+#
+#   import   `zlogfs import` of tests/scale/mktree.py's tree must finish
+#            (issue 45: it spun in the merge loop for ever at this size)
+#   walk     `find` through the mount names every file
+#   delete   `rm -rf` of the whole tree through the mount
+#   fsck     of the image, clean, after the import and after the delete
+#   memory   peak RSS of fsck, stats, du and scrub on the image (from
+#            the kernel's rusage, /usr/bin/time) and of the mount's daemon
+#            (/proc/PID/status VmHWM) under their bounds below
+#
+# The index's run count is printed after each step (the automatic merges
+# lower it only where a merge can: full runs stay, see
+# docs/decisions/2026-12-01-merges-that-lower-the-run-count.md). Root
+# and /dev/fuse needed (skipped with a note elsewhere, failed under CI).
+#
+#   bash tests/scale/run.sh                 # 200,000 files
+#   SCALE_FILES=1000000 bash tests/scale/run.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+files=${SCALE_FILES:-200000}
+# Bounds, in MiB: what issue 45 asks at ten million files for fsck, with
+# room for the caches (32 MiB of index, 16 of data) of the others, and the
+# daemon's default caches (256 MiB index, 128 MiB data, memtables).
+fsck_mib=256
+tool_mib=192
+daemon_mib=1024
+if [ "$(id -u)" != 0 ] || [ ! -e /dev/fuse ] || ! command -v /usr/bin/time >/dev/null; then
+    [ "${CI:-}" = true ] && { echo "tests/scale/run.sh needs root, /dev/fuse and /usr/bin/time under CI" >&2; exit 1; }
+    echo "note: tests/scale/run.sh needs root, /dev/fuse and /usr/bin/time: skipped"
+    exit 0
+fi
+cargo build --release --quiet --bin zlogfs
+zlogfs=$PWD/target/release/zlogfs
+work=$(mktemp -d /var/tmp/zlogfs-scale.XXXXXX)
+img=$work/img
+mnt=$work/mnt
+mkdir -p "$mnt"
+cleanup() {
+    findmnt -M "$mnt" >/dev/null 2>&1 && umount "$mnt"
+    rm -rf "$work"
+}
+trap cleanup EXIT
+bad=0
+ok() { echo "ok: $*"; }
+fail() { echo "FAILED: $*" >&2; bad=1; }
+runs() { "$zlogfs" stats --json "$1" | python3 -c 'import json, sys; print(json.load(sys.stdin)["index_runs"])'; }
+
+python3 tests/scale/mktree.py "$work/tree" "$files" "${SCALE_SEED:-$RANDOM}" 8192
+start=$SECONDS
+if timeout 600 "$zlogfs" import "$work/tree" "$img" --size 2G --segment-size 256K --pack-size 64K >"$work/import.log" 2>&1; then
+    ok "import of $files files in $((SECONDS - start)) s ($(tail -1 "$work/import.log")); index runs: $(runs "$img")"
+else
+    fail "import of $files files did not finish in 600 s (or failed):"
+    tail -5 "$work/import.log" >&2
+    exit 1
+fi
+rm -rf "$work/tree"
+
+# Peak RSS of each whole-image tool, in MiB.
+for t in fsck stats du scrub; do
+    bound=$tool_mib
+    [ "$t" = fsck ] && bound=$fsck_mib
+    if /usr/bin/time -f '%M' -o "$work/rss" "$zlogfs" "$t" "$img" >"$work/$t.out" 2>&1; then
+        mib=$(($(tail -1 "$work/rss") / 1024))
+        if [ "$mib" -le "$bound" ]; then ok "$t: peak $mib MiB (bound $bound)"; else fail "$t: peak $mib MiB, past its bound of $bound"; fi
+    else
+        fail "$t on the imported image:"
+        tail -5 "$work/$t.out" >&2
+    fi
+done
+
+"$zlogfs" mount "$img" "$mnt" -o uring=off
+pid=$(pgrep -n -f "zlogfs mount $img") || pid=
+start=$SECONDS
+n=$(find "$mnt" -type f | wc -l)
+if [ "$n" = "$files" ]; then ok "walk: find names $n files in $((SECONDS - start)) s"; else fail "walk: find names $n files of $files"; fi
+start=$SECONDS
+if rm -rf "${mnt:?}"/*; then ok "rm -rf of $files files in $((SECONDS - start)) s"; else fail "rm -rf"; fi
+left=$(find "$mnt" -mindepth 1 | wc -l)
+[ "$left" = 0 ] || fail "$left entries left after rm -rf"
+if [ -n "$pid" ] && [ -r "/proc/$pid/status" ]; then
+    mib=$(($(awk '/^VmHWM/ {print $2}' "/proc/$pid/status") / 1024))
+    if [ "$mib" -le "$daemon_mib" ]; then ok "daemon: peak $mib MiB (bound $daemon_mib)"; else fail "daemon: peak $mib MiB, past its bound of $daemon_mib"; fi
+else
+    fail "no daemon process found for the mount"
+fi
+umount "$mnt"
+echo "index runs after the delete: $(runs "$img")"
+if "$zlogfs" fsck "$img" >"$work/fsck.out" 2>&1; then
+    ok "fsck after the delete: $(tail -1 "$work/fsck.out")"
+else
+    fail "fsck after the delete:"
+    tail -5 "$work/fsck.out" >&2
+fi
+[ $bad = 0 ] && echo "scale: all passed" || echo "scale: FAILED" >&2
+exit $bad
