@@ -794,6 +794,42 @@ fn a_cache_of_two_segments_downloads_the_image_at_most_once() {
     assert!(down <= stored, "{down} bytes downloaded to read an image of at most {stored} bytes");
 }
 
+/// `MIN_CACHED_SEGMENTS` (8) at its edge: a cache of eight segments
+/// fetches a segment whole once it has missed in it a few times (later
+/// reads of it hit the cache); a cache one byte smaller never does (every
+/// miss is a ranged read of its own bytes, so nothing it fetched can
+/// evict what it fetched before use: issue 44, item 18).
+#[test]
+fn only_a_cache_of_eight_segments_fetches_segments_whole() {
+    let b = bucket("eightseg");
+    let c1 = tempdir("e1");
+    let o = opts(&b, &c1.0, SyncMode::Local);
+    make(&o);
+    let e = open(&o);
+    put_range(&e, 0..3000);
+    e.close().unwrap();
+    let seg = u64::from(GEO.segment_size);
+    for (cache_bytes, whole) in [(8 * seg, true), (8 * seg - 1, false)] {
+        let c = tempdir("e2");
+        let e = open(&S3Options { cache_bytes, ..opts(&b, &c.0, SyncMode::Local) });
+        let before = e.stats().remote.unwrap();
+        for i in 0..3000u32 {
+            let k = i * 7919 % 3000;
+            assert_eq!(e.get(&key(k)).unwrap(), Some(value(k)), "key {k}");
+        }
+        let after = e.stats().remote.unwrap();
+        e.close().unwrap();
+        let hits = after.cache_hits - before.cache_hits;
+        eprintln!("a cache of {cache_bytes} bytes: {hits} hits, {} gets", after.gets - before.gets);
+        assert_eq!(
+            hits > 0,
+            whole,
+            "a cache of {cache_bytes} bytes ({hits} hits): segments fetched whole: {}",
+            hits > 0
+        );
+    }
+}
+
 fn value_v(i: u32, round: u32) -> Vec<u8> {
     let mut v = value(i);
     v.extend_from_slice(&round.to_le_bytes());
