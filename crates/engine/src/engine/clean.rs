@@ -107,7 +107,7 @@ impl Engine {
             .filter_map(|s| {
                 let u = core.log.usage[s as usize];
                 let frac = f64::from(u.live) / f64::from(g.segment_size);
-                if frac > max_live {
+                if !super::within_live(u64::from(u.live), g.segment_size, max_live) {
                     return None;
                 }
                 let age = now.saturating_sub(u.last_batch).max(1) as f64;

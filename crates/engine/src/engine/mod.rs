@@ -86,6 +86,53 @@ impl Default for Options {
     }
 }
 
+/// What cleaning a segment of `seg` bytes, `usable` of them for blocks,
+/// gives a writer short of room, when it holds `live` bytes now and
+/// `after` once the caller's frees are done: its usable bytes less what
+/// moving the live ones takes, if at most `max_live` of it is live; of a
+/// fuller one nothing (the cleaner's victims are picked so), nor of one
+/// holding nothing live (free, or freed by the next flush: counted in
+/// [`Engine::free_bytes`]).
+fn reclaimable(usable: u64, seg: u32, live: u64, after: u64, max_live: f64) -> u64 {
+    if live > 0 && within_live(after, seg, max_live) {
+        usable.saturating_sub(after)
+    } else {
+        0
+    }
+}
+
+/// Whether a segment of `seg` bytes holding `live` live bytes is at most
+/// `max_live` live: a cleaner's victim, and room statfs counts. One
+/// comparison for both, so that they agree to the byte.
+pub(crate) fn within_live(live: u64, seg: u32, max_live: f64) -> bool {
+    live as f64 / f64::from(seg) <= max_live
+}
+
+#[cfg(test)]
+mod room_tests {
+    use super::*;
+
+    /// The file system's writer cleans segments at most 95% live
+    /// (`WRITER_MAX_LIVE`): at 4 MiB, 3,984,588 live bytes are within,
+    /// one more is not, and statfs counts the room by the same test.
+    #[test]
+    fn a_segment_is_reclaimable_up_to_max_live_and_not_a_byte_past() {
+        let (seg, usable) = (4u32 << 20, 3_932_160u64);
+        let edge = 3_984_588u64;
+        assert!(within_live(edge, seg, 0.95) && !within_live(edge + 1, seg, 0.95));
+        assert_eq!(reclaimable(usable, seg, edge, edge, 0.95), 0, "fuller than usable: nothing to gain");
+        assert_eq!(reclaimable(usable, seg, edge + 1, edge + 1, 0.95), 0);
+        // Frees the caller will do first bring a full segment within.
+        assert_eq!(reclaimable(usable, seg, edge + 1, 1 << 20, 0.95), usable - (1 << 20));
+        // At 60% (the burst), the same edge.
+        let sixty = (0.6 * f64::from(seg)) as u64;
+        assert_eq!(reclaimable(usable, seg, sixty, sixty, 0.6), usable - sixty);
+        assert_eq!(reclaimable(usable, seg, sixty + 1, sixty + 1, 0.6), 0);
+        // Nothing live: free already (counted elsewhere), not here.
+        assert_eq!(reclaimable(usable, seg, 0, 0, 0.95), 0);
+    }
+}
+
 /// A frozen memtable waiting to be flushed.
 struct Frozen {
     mem: Arc<Memtable>,
@@ -624,15 +671,13 @@ impl Engine {
         let core = lock(&self.sh.core);
         let g = self.sh.sb.geometry;
         let usable = core.log.usable_per_segment() as u64;
-        let max = max_live * f64::from(g.segment_size);
         let dead: u64 = (0..g.segment_count)
             .filter(|&s| !core.log.is_head(s) && !core.log.is_free(s))
             .map(|s| {
                 let live = u64::from(core.log.usage[s as usize].live);
-                (live, live.saturating_sub(freed.get(&s).copied().unwrap_or(0)))
+                let after = live.saturating_sub(freed.get(&s).copied().unwrap_or(0));
+                reclaimable(usable, g.segment_size, live, after, max_live)
             })
-            .filter(|&(live, after)| live > 0 && after as f64 <= max)
-            .map(|(_, after)| usable.saturating_sub(after))
             .sum();
         free + dead
     }
