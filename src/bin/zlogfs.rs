@@ -156,7 +156,8 @@ enum Cmd {
         /// moves to the writer's newest uploaded state this often;
         /// default 5, 0 never), block_cache=SIZE (decompressed blocks the
         /// daemon keeps; default 128M, for `zlogfs nbd` an eighth of
-        /// memory).
+        /// memory), index_cache=SIZE (decoded index blocks the daemon
+        /// keeps; default 256M).
         /// Every generic option of mount(8) is taken as well: nosuid,
         /// nodev, noexec, nosymfollow go to the kernel; sync and dirsync
         /// make each change (each directory change) durable when it

@@ -68,6 +68,9 @@ pub struct Parsed {
     /// `-o block_cache=SIZE`: the bound of the cache of decompressed
     /// blocks (None: the file system's default, or [`super::nbd`]'s).
     pub block_cache: Option<usize>,
+    /// `-o index_cache=SIZE`: the bound of the engine's cache of decoded
+    /// index blocks (None: the engine's default, 256 MiB).
+    pub index_cache: Option<usize>,
 }
 
 /// Parse a `-o` list (several `-o` are joined). Every generic option of
@@ -95,6 +98,7 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
         at: None,
         refresh: None,
         block_cache: None,
+        index_cache: None,
     };
     for opt in lists.iter().flat_map(|l| l.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
         let (k, v) = match opt.split_once('=') {
@@ -107,7 +111,7 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
             return Err(format!(
                 "unknown mount option {opt:?} (known: the generic options of mount(8), and allow_other, \
                  default_permissions, patches, nopatches, uring[=on|off|auto], spin=US, attr_timeout=S, \
-                 entry_timeout=S, negative_timeout=S, threads=N, commit=SECONDS, metrics=HOST:PORT, nbd=PATH, snapshot=NAME, at=TIME, snapdir=hidden|visible|off, log=LEVEL, logfile=PATH, fast=PATH, cache=DIR, sync=local|remote, cache_size=SIZE, refresh=SECONDS, block_cache=SIZE)"
+                 entry_timeout=S, negative_timeout=S, threads=N, commit=SECONDS, metrics=HOST:PORT, nbd=PATH, snapshot=NAME, at=TIME, snapdir=hidden|visible|off, log=LEVEL, logfile=PATH, fast=PATH, cache=DIR, sync=local|remote, cache_size=SIZE, refresh=SECONDS, block_cache=SIZE, index_cache=SIZE)"
             ));
         }
     }
@@ -180,12 +184,8 @@ impl Parsed {
             }
             "nbd" => self.nbd = Some(PathBuf::from(v.ok_or("option nbd needs the path of a Unix socket")?)),
             "refresh" => self.refresh = Some(secs(k, v)?),
-            "block_cache" => {
-                let v = v.ok_or("option block_cache needs a size, e.g. block_cache=1G")?;
-                let n = super::parse_size(v).map_err(|e| format!("option block_cache: {e}"))?;
-                self.block_cache =
-                    Some(usize::try_from(n).map_err(|_| format!("option block_cache={v}: too large"))?);
-            }
+            "block_cache" => self.block_cache = Some(cache_size(k, v)?),
+            "index_cache" => self.index_cache = Some(cache_size(k, v)?),
             "sync" => {
                 let v = v.ok_or("option sync=MODE needs local or remote")?;
                 self.s3.sync = Some(v.parse().map_err(|e| format!("option sync: {e}"))?);
@@ -314,7 +314,10 @@ pub fn open_for_mount(image: &Path, p: &Parsed) -> Result<Fs, String> {
 /// The file system's options a mount's `-o` list gives.
 fn fs_options(p: &Parsed) -> FsOptions {
     FsOptions {
-        engine: Options::default(),
+        engine: Options {
+            cache_bytes: p.index_cache.unwrap_or(Options::default().cache_bytes),
+            ..Options::default()
+        },
         atime: p.atime,
         read_only: p.mount.read_only,
         diratime: p.diratime,
@@ -326,6 +329,13 @@ fn fs_options(p: &Parsed) -> FsOptions {
         cache_bytes: p.block_cache.unwrap_or(FsOptions::default().cache_bytes),
         ..FsOptions::default()
     }
+}
+
+/// The size option `k=v` of a cache, in bytes.
+fn cache_size(k: &str, v: Option<&str>) -> Result<usize, String> {
+    let v = v.ok_or_else(|| format!("option {k} needs a size, e.g. {k}=1G"))?;
+    let n = super::parse_size(v).map_err(|e| format!("option {k}: {e}"))?;
+    usize::try_from(n).map_err(|_| format!("option {k}={v}: too large"))
 }
 
 /// How often a mount of `image` looks for a newer state: a read-only
@@ -671,6 +681,11 @@ mod tests {
         assert_eq!(commit("commit=0"), Ok(COMMIT), "0 is the default, as on ext4");
         assert_eq!(commit("rw"), Ok(COMMIT));
         assert!(commit("commit").is_err() && commit("commit=x").is_err() && commit("commit=100000").is_err());
+        let caches =
+            |o: &str| parse_options(&[o.into()], Path::new("i")).map(|p| (p.block_cache, p.index_cache));
+        assert_eq!(caches("block_cache=64M,index_cache=32M"), Ok((Some(64 << 20), Some(32 << 20))));
+        assert_eq!(caches("rw"), Ok((None, None)));
+        assert!(caches("index_cache").is_err() && caches("index_cache=lots").is_err());
         let metrics = |o: &str| parse_options(&[o.into()], Path::new("i")).map(|p| p.metrics);
         assert_eq!(metrics("metrics=127.0.0.1:9184"), Ok(Some("127.0.0.1:9184".into())));
         assert!(metrics("metrics").is_err() && metrics("metrics=nowhere").is_err());
