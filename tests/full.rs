@@ -276,6 +276,28 @@ fn a_read_that_commits_for_its_atime_keeps_the_allocated_count() {
     assert_eq!(f.getattr(a).expect("stat").blocks, 0, "every chunk is zeros: a hole");
 }
 
+/// ZERO_RANGE whose reservation commits for room: the punch had lowered
+/// the allocated count in memory only, and reading the inode back after
+/// the commit put the old count back (review of aafb17c; issue 44, item
+/// 9). Now the inode is saved before the commit.
+#[test]
+fn zero_range_that_commits_for_room_keeps_the_allocated_count() {
+    let (_s, f) = fresh(Atime::Noatime);
+    let r = &mut common::rng(common::seed("zero_range_that_commits_for_room_keeps_the_allocated_count"));
+    let mut bytes = |n: usize| -> Vec<u8> { (0..n).map(|_| r.gen()).collect() };
+    let a = f.create(ROOT, b"a", 0o644, 0, 0).expect("create").ino;
+    f.write(a, 0, &bytes(4 << 20)).expect("write 4 MiB");
+    f.sync().expect("sync");
+    let free = f.statfs().expect("statfs").bavail * 4096;
+    let filler = f.create(ROOT, b"filler", 0o644, 0, 0).expect("create").ino;
+    f.write(filler, 0, &bytes((free - (6 << 20)) as usize)).expect("fill to 6 MiB free");
+    f.sync().expect("sync");
+    f.fallocate(a, fs::FALLOC_FL_ZERO_RANGE, 0, 8 << 20).expect("zero 8 MiB: 4 freed, 6 free");
+    let rep = f.check(&|_, _| {}).expect("fsck");
+    assert!(rep.problems.is_empty(), "{} problems: {:?}", rep.problems.len(), rep.problems.first());
+    assert_eq!(f.getattr(a).expect("stat").blocks * 512, 8 << 20);
+}
+
 #[test]
 fn fallocate_reserves_room_for_the_first_write() {
     let seed = common::seed("fallocate_reserves_room_for_the_first_write");

@@ -126,24 +126,32 @@ pub(crate) fn path_of(st: &State, ino: Ino) -> String {
     format!("/{}", parts.join("/"))
 }
 
-/// The directory `ino` names as its parent, and its name there.
+/// A directory that names `ino`, and its name there: the one `ino` names
+/// as its parent, else (a hard-linked file whose first link went names
+/// none) any, found by a pass over every entry.
 fn name_in_parent(st: &State, ino: Ino) -> Option<(Ino, Vec<u8>)> {
-    let parent = st.inode(ino).ok()?.parent;
-    if parent == 0 {
-        return None;
+    let i = st.inode(ino).ok()?;
+    if i.nlink == 0 {
+        return None; // an orphan: no entry names it
     }
-    let (lo, hi) = dirents_range(parent);
+    let found = if i.parent == 0 { None } else { entry_naming(st, ino, dirents_range(i.parent)) };
+    found.or_else(|| entry_naming(st, ino, all_dirents_range()))
+}
+
+/// The first entry of the key range `(lo, hi)` that names `ino`.
+fn entry_naming(st: &State, ino: Ino, (lo, hi): (Vec<u8>, Vec<u8>)) -> Option<(Ino, Vec<u8>)> {
     let mut found = None;
     let r = st.for_each(&lo, &hi, |k, v| {
-        if found.is_none() && decode_dirent(v)?.0 == ino {
-            found = parse_dirent_key(k).map(|(_, n)| n.to_vec());
+        // An entry that does not decode is fsck's to report, not a stop.
+        if found.is_none() && decode_dirent(v).is_ok_and(|(c, _)| c == ino) {
+            found = parse_dirent_key(k).map(|(p, n)| (p, n.to_vec()));
         }
         Ok(())
     });
     if let Err(e) = r {
-        tracing::warn!("naming inode {ino}: reading directory {parent}: {e}");
+        tracing::warn!("naming inode {ino}: reading directory entries: {e}");
     }
-    found.map(|n| (parent, n))
+    found
 }
 
 /// A block's users as fsck found them: the owning chunk (its length), or
@@ -419,7 +427,7 @@ impl<'a> Checker<'a> {
             let (Some((parent, _)), Ok((child, _))) = (parse_dirent_key(k), decode_dirent(v)) else {
                 return Ok(()); // said by the first pass
             };
-            if self.node(parent).is_some_and(|p| p.flags & REACHABLE != 0) {
+            if self.node(parent).is_some_and(|p| p.kind == Kind::Dir && p.flags & REACHABLE != 0) {
                 if let Some(c) = self.node_mut(child) {
                     c.flags |= REACHABLE;
                 }
@@ -912,18 +920,23 @@ impl State {
             }
             let node = self.inode(d)?;
             if node.kind() != Kind::Dir {
-                f(&node)?;
+                // An entry said directory; the inode says otherwise.
+                if node.nlink <= 1 || linked.insert(d) {
+                    f(&node)?;
+                }
                 continue;
             }
             let (lo, hi) = dirents_range(d);
             self.for_each(&lo, &hi, |_, v| {
                 let (child, kind) = decode_dirent(v)?;
                 if kind == Kind::Dir {
-                    dirs.push(child);
+                    dirs.push(child); // its inode's kind decides, when popped
                     return Ok(());
                 }
                 let node = self.inode(child)?;
-                if node.nlink <= 1 || linked.insert(child) {
+                if node.kind() == Kind::Dir {
+                    dirs.push(child);
+                } else if node.nlink <= 1 || linked.insert(child) {
                     f(&node)?;
                 }
                 Ok(())

@@ -168,9 +168,9 @@ impl State {
         Ok(self.purgeable_by_segment()?.values().sum())
     }
 
-    /// [`State::purgeable`] per segment, each block once (statfs counts
-    /// what releasing them gives back segment by segment); read again at
-    /// most every [`PURGEABLE_EVERY`].
+    /// [`State::purgeable`] per segment (statfs counts what releasing
+    /// them gives back segment by segment); read again at most every
+    /// [`PURGEABLE_EVERY`].
     pub(crate) fn purgeable_by_segment(&mut self) -> Result<Arc<BTreeMap<u32, u64>>> {
         if self.group.snapshots().is_empty() {
             return Ok(Arc::default());
@@ -188,13 +188,14 @@ impl State {
             }
         }
         named.sort_unstable();
-        let (mut by_seg, mut last) = (BTreeMap::new(), None);
-        // Held frees come in block order: a block held twice is one block.
+        // Several held frees of one block are its parts (a shared block
+        // loses a part as each user leaves): they add up to at most its
+        // length, and each is released on its own.
+        let mut by_seg = BTreeMap::new();
         for (_, a, born, died) in self.held_frees()? {
             let i = named.partition_point(|&s| s < born);
-            if named.get(i).is_none_or(|&s| s >= died) && last != Some((a.seg, a.offset)) {
+            if named.get(i).is_none_or(|&s| s >= died) {
                 *by_seg.entry(a.seg).or_insert(0u64) += u64::from(a.len);
-                last = Some((a.seg, a.offset));
             }
         }
         let n = Arc::new(by_seg);

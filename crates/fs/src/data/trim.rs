@@ -166,7 +166,10 @@ impl State {
             need += u64::from(want - have);
             if need > self.space_hint.saturating_sub(self.bufs.bytes() as u64) {
                 // Commits, cleans, or says ENOSPC, before anything changed
-                // (but the commit may have changed `i`: read it again).
+                // here. What the caller changed in `i` (ZERO_RANGE's punch
+                // lowered its count) is saved first; the commit may change
+                // the file too, so `i` is read back after it.
+                self.save(i);
                 if self.pre_write(need as usize)? {
                     *i = self.inode(i.ino)?;
                 }
