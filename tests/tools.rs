@@ -232,6 +232,57 @@ fn export_salvages_a_damaged_image() {
     let _ = std::fs::remove_dir_all(&w);
 }
 
+/// A damaged block of a hard-linked file whose first link was removed:
+/// the file names no directory as its parent any more, and fsck and
+/// scrub still name it by its other link (they found names by the
+/// parent only: "inode N"; review of 9195cbc, issue 45).
+#[test]
+fn a_damaged_file_is_named_by_its_remaining_link() {
+    use std::sync::Arc;
+    use zlogfs::fs::{Fs, FsOptions, ROOT};
+    use zlogfs::store::{FileStore, Store};
+    let w = work("linked");
+    let img = w.join("img");
+    ok(&[OsStr::new("mkfs"), s(&img), OsStr::new("--size"), OsStr::new("64M")]);
+    // Incompressible bytes are stored raw: they can be found in the image.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let victim: Vec<u8> = (0..200_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    {
+        let file = FileStore::open(&img).expect("open the image");
+        let sb = zlogfs::engine::read_superblock(&file).expect("superblock");
+        let st: Arc<dyn Store> = Arc::new(file.with_geometry(sb.geometry).expect("geometry"));
+        let f = Fs::open(st, FsOptions::default()).expect("open");
+        let a = f.mkdir(ROOT, b"a", 0o755, 0, 0).expect("mkdir").ino;
+        let b = f.mkdir(ROOT, b"b", 0o755, 0, 0).expect("mkdir").ino;
+        let v = f.create(a, b"first", 0o644, 0, 0).expect("create").ino;
+        f.write(v, 0, &victim).expect("write");
+        f.link(v, b, b"second").expect("link");
+        f.unlink(a, b"first").expect("unlink the first link");
+        f.close().expect("close");
+    }
+    let mut bytes = std::fs::read(&img).expect("read image");
+    let probe = &victim[70_000..70_064];
+    let at = bytes.windows(probe.len()).position(|w| w == probe).expect("the victim's bytes in the image");
+    bytes[at + 10] ^= 0x10;
+    std::fs::write(&img, &bytes).expect("write image");
+    let o = zlogfs(&[OsStr::new("fsck"), s(&img)]);
+    assert_eq!(o.status.code(), Some(1));
+    let report = String::from_utf8_lossy(&o.stdout);
+    assert!(report.contains("/b/second (bytes 65536..131072)"), "fsck names the file by its link: {report}");
+    let o = zlogfs(&[OsStr::new("scrub"), s(&img)]);
+    assert_eq!(o.status.code(), Some(1));
+    let report = String::from_utf8_lossy(&o.stdout);
+    assert!(report.contains("/b/second (bytes 65536..131072)"), "scrub names it too: {report}");
+    let _ = std::fs::remove_dir_all(&w);
+}
+
 /// Issue 24, item 12: the small refusals say what is wrong, and an image
 /// the caller may not write still serves the commands that only read.
 #[test]
