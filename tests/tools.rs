@@ -3,6 +3,8 @@
 //! images the caller may not write, and the small refusals of issue 24
 //! (items 10, 11 and 12).
 
+mod common;
+
 use std::ffi::OsStr;
 use std::fs::File;
 use std::os::fd::AsFd;
@@ -245,15 +247,7 @@ fn a_damaged_file_is_named_by_its_remaining_link() {
     let img = w.join("img");
     ok(&[OsStr::new("mkfs"), s(&img), OsStr::new("--size"), OsStr::new("64M")]);
     // Incompressible bytes are stored raw: they can be found in the image.
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let victim: Vec<u8> = (0..200_000)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let victim = common::noise(0x9e37_79b9_7f4a_7c15, 200_000);
     {
         let file = FileStore::open(&img).expect("open the image");
         let sb = zlogfs::engine::read_superblock(&file).expect("superblock");

@@ -784,10 +784,7 @@ fn a_cache_of_two_segments_downloads_the_image_at_most_once() {
         S3Options { cache_bytes: 2 * u64::from(GEO.segment_size), ..opts(&b, &c2.0, SyncMode::Local) };
     let e = open(&small);
     let before = e.stats().remote.unwrap().bytes_down;
-    for i in 0..3000u32 {
-        let k = i * 7919 % 3000;
-        assert_eq!(e.get(&key(k)).unwrap(), Some(value(k)), "key {k}");
-    }
+    read_scattered(&e, 3000);
     let down = e.stats().remote.unwrap().bytes_down - before;
     e.close().unwrap();
     eprintln!("an image of at most {stored} bytes: {down} downloaded through a cache of two segments");
@@ -813,10 +810,7 @@ fn only_a_cache_of_eight_segments_fetches_segments_whole() {
         let c = tempdir("e2");
         let e = open(&S3Options { cache_bytes, ..opts(&b, &c.0, SyncMode::Local) });
         let before = e.stats().remote.unwrap();
-        for i in 0..3000u32 {
-            let k = i * 7919 % 3000;
-            assert_eq!(e.get(&key(k)).unwrap(), Some(value(k)), "key {k}");
-        }
+        read_scattered(&e, 3000);
         let after = e.stats().remote.unwrap();
         e.close().unwrap();
         let hits = after.cache_hits - before.cache_hits;
@@ -827,6 +821,15 @@ fn only_a_cache_of_eight_segments_fetches_segments_whole() {
             "a cache of {cache_bytes} bytes ({hits} hits): segments fetched whole: {}",
             hits > 0
         );
+    }
+}
+
+/// Read keys `0..n` (n not a multiple of 7919) in a scattered order,
+/// each with the value `put_range` wrote.
+fn read_scattered(e: &Engine, n: u32) {
+    for i in 0..n {
+        let k = i * 7919 % n;
+        assert_eq!(e.get(&key(k)).unwrap(), Some(value(k)), "key {k}");
     }
 }
 

@@ -262,7 +262,9 @@ impl Engine {
     pub(super) fn flush_frozen(&self) -> Result<bool> {
         let _g = lock(&self.sh.ckpt_lock);
         let Some(f) = self.version().frozen.last().cloned() else { return Ok(false) };
-        let new_runs = self.write_runs(f.mem.entries().into_iter().map(Ok))?;
+        // A frozen memtable does not change: read through a cursor, not
+        // copied whole.
+        let new_runs = self.write_runs(f.mem.cursor(&[], None).map(Ok))?;
         {
             let _core = lock(&self.sh.core);
             let ver = self.version();

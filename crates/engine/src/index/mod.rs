@@ -82,31 +82,10 @@ impl Memtable {
         m.range(lo..).next().filter(|((k, _), _)| k.as_slice() == key).map(|(_, v)| v.clone())
     }
 
-    /// Every version with key >= `start` and key < `end` (if given), in
-    /// internal order, at most `limit_keys` distinct keys.
-    pub fn range(&self, start: &[u8], end: Option<&[u8]>, limit_keys: usize) -> Vec<Entry> {
-        let m = self.map.read().unwrap_or_else(|p| p.into_inner());
-        let lo = (start.to_vec(), Reverse(u64::MAX));
-        let mut out: Vec<Entry> = Vec::new();
-        let mut keys = 0usize;
-        for ((k, Reverse(s)), v) in m.range((Bound::Included(lo), Bound::Unbounded)) {
-            if end.is_some_and(|e| k.as_slice() >= e) {
-                break;
-            }
-            if out.last().is_none_or(|l| l.key != *k) {
-                keys += 1;
-                if keys > limit_keys {
-                    break;
-                }
-            }
-            out.push(Entry { key: k.clone(), seq: *s, value: v.clone() });
-        }
-        out
-    }
-
     /// Every version in internal order.
     pub fn entries(&self) -> Vec<Entry> {
-        self.range(&[], None, usize::MAX)
+        let m = self.map.read().unwrap_or_else(|p| p.into_inner());
+        m.iter().map(|((k, Reverse(s)), v)| Entry { key: k.clone(), seq: *s, value: v.clone() }).collect()
     }
 
     /// A cursor over the versions of `[start, end)` in internal order,
