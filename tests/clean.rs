@@ -596,8 +596,8 @@ fn overwrite_breakdown() {
         let kb = |k: usize| (es.kind_bytes[k] - k0[k]) as f64 / total as f64;
         eprintln!(
             "journal {:.3}, run data {:.3}, run index {:.3}, filter {:.3}, checkpoint {:.3}, data {:.3}, headers and padding {:.3}",
-            kb(1), kb(2), kb(3), kb(4), kb(5), kb(6),
-            (d as f64 - (1..7).map(|k| (es.kind_bytes[k] - k0[k]) as f64).sum::<f64>()) / total as f64
+            kb(1), kb(2), kb(3), kb(4), kb(5) + kb(7) + kb(8), kb(6),
+            (d as f64 - (1..9).map(|k| (es.kind_bytes[k] - k0[k]) as f64).sum::<f64>()) / total as f64
         );
         let freed = s1.clean_freed - s0.clean_freed;
         eprintln!(

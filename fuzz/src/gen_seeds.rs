@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use zlogfs_engine::bytes::{crc, Put};
 use zlogfs_engine::codec::{self, CodecId, CodecSpec};
-use zlogfs_engine::engine::CheckpointBody;
+use zlogfs_engine::engine::{CheckpointBody, CheckpointHead};
 use zlogfs_engine::index::run::{encode_data_block, encode_index_block, Bloom, IndexEntry, RunMeta};
 use zlogfs_engine::index::Entry;
 use zlogfs_engine::log::format::*;
@@ -198,6 +198,9 @@ fn main() {
     // Checkpoint body and journal.
     let body = checkpoint_body();
     out.write("fuzz_checkpoint_body", "valid", &body.encode());
+    let head =
+        CheckpointHead { number: 7, body_len: 70_000, parts: vec![addr(8), addr(9)], prev_parts: vec![addr(4)] };
+    out.write("fuzz_checkpoint_body", "head", &head.encode());
     out.write("fuzz_journal", "valid", &journal());
 
     // Codec payloads: codec byte, raw_len (u32 LE), payload.
@@ -220,6 +223,8 @@ fn main() {
         (BlockKind::RunFilter, bloom.encode()),
         (BlockKind::Checkpoint, body.encode()),
         (BlockKind::Data, text(3000)),
+        (BlockKind::CheckpointHead, head.encode()),
+        (BlockKind::CheckpointPart, body.encode()[..40].to_vec()),
     ];
     for (kind, raw) in &payloads {
         for id in CodecId::ALL {

@@ -87,15 +87,21 @@ chmod 755 "$work" # pjdfstest switches to other users, who must reach the mount
 # mount(8) reaches zlogfs through this helper for `mount -o remount,ro`
 # (pjdfstest's EROFS cases).
 helper=/sbin/mount.fuse.zlogfs
+# A link (perhaps left dangling by another checkout's run) points at this
+# build while the suite runs and back afterwards; an installed helper (a
+# file) is used as it is.
 made_helper=0
-if [ ! -e "$helper" ]; then
-    ln -s "$zlogfs" "$helper"
+old_helper=$(readlink "$helper" || true)
+if [ -n "$old_helper" ] || [ ! -e "$helper" ]; then
+    ln -sfn "$zlogfs" "$helper"
     made_helper=1
 fi
 cleanup() {
     mountpoint -q "$mnt" && umount "$mnt" || true
     mountpoint -q "$work/reader" && umount "$work/reader" || true
-    [ "$made_helper" = 1 ] && rm -f "$helper"
+    if [ "$made_helper" = 1 ]; then
+        if [ -n "$old_helper" ]; then ln -sfn "$old_helper" "$helper"; else rm -f "$helper"; fi
+    fi
     rm -rf "$work"
 }
 trap cleanup EXIT

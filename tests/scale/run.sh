@@ -19,8 +19,13 @@
 # docs/decisions/2026-12-01-merges-that-lower-the-run-count.md). Root
 # and /dev/fuse needed (skipped with a note elsewhere, failed under CI).
 #
-#   bash tests/scale/run.sh                 # 200,000 files
+# The image is 8 GiB of 256 KiB segments: 32,768 segments, whose usage
+# table alone outgrew a checkpoint body of one block (64 KiB here) before
+# checkpoints came in parts (FORMAT.md §3.5).
+#
+#   bash tests/scale/run.sh                 # 200,000 files, 8 GiB image
 #   SCALE_FILES=1000000 bash tests/scale/run.sh
+#   SCALE_SIZE=2G SCALE_SEED=1 bash tests/scale/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 files=${SCALE_FILES:-200000}
@@ -53,7 +58,7 @@ runs() { "$zlogfs" stats --json "$1" | python3 -c 'import json, sys; print(json.
 
 python3 tests/scale/mktree.py "$work/tree" "$files" "${SCALE_SEED:-$RANDOM}" 8192
 start=$SECONDS
-if timeout 600 "$zlogfs" import "$work/tree" "$img" --size 2G --segment-size 256K --pack-size 64K >"$work/import.log" 2>&1; then
+if timeout 600 "$zlogfs" import "$work/tree" "$img" --size "${SCALE_SIZE:-8G}" --segment-size 256K --pack-size 64K >"$work/import.log" 2>&1; then
     ok "import of $files files in $((SECONDS - start)) s ($(tail -1 "$work/import.log")); index runs: $(runs "$img")"
 else
     fail "import of $files files did not finish in 600 s (or failed):"

@@ -311,8 +311,10 @@ impl Engine {
                             || core.ckpt.deferred.iter().any(|&(_, a)| a == b.addr))
                         .then_some("an index run in use")
                     }
-                    BlockKind::Checkpoint => (b.addr == core.ckpt.body || b.addr == core.ckpt.prev_body)
-                        .then_some("a checkpoint body in use"),
+                    BlockKind::Checkpoint | BlockKind::CheckpointHead | BlockKind::CheckpointPart => {
+                        (core.ckpt.body.contains(&b.addr) || core.ckpt.prev_body.contains(&b.addr))
+                            .then_some("a checkpoint in use")
+                    }
                 };
                 why.map(|w| format!("{w} ({} block at {})", b.kind.name(), b.addr))
             });

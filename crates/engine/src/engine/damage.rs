@@ -110,10 +110,7 @@ impl Engine {
         }
         core.ckpt.deferred.iter().for_each(|&(_, a)| add(a));
         core.log.journal_blocks.iter().for_each(|&(_, seg, len)| add(BlockAddr { seg, offset: 0, len }));
-        add(core.ckpt.body);
-        if core.ckpt.number >= 1 {
-            add(core.ckpt.prev_body);
-        }
+        core.ckpt.body.iter().chain(&core.ckpt.prev_body).for_each(|&a| add(a));
         Ok(core.log.usage.iter().copied().zip(own).collect())
     }
 }

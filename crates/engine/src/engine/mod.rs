@@ -38,7 +38,7 @@ mod recovery;
 pub use crate::log::Room;
 use background::BgState;
 pub use blocks::{BlockWrite, EncodedBlock};
-pub use checkpoint::CheckpointBody;
+pub use checkpoint::{max_checkpoint_parts, CheckpointBody, CheckpointHead};
 use checkpoint::{CkptState, Hold};
 pub use clean::{Reclaimed, SegBlock, Victim};
 pub use damage::DamagedBlock;
@@ -209,8 +209,9 @@ pub struct EngineStats {
     /// Bytes written to the device since open.
     pub device_bytes_written: u64,
     /// Stored bytes of blocks written since open, by block kind (indexed
-    /// by the kind byte of FORMAT.md: 1 journal ... 6 data).
-    pub kind_bytes: [u64; 8],
+    /// by the kind byte of FORMAT.md §2.9: 1 journal ... 6 data, 7 and 8
+    /// checkpoint head and part).
+    pub kind_bytes: [u64; 16],
     /// Number of index runs.
     pub runs: usize,
     /// Entries in all runs.
@@ -242,7 +243,7 @@ pub struct DeviceStats {
     /// Live bytes of blocks on it.
     pub live_bytes: u64,
     /// Stored bytes of blocks written to it since open, by block kind.
-    pub kind_bytes: [u64; 8],
+    pub kind_bytes: [u64; 16],
     /// Of the live bytes, those of the index runs' blocks (data, sparse
     /// index and filter of every current run).
     pub index_bytes: u64,
@@ -750,7 +751,6 @@ fn device_stats(core: &Core, ver: &Version, tier: Tier) -> DeviceStats {
     let segs: Vec<u32> = (0..log.usage.len() as u32).filter(|&s| log.tier_of(s) == tier).collect();
     let on = |seg: u32| log.tier_of(seg) == tier;
     let bytes = |a: &BlockAddr| if on(a.seg) { u64::from(a.len) } else { 0 };
-    let bodies = [core.ckpt.body, core.ckpt.prev_body];
     DeviceStats {
         segments: segs.len() as u32,
         free_segments: segs.iter().filter(|&&s| log.is_free(s)).count() as u32,
@@ -758,7 +758,6 @@ fn device_stats(core: &Core, ver: &Version, tier: Tier) -> DeviceStats {
         kind_bytes: log.device_kind_bytes[usize::from(tier == Tier::Bulk)],
         index_bytes: ver.runs.iter().flat_map(|r| r.blocks()).map(|a| bytes(&a)).sum(),
         journal_bytes: log.journal_blocks.iter().filter(|b| on(b.1)).map(|b| u64::from(b.2)).sum(),
-        // The first checkpoint has no previous body (its address is 0/0/0).
-        checkpoint_bytes: bodies.iter().filter(|a| a.len > 0).map(bytes).sum::<u64>(),
+        checkpoint_bytes: core.ckpt.body.iter().chain(&core.ckpt.prev_body).map(bytes).sum::<u64>(),
     }
 }

@@ -14,12 +14,19 @@ use crate::log::{self, LogWriter, NewBlock, SegUsage};
 use crate::store::{MetaSlot, Store};
 
 use super::background::{background, BgState};
-use super::checkpoint::CkptState;
+use super::checkpoint::{max_checkpoint_parts, place_body, CheckpointHead, CkptState};
 use super::journal::{decode_journal, Op};
 use super::{lock, CheckpointBody, Core, Engine, Options, Room, Shared, Version};
 
 /// Create an empty image on `store`: superblock and the first checkpoint.
 pub fn mkfs(store: Arc<dyn Store>) -> Result<Superblock> {
+    make_image(store, true)
+}
+
+/// [`mkfs`]; with `parts` false, an image as builds before checkpoint
+/// parts made it (its first checkpoint one block of kind 5), to test that
+/// such images open.
+pub(super) fn make_image(store: Arc<dyn Store>, parts: bool) -> Result<Superblock> {
     let geometry = store.geometry();
     validate_geometry(geometry).map_err(Error::Invalid)?;
     let uuid: [u8; 16] = rand::random();
@@ -31,7 +38,8 @@ pub fn mkfs(store: Arc<dyn Store>) -> Result<Superblock> {
     let sb = Superblock {
         version: FORMAT_VERSION,
         compat: 0,
-        incompat: if fast.is_some() { INCOMPAT_TWO_DEVICES } else { 0 },
+        incompat: if parts { INCOMPAT_CHECKPOINT_PARTS } else { 0 }
+            | if fast.is_some() { INCOMPAT_TWO_DEVICES } else { 0 },
         ro_compat: 0,
         uuid,
         geometry,
@@ -65,8 +73,13 @@ pub fn mkfs(store: Arc<dyn Store>) -> Result<Superblock> {
         runs: Vec::new(),
         usage: log.usage.clone(),
     };
-    let blk = NewBlock::encode(BlockKind::Checkpoint, 0, Options::default().index_codec, &body.encode());
-    let addr = log.add_blocks(vec![blk], Room::System)?[0];
+    let codec = Options::default().index_codec;
+    let addr = if parts {
+        place_body(&mut log, 0, codec, &body.encode(), Vec::new())?[0]
+    } else {
+        log.add_blocks(vec![NewBlock::encode(BlockKind::Checkpoint, 0, codec, &body.encode())], Room::System)?
+            [0]
+    };
     log.write_pending(Room::System)?;
     let slot = CheckpointSlot { number: 0, uuid, body: addr, replay: start, after_body: log.pos() };
     let wr = |s: MetaSlot, b: &[u8; 4096]| {
@@ -79,6 +92,27 @@ pub fn mkfs(store: Arc<dyn Store>) -> Result<Superblock> {
     // The superblock last: an image without one is not an image.
     wr(MetaSlot::Super, &sb.encode())?;
     store.sync().map_err(|e| Error::io("syncing the new image", e))?;
+    Ok(sb)
+}
+
+/// An image made before checkpoints had parts gets the feature bit, in
+/// the superblock's copy and then the superblock (each synced, so that one
+/// of them is whole at any crash), before any checkpoint in parts is
+/// written: from then on older builds refuse the image by that bit
+/// instead of misreading its checkpoints.
+fn turn_on_checkpoint_parts(store: &dyn Store, mut sb: Superblock) -> Result<Superblock> {
+    if sb.incompat & INCOMPAT_CHECKPOINT_PARTS != 0 {
+        return Ok(sb);
+    }
+    sb.incompat |= INCOMPAT_CHECKPOINT_PARTS;
+    for slot in [MetaSlot::SuperCopy, MetaSlot::Super] {
+        store.write_meta(slot, &sb.encode()).map_err(|e| Error::io(format!("writing {slot:?}"), e))?;
+        store.sync().map_err(|e| Error::io(format!("syncing {slot:?}"), e))?;
+    }
+    tracing::info!(
+        "the image now keeps checkpoints in parts (feature {INCOMPAT_CHECKPOINT_PARTS:#x}); zlogfs builds \
+         before 2026-12-02 refuse it"
+    );
     Ok(sb)
 }
 
@@ -195,10 +229,11 @@ impl Engine {
         // before building on it.
         log.sync_store()?;
         let next_seq = r.max_seq + 1;
+        let sb = if opts.read_only { sb } else { turn_on_checkpoint_parts(store.as_ref(), sb)? };
         let state = CkptState {
             number: slot.number,
-            body: slot.body,
-            prev_body: body.prev_body,
+            body: ckpt.blocks.clone(),
+            prev_body: ckpt.prev_blocks.clone(),
             replay: slot.replay,
             prev_replay_batch: other_replay.unwrap_or(slot.replay.batch_seq),
             flushed_seq: body.flushed_seq,
@@ -279,8 +314,9 @@ impl Engine {
         Ok(())
     }
 
-    /// An image made before the superblock had a copy gets one (a
-    /// superblock never changes after mkfs, so the copy is written once).
+    /// An image made before the superblock had a copy gets one (it is
+    /// written again only with the superblock, when a feature is turned
+    /// on: [`turn_on_checkpoint_parts`]).
     pub(super) fn keep_superblock_copy(sh: &Shared) -> Result<()> {
         let mut buf = [0u8; 4096];
         sh.store.read_meta(MetaSlot::SuperCopy, &mut buf).map_err(|e| Error::io("reading SuperCopy", e))?;
@@ -298,6 +334,10 @@ impl Engine {
 struct Loaded {
     slot: CheckpointSlot,
     body: CheckpointBody,
+    /// The checkpoint's blocks: head (or one-block body), then parts.
+    blocks: Vec<BlockAddr>,
+    /// The previous checkpoint's blocks (none before the first).
+    prev_blocks: Vec<BlockAddr>,
     other: Option<CheckpointSlot>,
 }
 
@@ -326,11 +366,14 @@ fn load_checkpoint(store: &dyn Store, sb: &Superblock) -> Result<Loaded> {
     slots.sort_by_key(|c| std::cmp::Reverse(c.number));
     for (i, slot) in slots.iter().enumerate() {
         let what = format!("checkpoint {} body at {}", slot.number, slot.body);
-        let r = log::read_block(store, slot.body, BlockKind::Checkpoint)
-            .and_then(|raw| CheckpointBody::decode(&raw, &what));
-        match r {
-            Ok(b) if b.number == slot.number && b.usage.len() == sb.geometry.segment_count as usize => {
-                return Ok(Loaded { slot: slot.clone(), body: b, other: slots.get(i + 1).cloned() });
+        match read_checkpoint(store, slot) {
+            Ok((b, blocks, prev_parts))
+                if b.number == slot.number && b.usage.len() == sb.geometry.segment_count as usize =>
+            {
+                let prev = Some(b.prev_body).filter(|a| a.len > 0);
+                let prev_blocks = prev.into_iter().chain(prev_parts).collect();
+                let other = slots.get(i + 1).cloned();
+                return Ok(Loaded { slot: slot.clone(), body: b, blocks, prev_blocks, other });
             }
             Ok(_) => errors.push(Error::corrupt(what, "does not match its slot")),
             Err(e) => errors.push(e),
@@ -340,6 +383,64 @@ fn load_checkpoint(store: &dyn Store, sb: &Superblock) -> Result<Loaded> {
         .into_iter()
         .next()
         .unwrap_or_else(|| Error::corrupt("checkpoint slots", "neither slot holds a checkpoint")))
+}
+
+/// The checkpoint `slot` points at: its body, its blocks (head first) and
+/// the previous checkpoint's parts. A head and its parts (FORMAT.md §3.5),
+/// or the one-block body of an image made before parts.
+fn read_checkpoint(
+    store: &dyn Store,
+    slot: &CheckpointSlot,
+) -> Result<(CheckpointBody, Vec<BlockAddr>, Vec<BlockAddr>)> {
+    let max = log::max_block_raw(store.geometry());
+    let what = format!("checkpoint {} body at {}", slot.number, slot.body);
+    let sealed = log::read_sealed(store, slot.body)?;
+    let (h, _) = BlockHeader::open(&sealed, slot.body)?;
+    if h.kind == BlockKind::Checkpoint as u8 {
+        let raw = log::decode_block(&sealed, slot.body, BlockKind::Checkpoint)?;
+        return Ok((CheckpointBody::decode(&raw, &what)?, vec![slot.body], Vec::new()));
+    }
+    let raw = log::decode_block(&sealed, slot.body, BlockKind::CheckpointHead)?;
+    let head = CheckpointHead::decode(&raw, &format!("checkpoint {} head at {}", slot.number, slot.body))?;
+    if head.number != slot.number {
+        return Err(Error::corrupt(what, "its head does not match its slot"));
+    }
+    check_head(&head, slot.body, max).map_err(|e| Error::corrupt(&what, e))?;
+    let mut bytes = Vec::new();
+    for &p in &head.parts {
+        let part = log::read_block(store, p, BlockKind::CheckpointPart)?;
+        if part.len() > max || bytes.len() as u64 + part.len() as u64 > head.body_len {
+            return Err(Error::corrupt(what, "its parts are longer than its head says"));
+        }
+        bytes.extend_from_slice(&part);
+    }
+    if bytes.len() as u64 != head.body_len {
+        return Err(Error::corrupt(what, "its parts are shorter than its head says"));
+    }
+    let body = CheckpointBody::decode(&bytes, &what)?;
+    let blocks = std::iter::once(slot.body).chain(head.parts).collect();
+    Ok((body, blocks, head.prev_parts))
+}
+
+/// What a head must be before its parts are read: within the part limit,
+/// a length its parts can hold, and no block named twice (its own
+/// included), so that a damaged or crafted head cannot make the open read
+/// without bound or count a block twice.
+fn check_head(head: &CheckpointHead, at: BlockAddr, max: usize) -> std::result::Result<(), String> {
+    let n = head.parts.len() + head.prev_parts.len();
+    if n > max_checkpoint_parts(max) {
+        return Err(format!("its head lists {n} parts, past the limit of {}", max_checkpoint_parts(max)));
+    }
+    if head.body_len > (head.parts.len() * max) as u64 {
+        return Err(format!("its head says {} bytes in {} parts", head.body_len, head.parts.len()));
+    }
+    let mut all: Vec<BlockAddr> = head.parts.iter().chain(&head.prev_parts).copied().collect();
+    all.push(at);
+    all.sort_unstable();
+    if all.windows(2).any(|w| w[0] == w[1]) {
+        return Err("its head names a block twice".into());
+    }
+    Ok(())
 }
 
 /// The runs a checkpoint lists. One with a damaged index or filter block
@@ -387,10 +488,23 @@ struct RolledForward {
 fn roll_forward(store: &dyn Store, sb: &Superblock, ckpt: &Loaded) -> Result<RolledForward> {
     let (slot, body) = (&ckpt.slot, &ckpt.body);
     let mut usage = body.usage.clone();
-    let body_seg = &mut usage[slot.body.seg as usize];
-    body_seg.live += slot.body.len;
-    // The body's batch is the one before `after_body`.
-    body_seg.last_batch = body_seg.last_batch.max(slot.after_body.batch_seq.saturating_sub(1));
+    for a in &ckpt.blocks {
+        let Some(seg) = usage.get_mut(a.seg as usize) else {
+            return Err(Error::corrupt(
+                format!("checkpoint {} block at {a}", slot.number),
+                "outside the device",
+            ));
+        };
+        seg.live = seg.live.checked_add(a.len).ok_or_else(|| {
+            Error::corrupt(
+                format!("checkpoint {} usage of segment {}", slot.number, a.seg),
+                "past 2^32 bytes",
+            )
+        })?;
+        // The head's batch is the one before `after_body`; the parts' are
+        // that one or earlier (a later batch keeps the segment longer).
+        seg.last_batch = seg.last_batch.max(slot.after_body.batch_seq.saturating_sub(1));
+    }
     let mem = Arc::new(Memtable::new());
     let mut max_seq = body.next_seq.saturating_sub(1);
     let mut journal_blocks = Vec::new();

@@ -82,7 +82,8 @@ impl Memtable {
         m.range(lo..).next().filter(|((k, _), _)| k.as_slice() == key).map(|(_, v)| v.clone())
     }
 
-    /// Every version in internal order.
+    /// Every version in internal order (tests; readers use a cursor).
+    #[cfg(test)]
     pub fn entries(&self) -> Vec<Entry> {
         let m = self.map.read().unwrap_or_else(|p| p.into_inner());
         m.iter().map(|((k, Reverse(s)), v)| Entry { key: k.clone(), seq: *s, value: v.clone() }).collect()

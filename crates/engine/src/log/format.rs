@@ -14,8 +14,12 @@ pub const FORMAT_VERSION: u32 = 1;
 /// Incompatible feature: the image is two stores, a fast one (the
 /// superblock's `fast_segments` first segments) and a bulk one.
 pub const INCOMPAT_TWO_DEVICES: u64 = 1;
+/// Incompatible feature: checkpoints may be a head block and part blocks
+/// (block kinds 7 and 8, FORMAT.md §3.5). Set at mkfs, and on the first
+/// read-write open of an image made before it.
+pub const INCOMPAT_CHECKPOINT_PARTS: u64 = 2;
 /// Incompatible feature bits this build understands.
-pub const INCOMPAT_KNOWN: u64 = INCOMPAT_TWO_DEVICES;
+pub const INCOMPAT_KNOWN: u64 = INCOMPAT_TWO_DEVICES | INCOMPAT_CHECKPOINT_PARTS;
 /// Read-only-compatible feature bits this build understands (none yet).
 pub const RO_COMPAT_KNOWN: u64 = 0;
 
@@ -447,10 +451,14 @@ pub enum BlockKind {
     RunIndex = 3,
     /// The key filter of a run.
     RunFilter = 4,
-    /// A checkpoint body.
+    /// A checkpoint body in one block (images made before checkpoint parts).
     Checkpoint = 5,
     /// File data owned by a layer above (owner = inode).
     Data = 6,
+    /// A checkpoint's head: where its body's parts are.
+    CheckpointHead = 7,
+    /// A slice of a checkpoint body.
+    CheckpointPart = 8,
 }
 
 impl BlockKind {
@@ -463,17 +471,21 @@ impl BlockKind {
             4 => BlockKind::RunFilter,
             5 => BlockKind::Checkpoint,
             6 => BlockKind::Data,
+            7 => BlockKind::CheckpointHead,
+            8 => BlockKind::CheckpointPart,
             _ => return None,
         })
     }
     /// Every kind.
-    pub const ALL: [BlockKind; 6] = [
+    pub const ALL: [BlockKind; 8] = [
         BlockKind::Journal,
         BlockKind::RunData,
         BlockKind::RunIndex,
         BlockKind::RunFilter,
         BlockKind::Checkpoint,
         BlockKind::Data,
+        BlockKind::CheckpointHead,
+        BlockKind::CheckpointPart,
     ];
     /// Lower-case name.
     pub fn name(self) -> &'static str {
@@ -484,6 +496,8 @@ impl BlockKind {
             BlockKind::RunFilter => "run filter",
             BlockKind::Checkpoint => "checkpoint",
             BlockKind::Data => "data",
+            BlockKind::CheckpointHead => "checkpoint head",
+            BlockKind::CheckpointPart => "checkpoint part",
         }
     }
 }

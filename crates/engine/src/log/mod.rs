@@ -94,7 +94,8 @@ impl NewBlock {
     pub fn bytes(&self) -> &[u8] {
         &self.sealed
     }
-    fn stored_len(&self) -> usize {
+    /// Header and stored payload bytes.
+    pub fn stored_len(&self) -> usize {
         self.sealed.len()
     }
 }
@@ -213,9 +214,9 @@ pub struct LogWriter {
     /// Bytes written to the device (batches, padding included).
     pub device_bytes: u64,
     /// Stored bytes of blocks written, by kind (indexed by the kind byte).
-    pub kind_bytes: [u64; 8],
+    pub kind_bytes: [u64; 16],
     /// The same, by device (fast, bulk).
-    pub device_kind_bytes: [[u64; 8]; 2],
+    pub device_kind_bytes: [[u64; 16]; 2],
     /// Journal blocks written since the replay start: (position, seg, len).
     pub journal_blocks: Vec<(u64, u32, u32)>,
     /// Drawn at open; written into every batch header.
@@ -299,8 +300,8 @@ impl LogWriter {
             reserve_segments: 2,
             failed: false,
             device_bytes: 0,
-            kind_bytes: [0; 8],
-            device_kind_bytes: [[0; 8]; 2],
+            kind_bytes: [0; 16],
+            device_kind_bytes: [[0; 16]; 2],
             journal_blocks: Vec::new(),
             epoch: rand::random(),
             told_freed: vec![false; geometry.segment_count as usize],
@@ -439,7 +440,7 @@ impl LogWriter {
 
     /// NoSpace unless `n` blocks of `bytes` in all fit in the room a
     /// write of class `room` may use ([`LogWriter::room_for`]).
-    fn check_room(&self, n: usize, bytes: usize, room: Room) -> Result<()> {
+    pub fn check_room(&self, n: usize, bytes: usize, room: Room) -> Result<()> {
         let need = bytes + n * (8 + SUMMARY_ENTRY_SIZE);
         if need > self.room_for(room) {
             return Err(Error::NoSpace(format!(
@@ -771,8 +772,8 @@ impl LogWriter {
         let u = &mut self.usage[seg as usize];
         u.last_batch = seq;
         for e in &p.entries {
-            self.kind_bytes[usize::from(e.kind & 7)] += u64::from(e.len);
-            self.device_kind_bytes[dev][usize::from(e.kind & 7)] += u64::from(e.len);
+            self.kind_bytes[usize::from(e.kind & 15)] += u64::from(e.len);
+            self.device_kind_bytes[dev][usize::from(e.kind & 15)] += u64::from(e.len);
             u.live = u.live.saturating_add(e.len);
         }
         self.batch_seq += 1;
@@ -804,6 +805,11 @@ impl LogWriter {
         if let Some(u) = self.usage.get_mut(addr.seg as usize) {
             u.live = u.live.saturating_sub(addr.len);
         }
+    }
+
+    /// The device's shape.
+    pub fn geometry(&self) -> Geometry {
+        self.geometry
     }
 
     /// The engine's view of the device: the store.
