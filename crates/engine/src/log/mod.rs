@@ -608,28 +608,59 @@ impl LogWriter {
     /// reserve the blocks may use.
     ///
     /// The blocks are placed all or none: when the log cannot take them
-    /// all, NoSpace comes before any is placed. (Placed blocks are live
+    /// all, NoSpace comes and none stays counted. (Placed blocks are live
     /// until their owner frees them; a caller that got an error for half
     /// of them would never reference, and so never free, the other half.)
+    /// Usually NoSpace comes before any is placed. But the room check
+    /// counts a segment's bytes, not the end a block too long for it
+    /// leaves unused: blocks of more than a sixteenth of a segment can
+    /// find the log full part way. Those placed are then written out and
+    /// freed before the error returns ([`LogWriter::unplace`]).
     pub fn add_blocks(&mut self, blocks: Vec<NewBlock>, room: Room) -> Result<Vec<BlockAddr>> {
         self.check_ok()?;
+        let max = max_block_raw(self.geometry);
+        if let Some(b) = blocks
+            .iter()
+            .find(|b| b.raw_len as usize > max || b.stored_len() > max + 2 * BLOCK_HEADER_SIZE + 64)
+        {
+            return Err(Error::Invalid(format!(
+                "{:?} block of {} bytes (owner {}) exceeds the limit of {max}",
+                b.kind, b.raw_len, b.owner
+            )));
+        }
         let bytes: usize = blocks.iter().map(|b| b.stored_len()).sum();
         self.check_room(blocks.len(), bytes, room)?;
-        let max = max_block_raw(self.geometry);
         let mut addrs = Vec::with_capacity(blocks.len());
         for b in blocks {
-            if b.raw_len as usize > max || b.stored_len() > max + 2 * BLOCK_HEADER_SIZE + 64 {
-                return Err(Error::Invalid(format!(
-                    "{:?} block of {} bytes (owner {}) exceeds the limit of {max}",
-                    b.kind, b.raw_len, b.owner
-                )));
-            }
             let h = self.head_of(b.tier);
             let len = b.stored_len();
-            self.make_room(h, 1, len + 8, room)?;
+            if let Err(e) = self.make_room(h, 1, len + 8, room) {
+                self.unplace(&addrs, room)?;
+                return Err(e);
+            }
             addrs.push(self.place(h, b));
         }
         Ok(addrs)
+    }
+
+    /// Give back the blocks an [`LogWriter::add_blocks`] placed before it
+    /// failed: the pending batches written (a block is counted when its
+    /// batch is), then each block freed, so that no count stays for
+    /// blocks no owner will reference. Their bytes are dead, for the
+    /// cleaner; a crash before the next checkpoint counts them again,
+    /// as it does the copies of a cleaning pass whose commit was lost.
+    fn unplace(&mut self, addrs: &[BlockAddr], room: Room) -> Result<()> {
+        if addrs.is_empty() {
+            return Ok(());
+        }
+        tracing::debug!("the log filled part way through {} blocks: giving them back", addrs.len());
+        for h in (0..self.heads.len()).rev() {
+            if !self.heads[h].pending.is_empty() {
+                self.write_head(h, room)?;
+            }
+        }
+        addrs.iter().for_each(|&a| self.free_block(a));
+        Ok(())
     }
 
     fn place(&mut self, h: usize, b: NewBlock) -> BlockAddr {
@@ -1120,6 +1151,28 @@ mod tests {
             seg_prev_crc: 0,
         });
         LogPos { seg: 0, offset: 0, batch_seq: 1, prev_crc: 0, next_seg: NO_SEGMENT, alt, seg_prev_crc: 0 }
+    }
+
+    /// Blocks of a quarter segment: three fit a segment, though the room
+    /// check counts nearly four. A call the check lets through finds the
+    /// log full part way: NoSpace, and none of its blocks stays counted.
+    #[test]
+    fn blocks_that_fill_the_log_part_way_stay_uncounted() {
+        let mut w = writer_of(8, None);
+        let none = CodecSpec::new(codec::CodecId::None, 0);
+        let max = max_block_raw(w.geometry());
+        let room = w.room_for(Room::User);
+        let n = room / (max + BLOCK_HEADER_SIZE + 8 + SUMMARY_ENTRY_SIZE);
+        let blocks: Vec<NewBlock> =
+            (0..n).map(|i| NewBlock::encode(BlockKind::Data, i as u64, none, &vec![i as u8; max])).collect();
+        assert!(n > 3 * (room / w.usable_per_segment() + 1), "{n} blocks: more than fit");
+        let live = |w: &LogWriter| w.usage.iter().map(|u| u64::from(u.live)).sum::<u64>();
+        let before = live(&w);
+        let err = w.add_blocks(blocks, Room::User).unwrap_err();
+        assert!(matches!(err, Error::NoSpace(_)), "{err}");
+        w.sync().unwrap();
+        assert_eq!(live(&w), before, "no block of the failed call stays counted");
+        assert!(!w.failed);
     }
 
     /// Two heads: data blocks to the bulk segments, journal records to the
