@@ -113,6 +113,8 @@ fn journal() -> Vec<u8> {
 fn checkpoint_body() -> CheckpointBody {
     let run = |id: u64| RunMeta {
         id,
+        level: 1,
+        tombstones: 3,
         entries: 21,
         min_seq: 1,
         max_seq: 1000,
@@ -198,6 +200,7 @@ fn main() {
     // Checkpoint body and journal.
     let body = checkpoint_body();
     out.write("fuzz_checkpoint_body", "valid", &body.encode());
+    out.write("fuzz_checkpoint_body", "one-block", &body.encode_without_levels());
     let head =
         CheckpointHead { number: 7, body_len: 70_000, parts: vec![addr(8), addr(9)], prev_parts: vec![addr(4)] };
     out.write("fuzz_checkpoint_body", "head", &head.encode());
@@ -221,7 +224,7 @@ fn main() {
         (BlockKind::RunData, encode_data_block(&ents)),
         (BlockKind::RunIndex, encode_index_block(&idx)),
         (BlockKind::RunFilter, bloom.encode()),
-        (BlockKind::Checkpoint, body.encode()),
+        (BlockKind::Checkpoint, body.encode_without_levels()),
         (BlockKind::Data, text(3000)),
         (BlockKind::CheckpointHead, head.encode()),
         (BlockKind::CheckpointPart, body.encode()[..40].to_vec()),

@@ -31,7 +31,7 @@ pub const GEOMETRY: Geometry = Geometry { segment_size: 128 * 1024, segment_coun
 pub fn small_opts() -> Options {
     Options {
         memtable_bytes: 8 * 1024,
-        max_runs: 3,
+        level0_runs: 3,
         run_block_bytes: 700,
         background: false,
         cache_bytes: 64 * 1024,

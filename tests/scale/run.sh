@@ -54,7 +54,7 @@ trap cleanup EXIT
 bad=0
 ok() { echo "ok: $*"; }
 fail() { echo "FAILED: $*" >&2; bad=1; }
-runs() { "$zlogfs" stats --json "$1" | python3 -c 'import json, sys; print(json.load(sys.stdin)["index_runs"])'; }
+runs() { "$zlogfs" stats --json "$1" | python3 -c 'import json, sys; j = json.load(sys.stdin); print(j["index_runs"], "(by level:", *j["index_runs_by_level"], end=")\n")'; }
 
 python3 tests/scale/mktree.py "$work/tree" "$files" "${SCALE_SEED:-$RANDOM}" 8192
 start=$SECONDS

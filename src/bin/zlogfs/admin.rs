@@ -261,9 +261,12 @@ fn print_stats(v: &Value) {
         f("bytes_per_inode"),
         n("triples")
     );
+    let levels: Vec<String> =
+        v["index_runs_by_level"].as_array().into_iter().flatten().map(|n| n.to_string()).collect();
     outln!(
-        "index:            {} runs, {} bytes ({:.1} bytes per file, inline data included); {} entries in memtables",
+        "index:            {} runs (by level: {}), {} bytes ({:.1} bytes per file, inline data included); {} entries in memtables",
         n("index_runs"),
+        if levels.is_empty() { "none".to_string() } else { levels.join(" ") },
         n("index_bytes"),
         f("metadata_bytes_per_file"),
         n("memtable_entries")

@@ -26,7 +26,7 @@ pub(super) fn background(sh: Arc<Shared>) {
                     .wait_timeout(st, std::time::Duration::from_secs(1))
                     .map(|r| r.0)
                     .unwrap_or_else(|p| p.into_inner().0);
-                if e.version().runs.len() > e.sh.opts.max_runs || !e.version().frozen.is_empty() {
+                if !e.version().frozen.is_empty() || e.merge_due() {
                     break;
                 }
             }

@@ -79,8 +79,18 @@ pub struct CheckpointBody {
 }
 
 impl CheckpointBody {
-    /// Encode.
+    /// Encode, as written in parts: with the runs' levels.
     pub fn encode(&self) -> Vec<u8> {
+        let mut v = self.encode_without_levels();
+        for r in &self.runs {
+            v.push(r.level);
+            v.put_var(r.tombstones);
+        }
+        v
+    }
+
+    /// Encode as a one-block body (kind 5) was: without the levels.
+    pub fn encode_without_levels(&self) -> Vec<u8> {
         let mut v = Vec::new();
         v.put_var(self.number);
         v.put_var(self.flushed_seq);
@@ -105,8 +115,9 @@ impl CheckpointBody {
         v
     }
 
-    /// Decode.
-    pub fn decode(buf: &[u8], what: &str) -> Result<CheckpointBody> {
+    /// Decode; `levels` for a body read from parts, which ends with the
+    /// runs' levels (a one-block body has none: its runs are all level 0).
+    pub fn decode(buf: &[u8], what: &str, levels: bool) -> Result<CheckpointBody> {
         let mut r = Reader::new(buf, what);
         let number = r.var()?;
         let flushed_seq = r.var()?;
@@ -130,6 +141,17 @@ impl CheckpointBody {
             let live = r.var()?;
             let live = u32::try_from(live).map_err(|_| r.err("live bytes overflow"))?;
             usage.push(SegUsage { live, last_batch: r.var()? });
+        }
+        if levels {
+            for m in &mut runs {
+                m.level = r.u8()?;
+                m.tombstones = r.var()?;
+                if m.tombstones > m.entries {
+                    return Err(
+                        r.err(format!("run {} of {} entries, {} tombstones", m.id, m.entries, m.tombstones))
+                    );
+                }
+            }
         }
         r.finish()?;
         Ok(CheckpointBody {

@@ -224,16 +224,16 @@ impl Engine {
         {
             let _g = lock(&self.sh.ckpt_lock);
             let ver = self.version();
-            let touched: Vec<usize> = ver
+            // Each run with a block there is written again alone, at its
+            // level and place (a merge of several could span pieces
+            // between them).
+            let touched: Vec<_> = ver
                 .runs
                 .iter()
-                .enumerate()
-                .filter(|(_, r)| r.blocks().iter().any(|a| set.contains(&a.seg)))
-                .map(|(i, _)| i)
+                .filter(|r| r.blocks().iter().any(|a| set.contains(&a.seg)))
+                .cloned()
                 .collect();
-            if let (Some(&lo), Some(&hi)) = (touched.first(), touched.last()) {
-                self.merge_window(&ver, lo, hi + 1)?;
-            }
+            self.rewrite_runs(&touched)?;
         }
         // A victim written after the older checkpoint's replay start holds
         // journal blocks recovery reads, or blocks freed only by the next

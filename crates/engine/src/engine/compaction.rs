@@ -14,10 +14,13 @@ use crate::log::format::*;
 use crate::log::{max_block_raw, NewBlock};
 
 use super::checkpoint::Hold;
+use super::levels::{self, Plan};
 use super::{lock, Core, Engine, Frozen, Room, Version};
 
-/// The most runs one merge takes (a window of adjacent runs).
-const MERGE_WIDTH: usize = 4;
+/// Merges one call of [`Engine::maybe_merge`] makes at most: each is
+/// bounded and bytes only move down, so the series ends well before
+/// (a guard, logged if ever reached).
+const MAX_MERGES_A_CALL: usize = 10_000;
 
 /// A run being written.
 struct RunBuilder {
@@ -35,11 +38,13 @@ struct RunBuilder {
 }
 
 impl RunBuilder {
-    fn new(id: u64) -> RunBuilder {
+    fn new(id: u64, level: u8) -> RunBuilder {
         RunBuilder {
             meta: RunMeta {
                 id,
+                level,
                 entries: 0,
+                tombstones: 0,
                 min_seq: u64::MAX,
                 max_seq: 0,
                 min_key: Vec::new(),
@@ -63,6 +68,7 @@ impl RunBuilder {
             self.meta.min_key = e.key.clone();
         }
         self.meta.entries += 1;
+        self.meta.tombstones += u64::from(e.value.is_none());
         self.meta.min_seq = self.meta.min_seq.min(e.seq);
         self.meta.max_seq = self.meta.max_seq.max(e.seq);
         self.meta.max_key.clone_from(&e.key);
@@ -105,8 +111,8 @@ impl Engine {
         self.checkpoint()
     }
 
-    /// What a clean close leaves: the memtable flushed into a run, the runs
-    /// merged down to `max_runs`, and a checkpoint whose replay start is
+    /// What a clean close leaves: the memtable flushed into a run, the
+    /// merges due done, and a checkpoint whose replay start is
     /// the tail, so that the next open replays nothing. Without the flush,
     /// an open after a clean close would scan every batch written since the
     /// last flush, data included (all of a 1.3 GB copy's log, since its
@@ -122,29 +128,38 @@ impl Engine {
         self.checkpoint()
     }
 
-    /// Merge every run into one.
+    /// Merge every run into one sorted run.
     pub fn merge(&self) -> Result<()> {
         self.check_ok()?;
-        self.merge_runs(true).map(|_| ())
+        self.merge_all().map(|_| ())
     }
 
-    /// Merge while there are more than `max_runs` runs and a merge can
-    /// lower their number. Runs are capped in size ([`Engine::run_caps`]):
-    /// past `max_runs` full runs, no merge can get back under the limit,
-    /// and merging full runs only wrote as many again, for ever (issue 45:
-    /// an import stalled at 1.2 million files).
+    /// Write `runs` again, each alone, at its level and place (the
+    /// cleaner's rewrite of runs with blocks in its victims), then
+    /// checkpoint once. The caller holds the ckpt lock.
+    pub(super) fn rewrite_runs(&self, runs: &[Arc<Run>]) -> Result<()> {
+        if runs.is_empty() {
+            return Ok(());
+        }
+        for r in runs {
+            let ver = self.version();
+            self.merge_uncheckpointed(&ver, vec![r.clone()], r.meta.level, false)?;
+        }
+        self.checkpoint_locked(None)
+    }
+
+    /// Merge while a merge is due ([`levels::plan`]), flushing a waiting
+    /// memtable first between merges. Each merge is bounded, and bytes
+    /// only move down a level, so the series ends.
     pub(super) fn maybe_merge(&self) -> Result<()> {
-        loop {
-            let before = self.version().runs.len();
-            if before <= self.sh.opts.max_runs || !self.merge_runs(false)? {
-                return Ok(());
-            }
-            if self.version().runs.len() >= before {
-                // Runs came in front meanwhile, or the merge's estimate
-                // was off: the next flush tries again.
+        for _ in 0..MAX_MERGES_A_CALL {
+            while self.flush_frozen()? {}
+            if !self.merge_step()? {
                 return Ok(());
             }
         }
+        tracing::warn!("{MAX_MERGES_A_CALL} index merges in one go: the rest waits for the next flush");
+        Ok(())
     }
 
     /// The most keys, and sparse-index bytes, a run holds: its filter and
@@ -156,18 +171,38 @@ impl Engine {
         (max_block * 8 / 10 * 9 / 10, max_block * 9 / 10)
     }
 
-    /// How many runs merging runs of `fill` (each run's entries and
-    /// sparse-index bytes) writes at most, as if no version were dropped.
-    fn runs_out(&self, fill: &[(u64, u64)]) -> u64 {
-        let (max_keys, max_index) = self.run_caps();
-        let (entries, index) = fill.iter().fold((0, 0), |(e, i), &(re, ri)| (e + re, i + ri));
-        entries.div_ceil(max_keys as u64).max(index.div_ceil(max_index as u64)).max(1)
+    /// Bytes level 1 holds before it pushes a piece down: about as many
+    /// flushes as level 0 holds (a flushed run is stored in about half its
+    /// memtable's bytes).
+    fn level1_bytes(&self) -> u64 {
+        (self.sh.opts.level0_runs.max(1) * self.sh.opts.memtable_bytes / 2) as u64
+    }
+
+    /// The merge due in `ver`, if any.
+    fn plan(&self, ver: &Version) -> Option<Plan> {
+        let metas: Vec<&RunMeta> = ver.runs.iter().map(|r| &r.meta).collect();
+        levels::plan(&metas, self.sh.opts.level0_runs, self.level1_bytes())
+    }
+
+    /// Whether a merge is due (the background thread's wake-up test).
+    pub(super) fn merge_due(&self) -> bool {
+        self.plan(&self.version()).is_some()
+    }
+
+    /// Do the merge due, if one is: true when it did.
+    pub(super) fn merge_step(&self) -> Result<bool> {
+        let _g = lock(&self.sh.ckpt_lock);
+        let ver = self.version();
+        let Some(p) = self.plan(&ver) else { return Ok(false) };
+        let inputs = p.inputs.iter().map(|&i| ver.runs[i].clone()).collect();
+        self.merge_set(&ver, inputs, p.out_level, p.bottom)?;
+        Ok(true)
     }
 
     /// Write the runs built from `entries` (internal order) into the log.
     /// A run's filter and sparse index are single blocks, so a long stream
     /// is cut, between keys, into several runs with disjoint key ranges.
-    fn write_runs(&self, entries: impl Iterator<Item = Result<Entry>>) -> Result<Vec<Run>> {
+    fn write_runs(&self, entries: impl Iterator<Item = Result<Entry>>, level: u8) -> Result<Vec<Run>> {
         let (max_keys, max_index) = self.run_caps();
         let mut out = Vec::new();
         let mut b: Option<RunBuilder> = None;
@@ -181,7 +216,7 @@ impl Engine {
             }
             let cur = match &mut b {
                 Some(cur) => cur,
-                None => b.insert(RunBuilder::new(self.next_run_id())),
+                None => b.insert(RunBuilder::new(self.next_run_id(), level)),
             };
             if new_key {
                 cur.keys.push(e.key.clone());
@@ -264,7 +299,7 @@ impl Engine {
         let Some(f) = self.version().frozen.last().cloned() else { return Ok(false) };
         // A frozen memtable does not change: read through a cursor, not
         // copied whole.
-        let new_runs = self.write_runs(f.mem.cursor(&[], None).map(Ok))?;
+        let new_runs = self.write_runs(f.mem.cursor(&[], None).map(Ok), 0)?;
         {
             let _core = lock(&self.sh.core);
             let ver = self.version();
@@ -278,54 +313,39 @@ impl Engine {
         Ok(true)
     }
 
-    /// Merge runs: all of them, or the window of adjacent runs (two to
-    /// [`MERGE_WIDTH`]) that lowers their number at the least cost in
-    /// bytes read per run gone. False when no window lowers it (every run
-    /// is about full).
-    pub(super) fn merge_runs(&self, all: bool) -> Result<bool> {
+    /// Merge every run into one sorted run, at the first level whose
+    /// target holds it, dropping what no reader needs. False when there is
+    /// no run.
+    pub(super) fn merge_all(&self) -> Result<bool> {
         let _g = lock(&self.sh.ckpt_lock);
         let ver = self.version();
-        let n = ver.runs.len();
-        if n < 2 && !(all && n == 1) {
+        if ver.runs.is_empty() {
             return Ok(false);
         }
-        let (lo, hi) = if all {
-            (0, n)
-        } else {
-            // Each run's entries and sparse-index bytes, summed once.
-            let fill: Vec<(u64, u64)> = ver
-                .runs
-                .iter()
-                .map(|r| (r.meta.entries, r.index.iter().map(|e| e.last_key.len() as u64 + 22).sum()))
-                .collect();
-            let mut best: Option<(f64, usize, usize)> = None;
-            for w in 2..=n.min(MERGE_WIDTH) {
-                for lo in 0..=n - w {
-                    let gone = (w as u64).saturating_sub(self.runs_out(&fill[lo..lo + w]));
-                    if gone == 0 {
-                        continue;
-                    }
-                    let bytes: u64 = ver.runs[lo..lo + w].iter().map(|r| r.meta.bytes).sum();
-                    let cost = bytes as f64 / gone as f64;
-                    if best.is_none_or(|(c, _, _)| cost < c) {
-                        best = Some((cost, lo, lo + w));
-                    }
-                }
-            }
-            match best {
-                Some((_, lo, hi)) => (lo, hi),
-                None => return Ok(false),
-            }
-        };
-        self.merge_window(&ver, lo, hi)?;
+        let bytes = ver.runs.iter().map(|r| r.meta.bytes).sum();
+        let level = levels::level_for(bytes, self.level1_bytes());
+        self.merge_set(&ver, ver.runs.clone(), level, true)?;
         Ok(true)
     }
 
-    /// Merge runs `lo..hi` of `ver` (adjacent, newest first) into new runs
-    /// in their place, and checkpoint. The caller holds the ckpt lock.
-    pub(super) fn merge_window(&self, ver: &Version, lo: usize, hi: usize) -> Result<()> {
-        let n = ver.runs.len();
-        let window: Vec<Arc<Run>> = ver.runs[lo..hi].to_vec();
+    /// Merge `window` (runs of `ver`) into new runs of level `level` in
+    /// their place, and checkpoint; `bottom` when no run outside the window
+    /// holds older versions of its keys, so tombstones may go. The caller
+    /// holds the ckpt lock.
+    fn merge_set(&self, ver: &Version, window: Vec<Arc<Run>>, level: u8, bottom: bool) -> Result<()> {
+        self.merge_uncheckpointed(ver, window, level, bottom)?;
+        self.checkpoint_locked(None)
+    }
+
+    /// [`Engine::merge_set`] without its checkpoint (the caller writes
+    /// one after several).
+    fn merge_uncheckpointed(
+        &self,
+        ver: &Version,
+        window: Vec<Arc<Run>>,
+        level: u8,
+        bottom: bool,
+    ) -> Result<()> {
         let horizon = {
             let snaps = lock(&self.sh.snapshots);
             let oldest = snaps.keys().next().copied().unwrap_or(u64::MAX);
@@ -337,15 +357,17 @@ impl Engine {
             Some(p) => (horizon, p),
             None => (0, Vec::new()),
         };
+        debug_assert!(window.iter().all(|w| ver.runs.iter().any(|r| Arc::ptr_eq(w, r))));
         let sources: Vec<_> =
             window.iter().map(|r| r.cursor(self.sh.store.clone(), self.sh.cache.clone(), &[])).collect();
-        let merged = retain_versions(MergeIter::new(sources)?, horizon, &points, hi == n);
-        let new_runs: Vec<Arc<Run>> = self.write_runs(merged)?.into_iter().map(Arc::new).collect();
+        let merged = retain_versions(MergeIter::new(sources)?, horizon, &points, bottom);
+        let new_runs: Vec<Arc<Run>> = self.write_runs(merged, level)?.into_iter().map(Arc::new).collect();
         {
             let mut core = lock(&self.sh.core);
             let ver = self.version();
-            // Runs may have been added in front meanwhile; the window is
-            // found by identity.
+            // The window is found by identity (flushes wait for the ckpt
+            // lock the caller holds, so the list is the one planned on), and
+            // the outputs go where their level and keys say.
             let mut runs = Vec::new();
             let mut placed = false;
             for r in &ver.runs {
@@ -358,6 +380,18 @@ impl Engine {
                     runs.push(r.clone());
                 }
             }
+            // Where the first of the window was: a rewritten level-0 run
+            // keeps its place among the newer and older ones.
+            levels::sort(&mut runs);
+            let metas: Vec<&RunMeta> = runs.iter().map(|r| &r.meta).collect();
+            if let Err(why) = levels::check_order(&metas) {
+                // Not installed: reads would take a wrong version. The
+                // outputs' blocks stay counted until a restart.
+                core.log.failed = true;
+                return Err(Error::Invalid(format!(
+                    "a merge into level {level} would leave runs out of order: {why}"
+                )));
+            }
             let next = core.ckpt.number + 1;
             for r in &window {
                 for a in r.blocks() {
@@ -369,6 +403,105 @@ impl Engine {
             self.sh.horizon.fetch_max(horizon, AtOrd::AcqRel);
             self.set_version(Version { active: ver.active.clone(), frozen: ver.frozen.clone(), runs });
         }
-        self.checkpoint_locked(None)
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::engine::mkfs;
+    use crate::store::{Geometry, MemStore, Store};
+    use crate::{Options, WriteBatch};
+
+    fn opts() -> Options {
+        Options {
+            background: false,
+            memtable_bytes: 64 << 10,
+            run_block_bytes: 2048,
+            level0_runs: 3,
+            ..Options::default()
+        }
+    }
+
+    fn engine() -> Engine {
+        let store: Arc<dyn Store> =
+            Arc::new(MemStore::new(Geometry { segment_size: 128 << 10, segment_count: 1024 }));
+        mkfs(store.clone()).unwrap();
+        Engine::open(store, opts()).unwrap()
+    }
+
+    fn key(i: u32) -> Vec<u8> {
+        (i.wrapping_mul(2_654_435_761) % 1_000_003).to_be_bytes().to_vec()
+    }
+
+    fn put_all(e: &Engine, n: u32) {
+        for c in (0..n).collect::<Vec<_>>().chunks(200) {
+            let mut b = WriteBatch::new();
+            for &i in c {
+                b.put(key(i), vec![i as u8; 40]);
+            }
+            e.write(&b).unwrap();
+        }
+    }
+
+    /// After many flushes, a key is in at most one run a level below level
+    /// 0: a get probes level 0's runs and one piece a level.
+    #[test]
+    fn a_get_probes_one_piece_a_level() {
+        let e = engine();
+        put_all(&e, 80_000);
+        e.settle().unwrap();
+        let ver = e.version();
+        let levels = e.stats().runs_by_level;
+        assert!(levels.len() >= 3 && levels[1..].iter().any(|&n| n > 1), "levels {levels:?}");
+        for i in (0..80_000).step_by(97) {
+            let k = key(i);
+            let covering: Vec<u8> = ver
+                .runs
+                .iter()
+                .filter(|r| r.meta.min_key <= k && k <= r.meta.max_key)
+                .map(|r| r.meta.level)
+                .collect();
+            let deep: Vec<u8> = covering.iter().copied().filter(|&l| l > 0).collect();
+            let mut distinct = deep.clone();
+            distinct.dedup();
+            assert_eq!(deep, distinct, "key {i}: levels of the runs covering it {covering:?}");
+            assert!(covering.len() <= opts().level0_runs + levels.len(), "key {i}: {covering:?}");
+        }
+    }
+
+    /// Issue 45: deleting every key left 38 runs full of tombstones that no
+    /// automatic merge dropped. Now the tombstones go down to the keys they
+    /// hide and both go: the index ends nearly empty.
+    #[test]
+    fn deleting_everything_empties_the_index() {
+        let e = engine();
+        let n = 60_000;
+        put_all(&e, n);
+        e.settle().unwrap();
+        let full = e.stats();
+        for c in (0..n).collect::<Vec<_>>().chunks(200) {
+            let mut b = WriteBatch::new();
+            for &i in c {
+                b.delete(key(i));
+            }
+            e.write(&b).unwrap();
+        }
+        e.settle().unwrap();
+        let after = e.stats();
+        assert!(e.scan(&[], None, usize::MAX).unwrap().is_empty());
+        assert!(
+            after.run_entries < u64::from(n) / 10 && after.runs < full.runs,
+            "before the deletes {} runs, {} entries ({:?}); after {} runs, {} entries ({:?})",
+            full.runs,
+            full.run_entries,
+            full.runs_by_level,
+            after.runs,
+            after.run_entries,
+            after.runs_by_level
+        );
     }
 }

@@ -33,6 +33,7 @@ mod clean;
 mod compaction;
 mod damage;
 mod journal;
+mod levels;
 mod recovery;
 
 pub use crate::log::Room;
@@ -50,8 +51,9 @@ pub use recovery::{mkfs, read_superblock, read_superblock_noting};
 pub struct Options {
     /// Freeze and flush the memtable past this many bytes.
     pub memtable_bytes: usize,
-    /// Merge runs when there are more than this many.
-    pub max_runs: usize,
+    /// Level-0 runs (flushed, overlapping) past which all of level 0 is
+    /// merged into level 1 (docs/decisions/2026-12-02-merges-by-level.md).
+    pub level0_runs: usize,
     /// Target uncompressed size of a run data block.
     pub run_block_bytes: usize,
     /// Codec for index runs and checkpoints.
@@ -74,7 +76,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             memtable_bytes: 32 << 20,
-            max_runs: 6,
+            level0_runs: 4,
             run_block_bytes: 16 << 10,
             index_codec: CodecSpec::new(CodecId::Zstd, 3),
             journal_codec: CodecSpec::new(CodecId::Zstd, 1),
@@ -214,6 +216,8 @@ pub struct EngineStats {
     pub kind_bytes: [u64; 16],
     /// Number of index runs.
     pub runs: usize,
+    /// Runs by level, level 0 first, to the deepest holding any.
+    pub runs_by_level: Vec<usize>,
     /// Entries in all runs.
     pub run_entries: u64,
     /// Bytes of all runs' blocks on disk.
@@ -401,7 +405,14 @@ impl Engine {
         if need_flush {
             if self.sh.opts.background && self.version().frozen.len() < 2 {
                 self.kick();
+            } else if self.sh.opts.background {
+                // Two memtables wait: the writer flushes one and does at
+                // most one merge, each bounded.
+                self.flush_frozen()?;
+                self.merge_step()?;
             } else {
+                // No background thread: the writer does the merges due, a
+                // series that ends (bytes only move down).
                 self.flush_frozen()?;
                 self.maybe_merge()?;
             }
@@ -712,6 +723,12 @@ impl Engine {
             device_bytes_written: core.log.device_bytes,
             kind_bytes: core.log.kind_bytes,
             runs: ver.runs.len(),
+            runs_by_level: {
+                let deepest = ver.runs.iter().map(|r| usize::from(r.meta.level)).max().map_or(0, |l| l + 1);
+                (0..deepest)
+                    .map(|l| ver.runs.iter().filter(|r| usize::from(r.meta.level) == l).count())
+                    .collect()
+            },
             run_entries: ver.runs.iter().map(|r| r.meta.entries).sum(),
             run_bytes: ver.runs.iter().map(|r| r.meta.bytes).sum(),
             memtable_entries: ver.active.len() + ver.frozen.iter().map(|f| f.mem.len()).sum::<usize>(),

@@ -77,8 +77,8 @@ pub(super) fn make_image(store: Arc<dyn Store>, parts: bool) -> Result<Superbloc
     let addr = if parts {
         place_body(&mut log, 0, codec, &body.encode(), Vec::new())?[0]
     } else {
-        log.add_blocks(vec![NewBlock::encode(BlockKind::Checkpoint, 0, codec, &body.encode())], Room::System)?
-            [0]
+        let one = NewBlock::encode(BlockKind::Checkpoint, 0, codec, &body.encode_without_levels());
+        log.add_blocks(vec![one], Room::System)?[0]
     };
     log.write_pending(Room::System)?;
     let slot = CheckpointSlot { number: 0, uuid, body: addr, replay: start, after_body: log.pos() };
@@ -398,7 +398,7 @@ fn read_checkpoint(
     let (h, _) = BlockHeader::open(&sealed, slot.body)?;
     if h.kind == BlockKind::Checkpoint as u8 {
         let raw = log::decode_block(&sealed, slot.body, BlockKind::Checkpoint)?;
-        return Ok((CheckpointBody::decode(&raw, &what)?, vec![slot.body], Vec::new()));
+        return Ok((CheckpointBody::decode(&raw, &what, false)?, vec![slot.body], Vec::new()));
     }
     let raw = log::decode_block(&sealed, slot.body, BlockKind::CheckpointHead)?;
     let head = CheckpointHead::decode(&raw, &format!("checkpoint {} head at {}", slot.number, slot.body))?;
@@ -417,7 +417,9 @@ fn read_checkpoint(
     if bytes.len() as u64 != head.body_len {
         return Err(Error::corrupt(what, "its parts are shorter than its head says"));
     }
-    let body = CheckpointBody::decode(&bytes, &what)?;
+    let body = CheckpointBody::decode(&bytes, &what, true)?;
+    let metas: Vec<&crate::index::run::RunMeta> = body.runs.iter().collect();
+    super::levels::check_order(&metas).map_err(|e| Error::corrupt(&what, format!("its run list: {e}")))?;
     let blocks = std::iter::once(slot.body).chain(head.parts).collect();
     Ok((body, blocks, head.prev_parts))
 }

@@ -37,8 +37,13 @@ pub use sparse::{decode_index_block, encode_index_block, IndexEntry};
 pub struct RunMeta {
     /// Unique id (never reused); owner of the run's blocks.
     pub id: u64,
+    /// Its level (0: flushed; below: pieces of one sorted run a level).
+    /// Kept in the checkpoint body's level section, not in this encoding.
+    pub level: u8,
     /// Number of entries.
     pub entries: u64,
+    /// How many of them are tombstones (kept with the level).
+    pub tombstones: u64,
     /// Smallest sequence number in the run.
     pub min_seq: u64,
     /// Largest sequence number in the run.
@@ -72,7 +77,9 @@ impl RunMeta {
     pub fn get(r: &mut Reader) -> Result<RunMeta> {
         Ok(RunMeta {
             id: r.var()?,
+            level: 0,
             entries: r.var()?,
+            tombstones: 0,
             min_seq: r.var()?,
             max_seq: r.var()?,
             min_key: r.lenbytes(MAX_KEY, "key length")?.to_vec(),
