@@ -383,6 +383,15 @@ mod tests {
         Options { background: false, ..Options::default() }
     }
 
+    /// A new image of `count` segments of 128 KiB, open.
+    fn fresh(count: u32) -> (Geometry, Arc<dyn Store>, Engine) {
+        let g = Geometry { segment_size: 128 << 10, segment_count: count };
+        let store: Arc<dyn Store> = Arc::new(MemStore::new(g));
+        mkfs(store.clone()).unwrap();
+        let e = Engine::open(store.clone(), opts()).unwrap();
+        (g, store, e)
+    }
+
     fn put(e: &Engine, from: u32, to: u32) {
         for i in from..to {
             let mut b = WriteBatch::new();
@@ -409,10 +418,7 @@ mod tests {
     /// blocks of 32 KiB.
     #[test]
     fn a_body_larger_than_a_block_is_written_in_parts_and_read_back() {
-        let g = Geometry { segment_size: 128 << 10, segment_count: 40_000 };
-        let store: Arc<dyn Store> = Arc::new(MemStore::new(g));
-        mkfs(store.clone()).unwrap();
-        let e = Engine::open(store.clone(), opts()).unwrap();
+        let (_, store, e) = fresh(40_000);
         for round in 0..6 {
             put(&e, round * 100, (round + 1) * 100);
             e.flush().unwrap();
@@ -436,10 +442,7 @@ mod tests {
     /// and the open refuses with what is damaged, as for a one-block body.
     #[test]
     fn a_damaged_part_is_refused_with_where_it_is() {
-        let g = Geometry { segment_size: 128 << 10, segment_count: 40_000 };
-        let store: Arc<dyn Store> = Arc::new(MemStore::new(g));
-        mkfs(store.clone()).unwrap();
-        let e = Engine::open(store.clone(), opts()).unwrap();
+        let (_, store, e) = fresh(40_000);
         put(&e, 0, 100);
         e.flush().unwrap();
         put(&e, 100, 200);
@@ -458,10 +461,7 @@ mod tests {
     /// checkpoint and of the one before together.
     #[test]
     fn a_head_lists_at_most_max_checkpoint_parts() {
-        let g = Geometry { segment_size: 128 << 10, segment_count: 64 };
-        let store: Arc<dyn Store> = Arc::new(MemStore::new(g));
-        mkfs(store.clone()).unwrap();
-        let e = Engine::open(store.clone(), opts()).unwrap();
+        let (g, store, e) = fresh(64);
         let max = max_block_raw(g);
         let limit = max_checkpoint_parts(max);
         let prev = vec![BlockAddr { seg: 1, offset: 4096, len: 100 }; limit - 2];
@@ -487,10 +487,7 @@ mod tests {
     /// part that no checkpoint names (placed, they would stay counted).
     #[test]
     fn a_body_the_log_cannot_take_whole_places_nothing() {
-        let g = Geometry { segment_size: 128 << 10, segment_count: 64 };
-        let store: Arc<dyn Store> = Arc::new(MemStore::new(g));
-        mkfs(store.clone()).unwrap();
-        let e = Engine::open(store.clone(), opts()).unwrap();
+        let (g, _, e) = fresh(64);
         let codec = CodecSpec::new(crate::codec::CodecId::None, 0);
         let mut core = lock(&e.sh.core);
         let room = core.log.room_for(Room::System);
