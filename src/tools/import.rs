@@ -1,8 +1,10 @@
 //! `zlogfs import DIR IMAGE`: bulk load a directory tree without a mount.
 //!
-//! The tree is walked first (metadata only), then loaded in name order,
-//! depth first, so that inode numbers, and so the packing of small files,
-//! follow the tree. File contents of each batch are read by all cores in
+//! The tree is walked once for the bytes it holds (for progress), then
+//! walked again and loaded as it is walked, depth first in name order, so
+//! that inode numbers, and so the packing of small files, follow the tree.
+//! The walk holds the directories of the current path, never the whole
+//! tree, so memory does not grow with the tree. File contents of each batch are read by all cores in
 //! parallel; compression runs in parallel at each commit. Modes, owners,
 //! times, xattrs, hard links, symlinks, special files and holes are kept.
 //!
@@ -19,10 +21,11 @@ use std::fs::{File, Metadata};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 
-use nix::fcntl::{openat, OFlag};
-use nix::sys::stat::Mode;
+use nix::fcntl::{openat, AtFlags, OFlag};
+use nix::sys::stat::{fstatat, Mode};
 use nix::unistd::Whence;
 use rayon::prelude::*;
 
@@ -54,14 +57,6 @@ pub struct ImportReport {
 /// Data ranges of a file: (offset, bytes).
 type Ranges = Vec<(u64, Vec<u8>)>;
 
-/// An entry of the source tree, as listed.
-struct Item {
-    /// Index of the parent directory's item (None: the root).
-    parent: Option<usize>,
-    name: Vec<u8>,
-    meta: Metadata,
-}
-
 /// What is read of an entry from the source before it is made in the
 /// image.
 #[derive(Default)]
@@ -89,74 +84,130 @@ fn open_in(dir: impl AsFd, name: &[u8], flags: OFlag) -> std::io::Result<File> {
     Ok(File::from(fd))
 }
 
-/// The path of item `k` in the source, for messages (it may be longer
-/// than PATH_MAX: it is never opened).
-fn path_of(root: &Path, items: &[Item], k: usize) -> String {
-    let mut names = Vec::new();
-    let mut cur = Some(k);
-    while let Some(i) = cur {
-        if items[i].parent.is_some() {
-            names.push(String::from_utf8_lossy(&items[i].name).into_owned());
+/// A directory of the source, while its subtree is loaded: where it is
+/// and, once made, its inode in the image.
+struct Dir {
+    /// Its path under the source root ("" for the root), for messages.
+    path: Vec<u8>,
+    /// Its inode in the image; unset while it is not made, and forever
+    /// if it could not be (its entries are then left out with it).
+    ino: OnceLock<Ino>,
+}
+
+impl Dir {
+    /// The path of `name` in this directory, under `root`.
+    fn path_of(&self, root: &Path, name: &[u8]) -> String {
+        let mut p = root.display().to_string();
+        for part in [&self.path[..], name] {
+            if !part.is_empty() {
+                p.push('/');
+                p.push_str(&String::from_utf8_lossy(part));
+            }
         }
-        cur = items[i].parent;
+        p
     }
-    names.reverse();
-    let mut p = root.display().to_string();
-    for n in names {
-        p.push('/');
-        p.push_str(&n);
-    }
-    p
 }
 
-/// List the tree under `root` (depth first, children in name order: each
-/// directory's subtree follows it). Entries that cannot be looked at are
-/// skipped into `rep`.
-fn list(root: &Path, rep: &mut ImportReport) -> Result<(Vec<Item>, File)> {
-    let dir = File::open(root).map_err(|e| Error::host(format!("opening {}", root.display()), e))?;
-    let meta = dir.metadata().map_err(|e| Error::host(format!("reading {}", root.display()), e))?;
-    if !meta.is_dir() {
-        return Err(Error::Invalid(format!("{} is not a directory", root.display())));
-    }
-    let mut items = vec![Item { parent: None, name: vec![], meta }];
-    let first = dir.try_clone().map_err(|e| Error::host(format!("opening {}", root.display()), e))?;
-    visit(root, &mut items, 0, first, rep)?;
-    Ok((items, dir))
+/// A step of the walk, in load order.
+enum Step {
+    /// An entry in directory `dir`, with what was read of it from the
+    /// source; for a directory, `own` is the Dir its entries will name.
+    Entry { dir: Arc<Dir>, name: Vec<u8>, meta: Metadata, own: Option<Arc<Dir>>, host: Host },
+    /// Every entry of `dir` has been walked: its times (from `meta`) can
+    /// be set once the steps before this one are loaded.
+    Leave { dir: Arc<Dir>, meta: Metadata },
 }
 
-fn visit(root: &Path, items: &mut Vec<Item>, d: usize, dir: File, rep: &mut ImportReport) -> Result<()> {
-    let names = match read_names(&dir) {
-        Ok(n) => n,
+/// A directory being walked: its names still to visit.
+struct Frame {
+    dir: Arc<Dir>,
+    file: File,
+    meta: Metadata,
+    names: std::vec::IntoIter<Vec<u8>>,
+}
+
+/// The walk of the source tree, depth first, each directory's names in
+/// order, so that inode numbers (and so the packing of small files)
+/// follow the tree. It holds the names of the directories on the current
+/// path only, never the whole tree. Entries that cannot be looked at are
+/// skipped into the report.
+struct Walk {
+    root: PathBuf,
+    frames: Vec<Frame>,
+}
+
+impl Walk {
+    /// A walk of `root` (already checked to be a directory, opened as
+    /// `file`); the root's Dir is made already, as ROOT.
+    fn new(root: &Path, file: File, meta: Metadata, rep: &mut ImportReport) -> Walk {
+        let dir = Arc::new(Dir { path: Vec::new(), ino: OnceLock::from(ROOT) });
+        let names = names_or_skip(&file, &dir, root, rep);
+        Walk { root: root.to_path_buf(), frames: vec![Frame { dir, file, meta, names }] }
+    }
+
+    /// The next step (None at the end). An entry that cannot be read is
+    /// reported and not returned; a directory that cannot be opened is
+    /// left out with its subtree.
+    fn next(&mut self, rep: &mut ImportReport) -> Option<Step> {
+        loop {
+            let top = self.frames.last_mut()?;
+            let Some(name) = top.names.next() else {
+                let f = self.frames.pop().expect("a frame is on top");
+                return Some(Step::Leave { dir: f.dir, meta: f.meta });
+            };
+            let dir = top.dir.clone();
+            match read_host(&top.file, &name) {
+                Ok((meta, host, sub)) => {
+                    let own = sub.map(|file| {
+                        let mut path = dir.path.clone();
+                        if !path.is_empty() {
+                            path.push(b'/');
+                        }
+                        path.extend_from_slice(&name);
+                        let own = Arc::new(Dir { path, ino: OnceLock::new() });
+                        let names = names_or_skip(&file, &own, &self.root, rep);
+                        self.frames.push(Frame { dir: own.clone(), file, meta: meta.clone(), names });
+                        own
+                    });
+                    return Some(Step::Entry { dir, name, meta, own, host });
+                }
+                Err(e) => rep.skipped.push((dir.path_of(&self.root, &name), e.to_string())),
+            }
+        }
+    }
+}
+
+/// The names of directory `file` (at `dir`), sorted; none, reported, when
+/// it cannot be listed.
+fn names_or_skip(file: &File, dir: &Dir, root: &Path, rep: &mut ImportReport) -> std::vec::IntoIter<Vec<u8>> {
+    match read_names(file) {
+        Ok(n) => n.into_iter(),
         Err(e) => {
-            rep.skipped.push((path_of(root, items, d), format!("listing: {e}")));
-            return Ok(());
-        }
-    };
-    for name in names {
-        let meta = match open_in(&dir, &name, OFlag::O_PATH).and_then(|f| f.metadata()) {
-            Ok(m) => m,
-            Err(e) => {
-                let p = format!("{}/{}", path_of(root, items, d), String::from_utf8_lossy(&name));
-                rep.skipped.push((p, e.to_string()));
-                continue;
-            }
-        };
-        if meta.is_dir() {
-            match open_in(&dir, &name, OFlag::O_RDONLY | OFlag::O_DIRECTORY) {
-                Ok(sub) => {
-                    items.push(Item { parent: Some(d), name, meta });
-                    visit(root, items, items.len() - 1, sub, rep)?;
-                }
-                Err(e) => {
-                    let p = format!("{}/{}", path_of(root, items, d), String::from_utf8_lossy(&name));
-                    rep.skipped.push((p, e.to_string()));
-                }
-            }
-        } else {
-            items.push(Item { parent: Some(d), name, meta });
+            rep.skipped.push((dir.path_of(root, b""), format!("listing: {e}")));
+            Vec::new().into_iter()
         }
     }
-    Ok(())
+}
+
+/// The bytes of regular files under `dir`, for the progress bar: a walk
+/// of metadata only, ahead of the load. What cannot be read is left out
+/// here and reported by the load's walk.
+fn file_bytes(dir: &File) -> u64 {
+    let Ok(names) = read_names(dir) else { return 0 };
+    let mut total = 0;
+    for name in names {
+        let Ok(st) = fstatat(dir, OsStr::from_bytes(&name), AtFlags::AT_SYMLINK_NOFOLLOW) else { continue };
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFREG => total += st.st_size as u64,
+            libc::S_IFDIR => {
+                if let Ok(sub) = open_in(dir, &name, OFlag::O_RDONLY | OFlag::O_DIRECTORY) {
+                    total += file_bytes(&sub);
+                }
+            }
+            _ => {}
+        }
+    }
+    total
 }
 
 /// The names in directory `dir`, sorted, without "." and "..".
@@ -243,138 +294,121 @@ fn xattrs_of_path(dir: &File, name: &[u8]) -> std::io::Result<Vec<(OsString, Vec
     Ok(out)
 }
 
-/// Read what the image needs of item `k` from the source: a file opened,
-/// a symlink's target, xattrs. `stack` holds the open directories of the
-/// current path (the order of the items keeps it a path); a directory is
-/// opened and pushed.
-fn read_host(items: &[Item], k: usize, stack: &mut Vec<(usize, File)>) -> std::io::Result<Host> {
-    let it = &items[k];
-    let parent = it.parent.expect("only the root has none");
-    while stack.last().is_some_and(|(d, _)| *d != parent) {
-        stack.pop();
-    }
-    let Some((_, dir)) = stack.last() else {
-        return Err(std::io::Error::other("its directory is not open"));
-    };
-    let ft = it.meta.file_type();
+/// Read what the image needs of entry `name` of directory `dir` in the
+/// source: its metadata, a file opened, a symlink's target, xattrs; for a
+/// directory, the directory opened for the walk.
+fn read_host(dir: &File, name: &[u8]) -> std::io::Result<(Metadata, Host, Option<File>)> {
+    let meta = open_in(dir, name, OFlag::O_PATH)?.metadata()?;
+    let ft = meta.file_type();
     let mut h = Host::default();
+    let mut sub = None;
     if ft.is_dir() {
-        let sub = open_in(dir, &it.name, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
-        h.xattrs = xattrs_of_file(&sub)?;
-        stack.push((k, sub));
+        let d = open_in(dir, name, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
+        h.xattrs = xattrs_of_file(&d)?;
+        sub = Some(d);
     } else if ft.is_file() {
-        let f = open_in(dir, &it.name, OFlag::O_RDONLY)?;
+        let f = open_in(dir, name, OFlag::O_RDONLY)?;
         h.xattrs = xattrs_of_file(&f)?;
         h.file = Some(f);
     } else {
         if ft.is_symlink() {
-            let t = nix::fcntl::readlinkat(dir, OsStr::from_bytes(&it.name)).map_err(nix_io)?;
+            let t = nix::fcntl::readlinkat(dir, OsStr::from_bytes(name)).map_err(nix_io)?;
             h.target = Some(t.as_bytes().to_vec());
         }
-        h.xattrs = xattrs_of_path(dir, &it.name)?;
+        h.xattrs = xattrs_of_path(dir, name)?;
     }
-    Ok(h)
+    Ok((meta, h, sub))
 }
 
 /// Import the tree under `src` into the root of `fs`. `progress` is told
-/// the bytes of each file loaded.
+/// the bytes of files loaded so far and in all.
 pub fn import(fs: &Fs, src: &Path, progress: &dyn Fn(u64, u64)) -> Result<ImportReport> {
     raise_open_file_limit();
     let mut rep = ImportReport::default();
-    let (items, root_dir) = list(src, &mut rep)?;
-    let total: u64 = items.iter().filter(|i| i.meta.is_file()).map(|i| i.meta.len()).sum();
-    let mut inos: Vec<Option<Ino>> = vec![None; items.len()];
-    inos[0] = Some(ROOT);
-    // Items left out, and so their subtrees.
-    let mut gone = vec![false; items.len()];
-    let mut links: HashMap<(u64, u64), Ino> = HashMap::new();
-    let mut stack: Vec<(usize, File)> = Vec::new();
+    let root = File::open(src).map_err(|e| Error::host(format!("opening {}", src.display()), e))?;
+    let meta = root.metadata().map_err(|e| Error::host(format!("reading {}", src.display()), e))?;
+    if !meta.is_dir() {
+        return Err(Error::Invalid(format!("{} is not a directory", src.display())));
+    }
+    let total = file_bytes(&root);
     let root_xattrs =
-        xattrs_of_file(&root_dir).map_err(|e| Error::host(format!("reading {}", src.display()), e))?;
-    stack.push((0, root_dir));
+        xattrs_of_file(&root).map_err(|e| Error::host(format!("reading {}", src.display()), e))?;
+    let mut walk = Walk::new(src, root, meta, &mut rep);
+    let mut links: HashMap<(u64, u64), Ino> = HashMap::new();
     let mut done = 0u64;
-    let mut i = 1;
-    while i < items.len() {
-        // A batch: up to 512 entries (each file is held open until it is
+    loop {
+        // A batch: up to 512 steps (each file is held open until it is
         // loaded) or 64 MiB of file data.
-        let mut j = i;
+        let mut batch = Vec::new();
         let mut bytes = 0u64;
-        while j < items.len() && j - i < 512 && bytes < 64 << 20 {
-            if items[j].meta.is_file() {
-                bytes += items[j].meta.len();
-            }
-            j += 1;
-        }
-        let mut host: Vec<Option<Host>> = Vec::with_capacity(j - i);
-        for k in i..j {
-            // Under a directory left out: left out with it (reported once).
-            if gone[items[k].parent.expect("only the root has none")] {
-                gone[k] = true;
-                host.push(None);
-                continue;
-            }
-            match read_host(&items, k, &mut stack) {
-                Ok(h) => host.push(Some(h)),
-                Err(e) => {
-                    rep.skipped.push((path_of(src, &items, k), e.to_string()));
-                    gone[k] = true;
-                    host.push(None);
+        while batch.len() < 512 && bytes < 64 << 20 {
+            let Some(step) = walk.next(&mut rep) else { break };
+            if let Step::Entry { meta, .. } = &step {
+                if meta.is_file() {
+                    bytes += meta.len();
                 }
             }
+            batch.push(step);
+        }
+        if batch.is_empty() {
+            break;
         }
         // File contents, on all cores.
-        host.par_iter_mut().zip(&items[i..j]).for_each(|(h, it)| {
-            let Some(h) = h.as_mut() else { return };
-            if let (Some(f), true) = (&h.file, it.meta.len() <= 16 << 20) {
-                match read_data(f, it.meta.len()) {
-                    Ok(d) => h.data = Some(d),
-                    Err(e) => h.error = Some(format!("reading: {e}")),
+        batch.par_iter_mut().for_each(|step| {
+            let Step::Entry { meta, host, .. } = step else { return };
+            if let (Some(f), true) = (&host.file, meta.len() <= 16 << 20) {
+                match read_data(f, meta.len()) {
+                    Ok(d) => host.data = Some(d),
+                    Err(e) => host.error = Some(format!("reading: {e}")),
                 }
             }
         });
-        for (k, h) in (i..j).zip(host) {
-            let Some(h) = h else { continue };
-            let Some(parent) = inos[items[k].parent.expect("only the root has none")] else {
-                // Its directory could not be made: reported there.
-                continue;
+        for step in batch {
+            let (dir, name, meta, own, host) = match step {
+                Step::Leave { dir, meta } => {
+                    leave(fs, &dir, &meta, &root_xattrs, src)?;
+                    continue;
+                }
+                Step::Entry { dir, name, meta, own, host } => (dir, name, meta, own, host),
             };
-            match load(fs, &items, k, parent, h, &mut links, &mut rep) {
-                Ok(Some(ino)) => inos[k] = Some(ino),
-                Ok(None) => {}
-                Err(Skip(why)) => rep.skipped.push((path_of(src, &items, k), why)),
-                Err(Fatal(e)) => return Err(in_image(e, &image_path(&items, k), &path_of(src, &items, k))),
+            // Its directory could not be made: reported there.
+            let Some(&parent) = dir.ino.get() else { continue };
+            match load(fs, &name, &meta, parent, host, &mut links, &mut rep) {
+                Ok(ino) => {
+                    if let Some(own) = own {
+                        // Set once: each directory is loaded once.
+                        let _ = own.ino.set(ino);
+                    }
+                }
+                Err(Skip(why)) => rep.skipped.push((dir.path_of(src, &name), why)),
+                Err(Fatal(e)) => {
+                    return Err(in_image(e, &dir.path_of(Path::new(""), &name), &dir.path_of(src, &name)))
+                }
             }
-            if items[k].meta.is_file() {
-                done += items[k].meta.len();
+            if meta.is_file() {
+                done += meta.len();
                 progress(done, total);
             }
-        }
-        i = j;
-    }
-    // Directories last, deepest first: adding entries changed their times.
-    let root_meta = &items[0].meta;
-    fs.setattr(
-        ROOT,
-        &SetAttr {
-            mode: Some(root_meta.mode()),
-            uid: Some(root_meta.uid()),
-            gid: Some(root_meta.gid()),
-            ..SetAttr::default()
-        },
-    )?;
-    rep.xattrs +=
-        set_xattrs(fs, ROOT, &root_xattrs).map_err(|e| in_image(e, "/", &src.display().to_string()))?;
-    for k in (0..items.len()).rev() {
-        if let (true, Some(ino)) = (items[k].meta.is_dir(), inos[k]) {
-            set_times(fs, ino, &items[k].meta)?;
         }
     }
     Ok(rep)
 }
 
-/// The path of item `k` in the image.
-fn image_path(items: &[Item], k: usize) -> String {
-    path_of(Path::new(""), items, k)
+/// Every entry of `dir` is loaded: set its times (adding entries changed
+/// them), and for the root its owner, mode and xattrs too.
+fn leave(fs: &Fs, dir: &Dir, meta: &Metadata, root_xattrs: &[(OsString, Vec<u8>)], src: &Path) -> Result<()> {
+    let Some(&ino) = dir.ino.get() else { return Ok(()) };
+    if ino == ROOT {
+        let attr = SetAttr {
+            mode: Some(meta.mode()),
+            uid: Some(meta.uid()),
+            gid: Some(meta.gid()),
+            ..SetAttr::default()
+        };
+        fs.setattr(ROOT, &attr)?;
+        set_xattrs(fs, ROOT, root_xattrs).map_err(|e| in_image(e, "/", &src.display().to_string()))?;
+    }
+    set_times(fs, ino, meta)
 }
 
 /// An error of an entry's load: one that leaves the entry out, or one that
@@ -397,43 +431,42 @@ impl From<fs::Error> for LoadError {
     }
 }
 
-/// Make item `k` in directory `parent` of the image from what was read of
-/// it; its inode (None: an extra name of a file loaded already).
+/// Make entry `name` (of metadata `m`) in directory `parent` of the image
+/// from what was read of it; its inode (for an extra name of a file loaded
+/// already, that file's).
 fn load(
     fs: &Fs,
-    items: &[Item],
-    k: usize,
+    name: &[u8],
+    m: &Metadata,
     parent: Ino,
     h: Host,
     links: &mut HashMap<(u64, u64), Ino>,
     rep: &mut ImportReport,
-) -> std::result::Result<Option<Ino>, LoadError> {
-    let it = &items[k];
-    let m = &it.meta;
+) -> std::result::Result<Ino, LoadError> {
     let ft = m.file_type();
     if let Some(e) = h.error {
         return Err(Skip(e));
     }
     if !ft.is_dir() && m.nlink() > 1 {
         if let Some(&target) = links.get(&(m.dev(), m.ino())) {
-            fs.link(target, parent, &it.name)?;
+            fs.link(target, parent, name)?;
             rep.hardlinks += 1;
-            return Ok(Some(target));
+            return Ok(target);
         }
     }
     let attr = if ft.is_dir() {
         rep.dirs += 1;
-        fs.mkdir(parent, &it.name, m.mode(), m.uid(), m.gid())?
+        fs.mkdir(parent, name, m.mode(), m.uid(), m.gid())?
     } else if ft.is_symlink() {
         rep.symlinks += 1;
         let t = h.target.unwrap_or_default();
-        fs.symlink(parent, &it.name, &t, m.uid(), m.gid())?
+        fs.symlink(parent, name, &t, m.uid(), m.gid())?
     } else if ft.is_file() {
         rep.files += 1;
-        fs.mknod(parent, &it.name, m.mode(), m.uid(), m.gid(), 0)?
+        fs.mknod(parent, name, m.mode(), m.uid(), m.gid(), 0)?
     } else if ft.is_fifo() || ft.is_socket() || ft.is_char_device() || ft.is_block_device() {
         rep.specials += 1;
-        fs.mknod(parent, &it.name, m.mode(), m.uid(), m.gid(), m.rdev())?
+        fs.mknod(parent, name, m.mode(), m.uid(), m.gid(), m.rdev())?
     } else {
         return Err(Skip("unknown file type".into()));
     };
@@ -449,7 +482,7 @@ fn load(
             (None, Some(f)) => {
                 if let Err(e) = stream(fs, ino, f, m.len(), rep) {
                     // Half a file is no copy of it: leave it out.
-                    fs.unlink(parent, &it.name)?;
+                    fs.unlink(parent, name)?;
                     rep.files -= 1;
                     return match e {
                         StreamError::Source(e) => Err(Skip(format!("reading: {e}"))),
@@ -470,7 +503,7 @@ fn load(
     if !ft.is_dir() && m.nlink() > 1 {
         links.insert((m.dev(), m.ino()), ino);
     }
-    Ok(Some(ino))
+    Ok(ino)
 }
 
 enum StreamError {
