@@ -108,11 +108,11 @@ impl Block {
     }
     /// Memory held.
     pub fn bytes(&self) -> usize {
-        self.keys.len()
-            + self.vals.len()
-            + self.ents.len() * std::mem::size_of::<Ent>()
-            + self.slots.len() * 2
-            + 64
+        self.keys.capacity()
+            + self.vals.capacity()
+            + self.ents.capacity() * std::mem::size_of::<Ent>()
+            + self.slots.capacity() * 2
+            + std::mem::size_of::<Block>()
     }
 
     /// The newest version of `key` at or below `seq` in this block, given
@@ -215,6 +215,10 @@ impl Block {
             prev_start = start;
         }
         r.finish()?;
+        // Cached blocks are counted by what they hold (issue 45: spare
+        // room uncounted let a cache take twice its bound).
+        b.keys.shrink_to_fit();
+        b.vals.shrink_to_fit();
         b.build_slots(distinct);
         Ok(b)
     }
