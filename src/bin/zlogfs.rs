@@ -299,6 +299,12 @@ enum Cmd {
         /// check. Writes to the image: not on a mounted one.
         #[arg(long)]
         repair: bool,
+        /// Memory for the tables of inodes and blocks (K, M, G suffixes).
+        /// An image whose tables need more is checked in several passes,
+        /// each over a span of inode numbers or of segments: slower, in
+        /// the same memory. The caches add about 48 MiB.
+        #[arg(long, value_parser = parse_size, default_value = "128M")]
+        memory: u64,
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
@@ -532,7 +538,7 @@ fn main() -> ExitCode {
         Cmd::Stats { target, latency: false, watch: false, json, .. } => admin::stats(&target, json),
         Cmd::Stats { target, watch: false, json, .. } => admin::latency(&target, json),
         Cmd::Stats { target, interval, count, json, .. } => admin::watch(&target, interval, count, json),
-        Cmd::Fsck { target, repair, json } => admin::fsck(&target, repair, json),
+        Cmd::Fsck { target, repair, memory, json } => admin::fsck(&target, repair, memory, json),
         Cmd::Clean { target, segments, max_live, demote, json } => {
             admin::clean(&target, segments, max_live, demote, json)
         }

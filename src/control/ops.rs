@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 
 use super::{Handler, VERSION};
-use crate::fs::{CleanOptions, Fs, Live, ScrubOptions};
+use crate::fs::{CleanOptions, Fs, Live, ScrubOptions, CHECK_MEMORY};
 use crate::tools::report;
 
 /// What the daemon serves.
@@ -43,7 +43,10 @@ pub fn handler(live: Arc<Live>, info: Info) -> Handler {
                 let path = req.get("path").and_then(Value::as_str).unwrap_or("/");
                 report::du(&fs, path).map_err(|e| e.to_string())
             }
-            Some("fsck") => fsck(&fs, &image, progress),
+            Some("fsck") => {
+                let memory = req.get("memory").and_then(Value::as_u64).unwrap_or(CHECK_MEMORY as u64);
+                fsck(&fs, &image, memory, progress)
+            }
             Some("clean") => clean(&fs, req, progress),
             Some("scrub") => scrub(&fs, &info, req, progress),
             Some("metrics") => Ok(crate::tools::metrics::metrics()),
@@ -69,9 +72,9 @@ pub fn handler(live: Arc<Live>, info: Info) -> Handler {
 
 /// fsck of the live file system: read-only (nothing is repaired on a
 /// mount), with the blocks checked so far as progress.
-fn fsck(fs: &Fs, image: &str, progress: &mut dyn FnMut(Value)) -> Result<Value, String> {
+fn fsck(fs: &Fs, image: &str, memory: u64, progress: &mut dyn FnMut(Value)) -> Result<Value, String> {
     let sink = RefCell::new((progress, Instant::now()));
-    let r = report::fsck(image, fs, &[], &|done, total| {
+    let r = report::fsck(image, fs, &[], memory, &|done, total| {
         let mut s = sink.borrow_mut();
         if s.1.elapsed() >= PROGRESS_EVERY || done == total {
             s.1 = Instant::now();

@@ -312,12 +312,20 @@ pub fn changes(fs: &Fs, since: &str, until: Option<&str>) -> Result<Value> {
 
 /// What `zlogfs fsck` reports: every problem found, the counts checked,
 /// what was repaired first.
-pub fn fsck(image: &str, fs: &Fs, repaired: &[String], progress: &dyn Fn(u64, u64)) -> Result<Value> {
-    let rep: CheckReport = fs.check(progress)?;
+pub fn fsck(
+    image: &str,
+    fs: &Fs,
+    repaired: &[String],
+    memory: u64,
+    progress: &dyn Fn(u64, u64),
+) -> Result<Value> {
+    let memory = usize::try_from(memory).unwrap_or(usize::MAX);
+    let rep: CheckReport = fs.check_within(memory, progress)?;
     Ok(json!({"image": image, "clean": rep.problems.is_empty(), "opened": true, "problems": rep.problems,
         "inodes": rep.inodes, "dirents": rep.dirents, "extents": rep.extents, "blocks": rep.blocks,
         "block_bytes": rep.block_bytes, "xattrs": rep.xattrs, "orphans": rep.orphans,
         "leaked_bytes": rep.leaked_bytes(), "repaired": repaired,
+        "inode_passes": rep.passes.0, "block_passes": rep.passes.1,
         "leaked": rep.leaked.iter().map(|(s, b)| json!({"segment": s, "bytes": b})).collect::<Vec<_>>()}))
 }
 

@@ -87,6 +87,17 @@ for t in fsck stats du scrub; do
     fi
 done
 
+# fsck in little memory: many passes (over spans of inode numbers and of
+# segments), the same verdict, within less.
+if /usr/bin/time -f '%M' -o "$work/rss" "$zlogfs" fsck --memory 4M "$img" >"$work/fsck-small.out" 2>&1 &&
+    grep -q "passes over the inodes" "$work/fsck-small.out"; then
+    mib=$(($(tail -1 "$work/rss") / 1024))
+    ok "fsck --memory 4M: clean, $(grep -o '[0-9]* passes over the inodes, [0-9]* over the blocks' "$work/fsck-small.out"), peak $mib MiB"
+else
+    fail "fsck --memory 4M on the imported image (clean, in several passes):"
+    tail -5 "$work/fsck-small.out" >&2
+fi
+
 "$zlogfs" mount "$img" "$mnt" -o uring=off
 pid=$(pgrep -n -f "zlogfs mount $img") || pid=
 start=$SECONDS

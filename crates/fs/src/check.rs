@@ -36,6 +36,10 @@ pub struct CheckReport {
     /// segment. Not a problem for the file system's data; without a crash
     /// or a failed write, drift.
     pub leaked: Vec<(u32, u64)>,
+    /// Passes over the inodes (one per span of inode numbers) and over
+    /// the blocks (one per span of segments): more than one each when
+    /// the image's tables outgrow the memory fsck was given.
+    pub passes: (usize, usize),
 }
 
 impl CheckReport {
@@ -159,10 +163,27 @@ fn entry_naming(st: &State, ino: Ino, (lo, hi): (Vec<u8>, Vec<u8>)) -> Option<(I
 type OwnBlocks = HashMap<BlockAddr, (Ino, u64, u32)>;
 type SharedUsers = HashMap<BlockAddr, Vec<(Ino, u64, u32, u32)>>;
 
-/// What fsck keeps of an inode for the phases after the inode scan, and
-/// what they count for it: about 64 bytes, where the whole inode in a
-/// hash map, its name and its counts in four more took about 1 KiB a file
-/// (issue 45: 1 GiB at a million files).
+/// fsck's working memory by default: its table of inodes and its maps of
+/// blocks (issue 45 asks 256 MiB in all at ten million files). Past it the
+/// checks run in passes, each over a span of inode numbers or of segments.
+pub const CHECK_MEMORY: usize = 128 << 20;
+
+/// Bytes a block part takes in fsck's maps of blocks, with the hash maps'
+/// spare room: an owned block's entry is 40 bytes in a table at most 7/8
+/// full and up to twice the size needed; a shared block's piece is less.
+const PART_BYTES: usize = 96;
+
+/// A span of inode numbers (or of segments): from, to (None: to the end).
+type Span<T> = (T, Option<T>);
+
+fn in_span<T: PartialOrd + Copy>(x: T, (from, to): Span<T>) -> bool {
+    x >= from && to.is_none_or(|t| x < t)
+}
+
+/// What fsck keeps of an inode of the span being checked, and what the
+/// phases count for it: 64 bytes, where the whole inode in a hash map, its
+/// name and its counts in four more took about 1 KiB a file (issue 45: 1
+/// GiB at a million files).
 #[derive(Debug, Clone, Copy)]
 struct Node {
     ino: Ino,
@@ -172,13 +193,32 @@ struct Node {
     /// Bytes of its chunks.
     chunks: u64,
     nlink: u32,
-    /// Entries naming it; of a directory, the subdirectories in it.
+    /// Entries naming it.
     entries: u32,
+    /// Of a directory, the subdirectories in it.
     subdirs: u32,
     /// Its own chunk size (0: the image's).
     chunk: u32,
     kind: Kind,
     flags: u8,
+}
+
+impl Node {
+    fn of(ino: Ino, i: &Inode) -> Node {
+        Node {
+            ino,
+            parent: i.parent,
+            size: i.size,
+            alloc: i.alloc,
+            chunks: 0,
+            nlink: i.nlink,
+            entries: 0,
+            subdirs: 0,
+            chunk: i.chunk.unwrap_or(0),
+            kind: i.kind(),
+            flags: 0,
+        }
+    }
 }
 
 /// [`Node::flags`]: its directory (`parent`) has an entry for it.
@@ -189,16 +229,39 @@ const REACHABLE: u8 = 2;
 const ORPHAN: u8 = 4;
 
 /// fsck's phases over one state, and what each gathers for the next.
+/// What it holds for the whole image is the directories; the inodes and
+/// the blocks it holds a span at a time, each span as large as half the
+/// memory allows (the whole image in one when it fits).
 struct Checker<'a> {
     st: &'a State,
     /// The image's chunk size (files without their own).
     cs: u64,
     rep: CheckReport,
-    /// Every inode, in order of number (the order the scan gives).
+    /// Bytes the inode table and the block maps may take.
+    memory: usize,
+    /// Every directory, by number.
+    dirs: Vec<Ino>,
+    /// Which of `dirs` are reachable from the root.
+    reached: Vec<bool>,
+    /// The span of inode numbers being checked, and whether it is the
+    /// first (which reports the malformed keys that name no inode).
+    span: Span<Ino>,
+    first: bool,
+    /// Its inodes, by number.
     nodes: Vec<Node>,
-    /// The subdirectories of each directory (directories only: files are
-    /// found reachable by a second pass over the entries).
-    subdirs_of: HashMap<Ino, Vec<Ino>>,
+    /// Bytes reserved by chunks (fallocate), all spans.
+    reserved: u64,
+    /// Block parts of the chunks by segment: how the block passes split
+    /// the segments.
+    parts_per_seg: BTreeMap<u32, usize>,
+    /// Block parts in the maps below.
+    kept: usize,
+    /// While true, the chunk passes fill the block maps for every segment
+    /// (and no block pass reads the chunks again); false once they outgrow
+    /// half the memory.
+    gathering: bool,
+    /// The blocks of the segments being checked (`segs`), their users.
+    segs: Span<u32>,
     own_blocks: OwnBlocks,
     shared_users: SharedUsers,
     /// Bytes of blocks already released from their segments' counts
@@ -207,38 +270,69 @@ struct Checker<'a> {
 }
 
 impl Fs {
-    /// Verify every checksum and cross-reference. Problems are collected,
-    /// not raised; an error means the scan itself could not go on.
+    /// Verify every checksum and cross-reference, in at most
+    /// [`CHECK_MEMORY`] of tables. Problems are collected, not raised; an
+    /// error means the scan itself could not go on.
     pub fn check(&self, progress: &dyn Fn(u64, u64)) -> Result<CheckReport> {
+        self.check_within(CHECK_MEMORY, progress)
+    }
+
+    /// [`Fs::check`] with `memory` bytes of tables: less means more passes
+    /// over the directory entries and the chunks.
+    pub fn check_within(&self, memory: usize, progress: &dyn Fn(u64, u64)) -> Result<CheckReport> {
         let mut st = self.st();
         st.commit()?;
-        let mut c = Checker::new(&st);
+        let mut c = Checker::new(&st, memory);
         if c.damage() {
             return Ok(c.rep);
         }
-        c.inodes()?;
-        c.orphans()?;
-        c.dirents()?;
-        c.links()?;
-        c.chunks()?;
-        c.shared_lists()?;
-        let mut per_seg = c.blocks(progress);
+        let spans = c.survey()?;
+        c.reach()?;
+        let one = spans.len() == 1;
+        c.rep.passes.0 = spans.len();
+        for (i, &(span, count)) in spans.iter().enumerate() {
+            c.inode_span(span, count, i == 0, one)?;
+        }
+        c.check_reserved();
+        let mut per_seg = HashMap::new();
+        let total = c.block_bytes_estimate()?;
+        if c.gathering {
+            c.segs = (0, None);
+            c.rep.passes.1 = 1;
+            c.block_span(&mut per_seg, progress, total)?;
+        } else {
+            let spans = c.seg_spans();
+            c.rep.passes.1 = spans.len();
+            for segs in spans {
+                c.segs = segs;
+                c.gather()?;
+                c.block_span(&mut per_seg, progress, total)?;
+            }
+        }
         c.held(&mut per_seg)?;
         c.segment_usage(&per_seg)?;
-        c.xattrs()?;
         c.change_records()?;
         Ok(c.rep)
     }
 }
 
 impl<'a> Checker<'a> {
-    fn new(st: &'a State) -> Self {
+    fn new(st: &'a State, memory: usize) -> Self {
         Checker {
             st,
             cs: st.group.chunk_size(),
             rep: CheckReport::default(),
+            memory,
+            dirs: Vec::new(),
+            reached: Vec::new(),
+            span: (0, None),
+            first: true,
             nodes: Vec::new(),
-            subdirs_of: HashMap::new(),
+            reserved: 0,
+            parts_per_seg: BTreeMap::new(),
+            kept: 0,
+            gathering: true,
+            segs: (0, None),
             own_blocks: HashMap::new(),
             shared_users: HashMap::new(),
             released: HashMap::new(),
@@ -289,58 +383,157 @@ impl<'a> Checker<'a> {
         self.nodes.binary_search_by_key(&ino, |n| n.ino).ok().map(|i| &mut self.nodes[i])
     }
 
-    /// Inode records: they decode, lie below the next inode number, and
-    /// the root is a directory.
-    fn inodes(&mut self) -> Result<()> {
+    fn is_dir(&self, ino: Ino) -> bool {
+        self.dirs.binary_search(&ino).is_ok()
+    }
+
+    fn reachable_dir(&self, ino: Ino) -> bool {
+        self.dirs.binary_search(&ino).is_ok_and(|i| self.reached[i])
+    }
+
+    /// Inodes in a span's table.
+    fn span_cap(&self) -> usize {
+        (self.memory / 2 / std::mem::size_of::<Node>()).max(1)
+    }
+
+    /// The first pass over the inode records: they decode, lie below the
+    /// next inode number, and the root is a directory. Gathers the
+    /// directories and splits the inode numbers into spans of at most
+    /// [`Checker::span_cap`] inodes (with each span's count); when one
+    /// span holds them all, its table is kept.
+    fn survey(&mut self) -> Result<Vec<(Span<Ino>, usize)>> {
         let st = self.st;
-        let (lo, hi) = inodes_range();
         let (base, next) = (st.group.cfg().base_sec, st.group.cfg().next_ino);
+        let cap = self.span_cap();
+        // Reserved, not touched: pages are used as the table fills.
+        self.nodes = Vec::with_capacity(cap.min(usize::try_from(next).unwrap_or(usize::MAX)));
+        let mut spans = Vec::new();
+        let (mut from, mut count) = (0, 0usize);
+        let (lo, hi) = inodes_range();
         st.for_each(&lo, &hi, |k, v| {
             let Some(ino) = parse_inode_key(k) else {
                 self.bad(format!("malformed inode key {k:02x?}"));
                 return Ok(());
             };
-            match Inode::decode(ino, v, base, |id| st.group.triple(id)) {
-                Ok(i) => {
-                    if ino >= next {
-                        self.bad(format!("inode {ino} is not below the next inode number {next}"));
-                    }
-                    if i.chunk.is_some_and(|c| c > st.group.cfg().chunk_size) {
-                        let image = st.group.cfg().chunk_size;
-                        self.bad(format!("inode {ino} has chunks larger than the image's ({image} bytes)"));
-                    }
-                    self.nodes.push(Node {
-                        ino,
-                        parent: i.parent,
-                        size: i.size,
-                        alloc: i.alloc,
-                        chunks: 0,
-                        nlink: i.nlink,
-                        entries: 0,
-                        subdirs: 0,
-                        chunk: i.chunk.unwrap_or(0),
-                        kind: i.kind(),
-                        flags: 0,
-                    });
+            let i = match Inode::decode(ino, v, base, |id| st.group.triple(id)) {
+                Ok(i) => i,
+                Err(e) => {
+                    self.bad(format!("inode {ino}: {e}"));
+                    return Ok(());
                 }
-                Err(e) => self.bad(format!("inode {ino}: {e}")),
+            };
+            if ino >= next {
+                self.bad(format!("inode {ino} is not below the next inode number {next}"));
             }
+            if i.chunk.is_some_and(|c| c > st.group.cfg().chunk_size) {
+                let image = st.group.cfg().chunk_size;
+                self.bad(format!("inode {ino} has chunks larger than the image's ({image} bytes)"));
+            }
+            if i.kind() == Kind::Dir {
+                self.dirs.push(ino);
+            }
+            if count == cap {
+                spans.push(((from, Some(ino)), count));
+                (from, count) = (ino, 0);
+                self.nodes = Vec::new();
+            }
+            if spans.is_empty() {
+                self.nodes.push(Node::of(ino, &i));
+            }
+            count += 1;
+            self.rep.inodes += 1;
             Ok(())
         })?;
+        spans.push(((from, None), count));
         // Keys order inodes by number; a damaged run could not.
+        if !self.dirs.is_sorted() {
+            self.dirs.sort_unstable();
+        }
         if !self.nodes.is_sorted_by_key(|n| n.ino) {
             self.nodes.sort_unstable_by_key(|n| n.ino);
         }
-        self.nodes.shrink_to_fit();
-        self.rep.inodes = self.nodes.len() as u64;
-        if !self.node(ROOT).is_some_and(|r| r.kind == Kind::Dir) {
+        if !self.is_dir(ROOT) {
             self.bad("the root directory is missing or not a directory".into());
+        }
+        Ok(spans)
+    }
+
+    /// Which directories are reachable from the root, through the entries
+    /// that name directories.
+    fn reach(&mut self) -> Result<()> {
+        let mut edges: Vec<(Ino, Ino)> = Vec::new();
+        let (st, (lo, hi)) = (self.st, all_dirents_range());
+        st.for_each(&lo, &hi, |k, v| {
+            if let (Some((parent, _)), Ok((child, _))) = (parse_dirent_key(k), decode_dirent(v)) {
+                if self.is_dir(child) {
+                    edges.push((parent, child));
+                }
+            }
+            Ok(()) // the rest is said by the span passes
+        })?;
+        edges.sort_unstable();
+        self.reached = vec![false; self.dirs.len()];
+        let mut queue = Vec::new();
+        if let Ok(r) = self.dirs.binary_search(&ROOT) {
+            self.reached[r] = true;
+            queue.push(ROOT);
+        }
+        while let Some(d) = queue.pop() {
+            let start = edges.partition_point(|e| e.0 < d);
+            for &(_, c) in edges[start..].iter().take_while(|e| e.0 == d) {
+                let i = self.dirs.binary_search(&c).expect("edges name directories");
+                if !self.reached[i] {
+                    self.reached[i] = true;
+                    queue.push(c);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every check of the inodes in `span` (`count` of them): their
+    /// entries, links, chunks and xattrs. `kept`: the survey's table is
+    /// this span's.
+    fn inode_span(&mut self, span: Span<Ino>, count: usize, first: bool, kept: bool) -> Result<()> {
+        (self.span, self.first) = (span, first);
+        if !kept {
+            self.load_nodes(count)?;
+        }
+        if let Some(r) = self.node_mut(ROOT) {
+            r.flags |= REACHABLE;
+        }
+        self.orphans()?;
+        self.dirents()?;
+        self.links();
+        self.chunks()?;
+        self.xattrs()?;
+        self.nodes = Vec::new();
+        Ok(())
+    }
+
+    /// The table of the span's inodes (the survey said what is wrong with
+    /// them).
+    fn load_nodes(&mut self, count: usize) -> Result<()> {
+        let st = self.st;
+        let base = st.group.cfg().base_sec;
+        self.nodes = Vec::with_capacity(count);
+        let (lo, hi) = ino_span(ByIno::Inodes, self.span.0, self.span.1);
+        st.for_each(&lo, &hi, |k, v| {
+            if let Some(ino) = parse_inode_key(k) {
+                if let Ok(i) = Inode::decode(ino, v, base, |id| st.group.triple(id)) {
+                    self.nodes.push(Node::of(ino, &i));
+                }
+            }
+            Ok(())
+        })?;
+        if !self.nodes.is_sorted_by_key(|n| n.ino) {
+            self.nodes.sort_unstable_by_key(|n| n.ino);
         }
         Ok(())
     }
 
     fn orphans(&mut self) -> Result<()> {
-        let (st, (lo, hi)) = (self.st, orphans_range());
+        let (st, (lo, hi)) = (self.st, ino_span(ByIno::Orphans, self.span.0, self.span.1));
         st.for_each(&lo, &hi, |k, _| {
             if let Some(i) = parse_orphan_key(k) {
                 self.rep.orphans += 1;
@@ -353,94 +546,78 @@ impl<'a> Checker<'a> {
     }
 
     /// Directory entries: valid names in directories, naming inodes of
-    /// their kind; a subdirectory names its directory as its parent.
+    /// their kind; a subdirectory names its directory as its parent. Each
+    /// pass reads every entry: those in the span's directories and those
+    /// naming the span's inodes count.
     fn dirents(&mut self) -> Result<()> {
         let (st, (lo, hi)) = (self.st, all_dirents_range());
         st.for_each(&lo, &hi, |k, v| {
-            self.rep.dirents += 1;
             match parse_dirent_key(k) {
                 Some((parent, name)) => self.dirent(parent, name, v),
-                None => self.bad(format!("malformed directory entry key {k:02x?}")),
+                None if self.first => {
+                    self.rep.dirents += 1;
+                    self.bad(format!("malformed directory entry key {k:02x?}"));
+                }
+                None => {}
             }
             Ok(())
         })
     }
 
     fn dirent(&mut self, parent: Ino, name: &[u8], v: &[u8]) {
-        let nm = name_str(name);
-        if let Err(e) = check_name(name) {
-            self.bad(format!("directory {parent}: entry {nm:?}: {e}"));
-        }
-        if !self.node(parent).is_some_and(|p| p.kind == Kind::Dir) {
-            self.bad(format!("entry {nm:?} lies in {parent}, which is not a directory"));
+        let mine = in_span(parent, self.span);
+        let nm = || name_str(name);
+        if mine {
+            self.rep.dirents += 1;
+            if let Err(e) = check_name(name) {
+                self.bad(format!("directory {parent}: entry {:?}: {e}", nm()));
+            }
+            if !self.node(parent).is_some_and(|p| p.kind == Kind::Dir) {
+                self.bad(format!("entry {:?} lies in {parent}, which is not a directory", nm()));
+            }
         }
         let (child, kind) = match decode_dirent(v) {
             Ok(x) => x,
-            Err(e) => return self.bad(format!("directory {parent}: entry {nm:?}: {e}")),
+            Err(e) if mine => return self.bad(format!("directory {parent}: entry {:?}: {e}", nm())),
+            Err(_) => return,
         };
+        if mine && self.is_dir(child) {
+            if let Some(p) = self.node_mut(parent) {
+                p.subdirs += 1;
+            }
+        }
+        if !in_span(child, self.span) {
+            return;
+        }
+        let reached = self.reachable_dir(parent);
         match self.node(child).map(|c| (c.kind, c.parent)) {
-            None => self.bad(format!("directory {parent}: entry {nm:?} points at missing inode {child}")),
+            None => self.bad(format!("directory {parent}: entry {:?} points at missing inode {child}", nm())),
             Some((ck, cparent)) => {
                 if ck != kind {
                     self.bad(format!(
-                        "directory {parent}: entry {nm:?} says {kind:?}, inode {child} is {ck:?}"
+                        "directory {parent}: entry {:?} says {kind:?}, inode {child} is {ck:?}",
+                        nm()
                     ));
                 }
-                if ck == Kind::Dir {
-                    if let Some(p) = self.node_mut(parent) {
-                        p.subdirs += 1;
-                    }
-                    self.subdirs_of.entry(parent).or_default().push(child);
-                    if cparent != parent {
-                        self.bad(format!(
-                            "directory {child} is in {parent} but names {cparent} as its parent"
-                        ));
-                    }
+                if ck == Kind::Dir && cparent != parent {
+                    self.bad(format!("directory {child} is in {parent} but names {cparent} as its parent"));
                 }
                 let c = self.node_mut(child).expect("looked up above");
                 c.entries += 1;
                 if c.parent == parent {
                     c.flags |= PARENT_ENTRY;
                 }
-            }
-        }
-    }
-
-    /// Mark what is reachable from the root: the directories through
-    /// their subdirectories, then, in a second pass over the entries,
-    /// everything a reachable directory names.
-    fn reach(&mut self) -> Result<()> {
-        let mut queue = vec![ROOT];
-        if let Some(r) = self.node_mut(ROOT) {
-            r.flags |= REACHABLE;
-        }
-        while let Some(d) = queue.pop() {
-            for c in self.subdirs_of.remove(&d).unwrap_or_default() {
-                if let Some(n) = self.node_mut(c).filter(|n| n.flags & REACHABLE == 0) {
-                    n.flags |= REACHABLE;
-                    queue.push(c);
-                }
-            }
-        }
-        let (st, (lo, hi)) = (self.st, all_dirents_range());
-        st.for_each(&lo, &hi, |k, v| {
-            let (Some((parent, _)), Ok((child, _))) = (parse_dirent_key(k), decode_dirent(v)) else {
-                return Ok(()); // said by the first pass
-            };
-            if self.node(parent).is_some_and(|p| p.kind == Kind::Dir && p.flags & REACHABLE != 0) {
-                if let Some(c) = self.node_mut(child) {
+                if reached {
                     c.flags |= REACHABLE;
                 }
             }
-            Ok(())
-        })
+        }
     }
 
     /// Link counts match the entries, directories have one name, files
     /// are listed by the directory they name, and every inode not waiting
     /// as an orphan is reachable from the root.
-    fn links(&mut self) -> Result<()> {
-        self.reach()?;
+    fn links(&mut self) {
         for i in 0..self.nodes.len() {
             let Node { ino, kind, nlink, entries: n, subdirs, parent, flags, .. } = self.nodes[i];
             let orphan = flags & ORPHAN != 0;
@@ -466,7 +643,6 @@ impl<'a> Checker<'a> {
                 self.bad(format!("inode {ino} ({kind:?}) is not reachable from the root"));
             }
         }
-        Ok(())
     }
 
     /// Change records decode, and the record of where they start is
@@ -497,12 +673,12 @@ impl<'a> Checker<'a> {
         })
     }
 
-    /// Chunk records: they decode, lie within their file, add up to its
-    /// `alloc`, and their reservations to the counters'; gather the
-    /// blocks they use.
+    /// Chunk records of the span's files: they decode, lie within their
+    /// file and add up to its `alloc`; their reservations are summed for
+    /// [`Checker::check_reserved`], their blocks counted by segment (and
+    /// kept while the maps fit).
     fn chunks(&mut self) -> Result<()> {
-        let mut reserved = 0u64;
-        let (st, (lo, hi)) = (self.st, all_extents_range());
+        let (st, (lo, hi)) = (self.st, ino_span(ByIno::Extents, self.span.0, self.span.1));
         st.for_each(&lo, &hi, |k, v| {
             self.rep.extents += 1;
             let Some((ino, idx)) = parse_extent_key(k) else {
@@ -512,7 +688,7 @@ impl<'a> Checker<'a> {
             match Extent::decode(v, &format!("chunk {idx} of inode {ino}")) {
                 Ok(e) => {
                     if let Extent::Reserved(n) = e {
-                        reserved += u64::from(n);
+                        self.reserved += u64::from(n);
                     }
                     self.chunk(ino, idx, &e);
                 }
@@ -520,12 +696,6 @@ impl<'a> Checker<'a> {
             }
             Ok(())
         })?;
-        let counted = self.st.group.counters().reserved;
-        if reserved != counted {
-            self.bad(format!(
-                "chunks reserve {reserved} bytes, the counters {counted} (free space is off by the difference)"
-            ));
-        }
         for i in 0..self.nodes.len() {
             let Node { ino, alloc, chunks: a, .. } = self.nodes[i];
             if alloc != a {
@@ -535,9 +705,25 @@ impl<'a> Checker<'a> {
         Ok(())
     }
 
-    /// The chunk size of file `ino`.
+    /// The chunks' reservations add up to the counters'.
+    fn check_reserved(&mut self) {
+        let counted = self.st.group.counters().reserved;
+        if self.reserved != counted {
+            self.bad(format!(
+                "chunks reserve {} bytes, the counters {counted} (free space is off by the difference)",
+                self.reserved
+            ));
+        }
+    }
+
+    /// The chunk size of file `ino` (read from the index when its span's
+    /// table is not held).
     fn cs_of(&self, ino: Ino) -> u64 {
-        self.node(ino).filter(|n| n.chunk != 0).map_or(self.cs, |n| u64::from(n.chunk))
+        let own = match self.node(ino) {
+            Some(n) => (n.chunk != 0).then_some(n.chunk),
+            None => self.st.inode(ino).ok().and_then(|i| i.chunk),
+        };
+        own.map_or(self.cs, u64::from)
     }
 
     fn chunk(&mut self, ino: Ino, idx: u64, e: &Extent) {
@@ -563,18 +749,25 @@ impl<'a> Checker<'a> {
         if let Some(n) = self.node_mut(ino) {
             n.chunks += e.len();
         }
-        if let Extent::Patched { base, freed, .. } = e {
-            if let (Extent::Own(a, _), 1..) = (&**base, *freed) {
-                self.released.insert(*a, *freed);
+        self.chunk_parts(ino, idx, &e.parts());
+        for p in e.parts() {
+            if let Some(a) = p.addr() {
+                *self.parts_per_seg.entry(a.seg).or_default() += 1;
             }
         }
-        self.chunk_parts(ino, idx, e.parts());
+        if self.gathering {
+            self.keep_parts(ino, idx, e);
+            if self.kept > self.memory / 2 / PART_BYTES {
+                // Past half the memory: the block passes gather by span.
+                self.gathering = false;
+                self.forget_blocks();
+            }
+        }
     }
 
-    /// The blocks a chunk's parts lie in. Patches of several blocks of a
-    /// chunk may share a block, but not with the chunk's base or at the
-    /// same place.
-    fn chunk_parts(&mut self, ino: Ino, idx: u64, parts: Vec<&Extent>) {
+    /// Patches of several blocks of a chunk may share a block, but not
+    /// with the chunk's base or at the same place.
+    fn chunk_parts(&mut self, ino: Ino, idx: u64, parts: &[&Extent]) {
         let mut places: Vec<(BlockAddr, u32)> = parts
             .iter()
             .filter_map(|p| match p {
@@ -590,16 +783,30 @@ impl<'a> Checker<'a> {
         {
             self.bad(format!("chunk {idx} of inode {ino} has two parts in one place"));
         }
-        for p in parts {
+    }
+
+    /// Put the parts of a chunk that lie in the segments being checked in
+    /// the block maps: who owns or shares each block, what is released.
+    fn keep_parts(&mut self, ino: Ino, idx: u64, e: &Extent) {
+        if let Extent::Patched { base, freed, .. } = e {
+            if let (Extent::Own(a, _), 1..) = (&**base, *freed) {
+                if in_span(a.seg, self.segs) {
+                    self.released.insert(*a, *freed);
+                }
+            }
+        }
+        for p in e.parts() {
             match *p {
-                Extent::Own(a, len) => {
+                Extent::Own(a, len) if in_span(a.seg, self.segs) => {
+                    self.kept += 1;
                     if let Some((pi, pc, _)) = self.own_blocks.insert(a, (ino, idx, len)) {
                         self.bad(format!(
                             "block {a} is owned by chunk {idx} of {ino} and chunk {pc} of {pi}"
                         ));
                     }
                 }
-                Extent::Shared { addr, off, len, .. } => {
+                Extent::Shared { addr, off, len, .. } if in_span(addr.seg, self.segs) => {
+                    self.kept += 1;
                     self.shared_users.entry(addr).or_default().push((ino, idx, off, len));
                 }
                 _ => {}
@@ -607,22 +814,83 @@ impl<'a> Checker<'a> {
         }
     }
 
+    fn forget_blocks(&mut self) {
+        self.own_blocks = HashMap::new();
+        self.shared_users = HashMap::new();
+        self.released = HashMap::new();
+        self.kept = 0;
+    }
+
+    /// Spans of segments whose block parts fit the memory.
+    fn seg_spans(&self) -> Vec<Span<u32>> {
+        let cap = (self.memory / PART_BYTES).max(1);
+        let mut spans = Vec::new();
+        let (mut from, mut n) = (0, 0);
+        for (&seg, &parts) in &self.parts_per_seg {
+            if n > 0 && n + parts > cap {
+                spans.push((from, Some(seg)));
+                (from, n) = (seg, 0);
+            }
+            n += parts;
+        }
+        spans.push((from, None));
+        spans
+    }
+
+    /// Fill the block maps for the segments being checked: a pass over
+    /// every chunk record (the span passes said what is wrong with them).
+    fn gather(&mut self) -> Result<()> {
+        self.forget_blocks();
+        let (st, (lo, hi)) = (self.st, all_extents_range());
+        st.for_each(&lo, &hi, |k, v| {
+            let Some((ino, idx)) = parse_extent_key(k) else { return Ok(()) };
+            if let Ok(e) = Extent::decode(v, "") {
+                self.keep_parts(ino, idx, &e);
+            }
+            Ok(())
+        })
+    }
+
+    /// The bytes of data blocks the segments count live, for progress
+    /// while the blocks are read.
+    fn block_bytes_estimate(&self) -> Result<u64> {
+        let usage = self.st.eng.usage_check()?;
+        Ok(usage.iter().map(|(u, own)| u64::from(u.live).saturating_sub(*own)).sum())
+    }
+
+    /// The checks of the blocks in the maps: their reference lists and
+    /// their contents; their live bytes added to `per_seg`.
+    fn block_span(
+        &mut self,
+        per_seg: &mut HashMap<u32, u64>,
+        progress: &dyn Fn(u64, u64),
+        total: u64,
+    ) -> Result<()> {
+        self.shared_lists()?;
+        self.blocks(per_seg, progress, total);
+        self.forget_blocks();
+        Ok(())
+    }
+
     /// Each shared block's reference list names exactly the chunks that
     /// use it, and released no more than it holds.
     fn shared_lists(&mut self) -> Result<()> {
         let mut listed: HashSet<BlockAddr> = HashSet::new();
-        let (lo, hi) = all_shared_range();
-        for (k, v) in self.st.scan(&lo, &hi, usize::MAX)? {
-            let Some(a) = parse_shared_key(&k) else {
-                self.bad(format!("malformed shared-block key {k:02x?}"));
-                continue;
+        let (st, (lo, hi)) = (self.st, shared_span(self.segs.0, self.segs.1));
+        st.for_each(&lo, &hi, |k, v| {
+            let Some(a) = parse_shared_key(k) else {
+                if self.segs.0 == 0 {
+                    self.bad(format!("malformed shared-block key {k:02x?}"));
+                }
+                return Ok(());
             };
             listed.insert(a);
-            match decode_refs(&v) {
+            match decode_refs(v) {
                 Ok((refs, rel)) => self.shared_list(a, refs, rel),
                 Err(e) => self.bad(format!("block {a}: {e}")),
             }
-        }
+            Ok(())
+        })?;
         let unlisted: Vec<BlockAddr> =
             self.shared_users.keys().filter(|a| !listed.contains(a)).copied().collect();
         for a in unlisted {
@@ -659,10 +927,11 @@ impl<'a> Checker<'a> {
         }
     }
 
-    /// Read every data block: checksums and lengths; a damaged one is
-    /// said with the files it holds data of. The live bytes found per
-    /// segment.
-    fn blocks(&mut self, progress: &dyn Fn(u64, u64)) -> HashMap<u32, u64> {
+    /// Read every data block in the maps: checksums and lengths; a
+    /// damaged one is said with the files it holds data of. Adds the live
+    /// bytes found to `per_seg`; `total`: the bytes of all spans, for
+    /// progress.
+    fn blocks(&mut self, per_seg: &mut HashMap<u32, u64>, progress: &dyn Fn(u64, u64), total: u64) {
         let mut blocks: Vec<(BlockAddr, bool, u32)> = self.own_blocks.keys().map(|a| (*a, true, 0)).collect();
         blocks.extend(
             self.shared_users
@@ -670,14 +939,12 @@ impl<'a> Checker<'a> {
                 .map(|(a, u)| (*a, false, u.iter().map(|x| x.2 + x.3).max().unwrap_or(0))),
         );
         blocks.sort_by_key(|b| (b.0.seg, b.0.offset));
-        let total: u64 = blocks.iter().map(|b| u64::from(b.0.len)).sum();
-        let mut per_seg: HashMap<u32, u64> = HashMap::new();
         for (a, own, need) in blocks {
             self.rep.blocks += 1;
             self.rep.block_bytes += u64::from(a.len);
             let released = self.released.get(&a).copied().unwrap_or(0);
             *per_seg.entry(a.seg).or_default() += u64::from(a.len - released);
-            progress(self.rep.block_bytes, total);
+            progress(self.rep.block_bytes, total.max(self.rep.block_bytes));
             match self.st.eng.read_block(a) {
                 Ok(raw) if own => {
                     let (ino, idx, want) = self.own_blocks[&a];
@@ -705,56 +972,59 @@ impl<'a> Checker<'a> {
                 }
             }
         }
-        per_seg
     }
 
     /// Frees held for snapshots: their bytes stay counted in their
     /// segments (`per_seg`), their blocks read back with a good checksum;
     /// they and forward records exist only while a snapshot does.
     fn held(&mut self, per_seg: &mut HashMap<u32, u64>) -> Result<()> {
-        let (lo, hi) = all_held_range();
-        let held = self.st.scan(&lo, &hi, usize::MAX)?;
         let none = self.st.group.snapshots().is_empty();
-        if !held.is_empty() && none {
-            self.bad(format!("{} frees are held for snapshots, but there is none", held.len()));
-        }
-        let mut blocks = HashSet::new();
-        for (k, v) in held {
-            if let Err(e) = decode_born(&v, &describe_key(&k)) {
+        let (st, (lo, hi)) = (self.st, all_held_range());
+        let (mut count, mut last) = (0u64, None);
+        st.for_each(&lo, &hi, |k, v| {
+            count += 1;
+            if let Err(e) = decode_born(v, &describe_key(k)) {
                 self.bad(format!("{e}"));
             }
-            match parse_held_key(&k) {
-                Some((a, _, _)) => {
-                    *per_seg.entry(a.seg).or_default() += u64::from(a.len);
-                    blocks.insert((a.seg, a.offset));
+            let Some((a, _, _)) = parse_held_key(k) else {
+                self.bad(format!("malformed held free {k:02x?}"));
+                return Ok(());
+            };
+            *per_seg.entry(a.seg).or_default() += u64::from(a.len);
+            // Keys order the frees by block: each block is read once.
+            if last != Some((a.seg, a.offset)) {
+                last = Some((a.seg, a.offset));
+                if let Err(e) = st.eng.block_at(a.seg, a.offset).and_then(|b| st.eng.read_block(b)) {
+                    self.bad(format!("a block kept for snapshots at {}:{}: {e}", a.seg, a.offset));
                 }
-                None => self.bad(format!("malformed held free {k:02x?}")),
             }
-        }
-        for (seg, offset) in blocks {
-            if let Err(e) = self.st.eng.block_at(seg, offset).and_then(|a| self.st.eng.read_block(a)) {
-                self.bad(format!("a block kept for snapshots at {seg}:{offset}: {e}"));
-            }
+            Ok(())
+        })?;
+        if count > 0 && none {
+            self.bad(format!("{count} frees are held for snapshots, but there is none"));
         }
         let (lo, hi) = seg_borns_range();
-        for (k, v) in self.st.scan(&lo, &hi, usize::MAX)? {
-            if parse_seg_born_key(&k).is_none() {
+        st.for_each(&lo, &hi, |k, v| {
+            if parse_seg_born_key(k).is_none() {
                 self.bad(format!("malformed segment born key {k:02x?}"));
-            } else if let Err(e) = decode_born(&v, &describe_key(&k)) {
+            } else if let Err(e) = decode_born(v, &describe_key(k)) {
                 self.bad(format!("{e}"));
             }
-        }
+            Ok(())
+        })?;
         let (lo, hi) = all_forward_range();
-        let forwards = self.st.scan(&lo, &hi, usize::MAX)?;
-        if !forwards.is_empty() && none {
-            self.bad(format!("{} forward records, but no snapshot", forwards.len()));
-        }
-        for (k, v) in forwards {
-            if parse_forward_key(&k).is_none() {
+        let mut forwards = 0u64;
+        st.for_each(&lo, &hi, |k, v| {
+            forwards += 1;
+            if parse_forward_key(k).is_none() {
                 self.bad(format!("malformed forward record key {k:02x?}"));
-            } else if let Err(e) = decode_addr(&v, &describe_key(&k)) {
+            } else if let Err(e) = decode_addr(v, &describe_key(k)) {
                 self.bad(format!("{e}"));
             }
+            Ok(())
+        })?;
+        if forwards > 0 && none {
+            self.bad(format!("{forwards} forward records, but no snapshot"));
         }
         Ok(())
     }
@@ -780,10 +1050,9 @@ impl<'a> Checker<'a> {
         Ok(())
     }
 
-    /// Every xattr belongs to an inode.
+    /// Every xattr of the span belongs to an inode.
     fn xattrs(&mut self) -> Result<()> {
-        let (lo, hi) = all_xattrs_range();
-        let st = self.st;
+        let (st, (lo, hi)) = (self.st, ino_span(ByIno::Xattrs, self.span.0, self.span.1));
         st.for_each(&lo, &hi, |k, _| {
             self.rep.xattrs += 1;
             match parse_xattr_key(k) {
@@ -944,5 +1213,119 @@ impl State {
             f(&node)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use zlogfs_engine::store::{Geometry, MemStore, Store};
+
+    use super::*;
+    use crate::{mkfs, FsOptions, MkfsOptions};
+
+    /// Bytes of no pattern a codec finds much in (each file its own).
+    fn bytes(n: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x % 7) as u8 + b'a'
+            })
+            .collect()
+    }
+
+    /// A tree of directories, small files (packed: shared blocks), large
+    /// files (owned blocks over several segments), hard links and xattrs.
+    fn tree() -> Fs {
+        let store: Arc<dyn Store> =
+            Arc::new(MemStore::new(Geometry { segment_size: 256 << 10, segment_count: 64 }));
+        mkfs(
+            store.clone(),
+            &MkfsOptions { pack_bytes: 32 << 10, chunk_size: 32 << 10, ..MkfsOptions::default() },
+        )
+        .unwrap();
+        let fs = Fs::open(store, FsOptions { commit_interval: None, ..FsOptions::default() }).unwrap();
+        for d in 0..4u64 {
+            let dir = fs.mkdir(ROOT, format!("d{d}").as_bytes(), 0o755, 0, 0).unwrap().ino;
+            let sub = fs.mkdir(dir, b"sub", 0o755, 0, 0).unwrap().ino;
+            for f in 0..8u64 {
+                let a = fs.create(dir, format!("f{f}").as_bytes(), 0o644, 0, 0).unwrap().ino;
+                let n = if f == 0 { 300_000 } else { 1_000 + 500 * f as usize };
+                fs.write(a, 0, &bytes(n, d * 100 + f)).unwrap();
+                if f == 1 {
+                    fs.link(a, sub, b"linked").unwrap();
+                    fs.setxattr(a, b"user.note", b"x", 0).unwrap();
+                }
+            }
+        }
+        fs.commit().unwrap();
+        fs
+    }
+
+    fn sorted(mut v: Vec<String>) -> Vec<String> {
+        v.sort();
+        v
+    }
+
+    /// Damage of each kind fsck knows, found alike in one pass and in
+    /// many: a table of three inodes a span and four block parts.
+    #[test]
+    fn many_passes_find_what_one_pass_finds() {
+        let fs = tree();
+        let clean = fs.check_within(384, &|_, _| {}).unwrap();
+        assert!(clean.problems.is_empty(), "{:?}", clean.problems);
+        assert!(clean.passes.0 > 10 && clean.passes.1 > 2, "passes {:?}", clean.passes);
+        let one = fs.check(&|_, _| {}).unwrap();
+        assert_eq!(one.passes, (1, 1));
+        assert_eq!(
+            (clean.inodes, clean.dirents, clean.extents, clean.blocks, clean.block_bytes, clean.xattrs),
+            (one.inodes, one.dirents, one.extents, one.blocks, one.block_bytes, one.xattrs),
+        );
+        let d1 = fs.lookup(ROOT, b"d1").unwrap().ino;
+        let d2 = fs.lookup(ROOT, b"d2").unwrap().ino;
+        let f3 = fs.lookup(d1, b"f3").unwrap().ino;
+        let big = fs.lookup(d2, b"f0").unwrap().ino;
+        {
+            let mut st = fs.st();
+            // An extra name: a link count one short.
+            st.put(dirent_key(d2, b"extra"), encode_dirent(f3, Kind::File));
+            // An entry naming no inode, and an xattr of no inode.
+            st.put(dirent_key(d2, b"ghost"), encode_dirent(999_999, Kind::File));
+            st.put(xattr_key(999_998, b"user.x"), b"v".to_vec());
+            // A directory whose entry goes: it and its files unreachable.
+            st.del(dirent_key(ROOT, b"d3"));
+            // A block owned twice: the big file's first chunk, again.
+            let first = st.get(&extent_key(big, 0)).unwrap().unwrap();
+            st.put(extent_key(big, 1_000), first);
+            // A shared block without its reference list.
+            let (lo, hi) = all_shared_range();
+            let shared = st.scan(&lo, &hi, 1).unwrap();
+            st.del(shared[0].0.clone());
+            st.commit().unwrap();
+        }
+        let one = fs.check(&|_, _| {}).unwrap();
+        let many = fs.check_within(384, &|_, _| {}).unwrap();
+        let want = [
+            "has link count 1, but 2 entries name it",
+            "points at missing inode 999999",
+            "belongs to missing inode 999998",
+            "is not reachable from the root",
+            "is owned by chunk",
+            "lies past its size",
+            "but has no reference list",
+            "directory 1 has link count 6, its entries make 5",
+        ];
+        for w in want {
+            assert!(one.problems.iter().any(|p| p.contains(w)), "{w:?} not in {:?}", one.problems);
+        }
+        assert_eq!(sorted(many.problems), sorted(one.problems));
+        assert_eq!(
+            (many.inodes, many.dirents, many.extents, many.xattrs),
+            (one.inodes, one.dirents, one.extents, one.xattrs)
+        );
     }
 }

@@ -55,6 +55,42 @@ fn key(tag: u8, a: u64) -> Vec<u8> {
     k
 }
 
+/// Records keyed by inode number first, for scans of a span of inode
+/// numbers ([`ino_span`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ByIno {
+    /// Inode records.
+    Inodes,
+    /// The orphan list.
+    Orphans,
+    /// Chunk records.
+    Extents,
+    /// Extended attributes.
+    Xattrs,
+}
+
+/// The key range of `what` for inode numbers `from..to` (`to` None: to
+/// the end). A span from 0 also holds the malformed keys too short to name
+/// an inode, so that spans covering every inode number cover every key.
+pub fn ino_span(what: ByIno, from: Ino, to: Option<Ino>) -> (Vec<u8>, Vec<u8>) {
+    let tag = match what {
+        ByIno::Inodes => T_INODE,
+        ByIno::Orphans => T_ORPHAN,
+        ByIno::Extents => T_EXTENT,
+        ByIno::Xattrs => T_XATTR,
+    };
+    let lo = if from == 0 { vec![tag] } else { key(tag, from) };
+    (lo, to.map_or(vec![tag + 1], |t| key(tag, t)))
+}
+
+/// The key range of the shared-block records of blocks in segments
+/// `from..to` (`to` None: to the end); from 0 with malformed short keys.
+pub fn shared_span(from: u32, to: Option<u32>) -> (Vec<u8>, Vec<u8>) {
+    let at = |seg: u32| [&[T_SHARED][..], &seg.to_be_bytes()].concat();
+    let lo = if from == 0 { vec![T_SHARED] } else { at(from) };
+    (lo, to.map_or(vec![T_SHARED + 1], at))
+}
+
 /// The file system's config record.
 pub fn config_key() -> Vec<u8> {
     vec![T_CONFIG]

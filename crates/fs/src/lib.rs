@@ -62,7 +62,7 @@ pub use attr::{RENAME_EXCHANGE, RENAME_NOREPLACE};
 pub use attr::{XATTR_CHUNK, XATTR_CODEC, XATTR_CREATE, XATTR_KILL_SGID, XATTR_PHYSICAL, XATTR_REPLACE};
 pub use attr::{XATTR_COLD, XATTR_TIER, XATTR_UNIT};
 pub use changes::{ChangeFeed, ChangeOp, FileChange};
-pub use check::{CheckReport, CodecUse, TreeUsage, Usage};
+pub use check::{CheckReport, CodecUse, TreeUsage, Usage, CHECK_MEMORY};
 pub use clean::{CleanOptions, CleanReport};
 pub use error::{Error, Result};
 pub use files::MAX_FILE_SIZE;

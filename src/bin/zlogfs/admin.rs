@@ -532,14 +532,14 @@ fn fsck_engine(image: &Path) -> Option<Vec<String>> {
 }
 
 /// `zlogfs fsck`: exit status 0 when clean, 1 with a report when not.
-pub fn fsck(target: &Path, repair: bool, json: bool) -> Res {
+pub fn fsck(target: &Path, repair: bool, memory: u64, json: bool) -> Res {
     let pb = tools::progress(0, "checking blocks", json);
     let step = |done: u64, total: u64| {
         pb.set_length(total);
         pb.set_position(done);
     };
     let v = match Target::of(target)? {
-        Target::Image(image) => fsck_image(&image, repair, &step)?,
+        Target::Image(image) => fsck_image(&image, repair, memory, &step)?,
         Target::Mount { dir, socket } => {
             if repair {
                 return Err(format!(
@@ -548,7 +548,7 @@ pub fn fsck(target: &Path, repair: bool, json: bool) -> Res {
                 ));
             }
             let mut p = |p: &Value| step(p["done"].as_u64().unwrap_or(0), p["total"].as_u64().unwrap_or(0));
-            ask(&socket, "fsck", json!({}), &mut p)?
+            ask(&socket, "fsck", json!({"memory": memory}), &mut p)?
         }
     };
     pb.finish_and_clear();
@@ -558,7 +558,7 @@ pub fn fsck(target: &Path, repair: bool, json: bool) -> Res {
 
 /// fsck of an image: its report; when the file system does not even
 /// open, what the engine finds of damaged index blocks ("opened": false).
-fn fsck_image(image: &Path, repair: bool, step: &dyn Fn(u64, u64)) -> Result<Value, String> {
+fn fsck_image(image: &Path, repair: bool, memory: u64, step: &dyn Fn(u64, u64)) -> Result<Value, String> {
     let opened = if repair { open_fs(image, zfs::Atime::Noatime) } else { open_fs_ro(image) };
     let fs: Fs = match opened {
         Ok(fs) => fs,
@@ -570,7 +570,7 @@ fn fsck_image(image: &Path, repair: bool, step: &dyn Fn(u64, u64)) -> Result<Val
     };
     let mended =
         if repair { fs.repair().map_err(|e| format!("{}: repair: {e}", image.display()))? } else { vec![] };
-    let v = report::fsck(&image.display().to_string(), &fs, &mended, step)
+    let v = report::fsck(&image.display().to_string(), &fs, &mended, memory, step)
         .map_err(|e| format!("{}: check stopped: {e}", image.display()))?;
     if repair {
         close(fs, image)?;
@@ -597,6 +597,13 @@ fn print_fsck(v: &Value) {
             "note: {} bytes in {leaked} segments are counted in use but held by nothing (left by a crash or a \
              failed write; the cleaner gives them back when it cleans those segments)",
             n("leaked_bytes")
+        );
+    }
+    if n("inode_passes") > 1 || n("block_passes") > 1 {
+        outln!(
+            "note: the tables outgrew --memory: {} passes over the inodes, {} over the blocks",
+            n("inode_passes"),
+            n("block_passes")
         );
     }
     let problems = v["problems"].as_array().map_or(0, Vec::len);
