@@ -303,7 +303,7 @@ enum Cmd {
         /// An image whose tables need more is checked in several passes,
         /// each over a span of inode numbers or of segments: slower, in
         /// the same memory. The caches add about 48 MiB.
-        #[arg(long, value_parser = parse_size, default_value = "128M")]
+        #[arg(long, value_parser = parse_size, default_value = "96M")]
         memory: u64,
         /// Machine-readable output.
         #[arg(long)]

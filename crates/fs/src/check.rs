@@ -166,7 +166,7 @@ type SharedUsers = HashMap<BlockAddr, Vec<(Ino, u64, u32, u32)>>;
 /// fsck's working memory by default: its table of inodes and its maps of
 /// blocks (issue 45 asks 256 MiB in all at ten million files). Past it the
 /// checks run in passes, each over a span of inode numbers or of segments.
-pub const CHECK_MEMORY: usize = 128 << 20;
+pub const CHECK_MEMORY: usize = 96 << 20;
 
 /// Bytes a block part takes in fsck's maps of blocks, with the hash maps'
 /// spare room: an owned block's entry is 40 bytes in a table at most 7/8
