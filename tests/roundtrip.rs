@@ -180,6 +180,7 @@ fn synthetic_tree_round_trips() {
     std::fs::write(src.join(std::ffi::OsStr::from_bytes(&[b'n'; 255])), b"long name").unwrap();
     xattr::set(src.join("one"), "user.comment", b"hello").unwrap();
     xattr::set(src.join("sub"), "user.empty", b"").unwrap();
+    xattr::set(&src, "user.top", b"the root's").unwrap();
     std::fs::set_permissions(src.join("one"), std::fs::Permissions::from_mode(0o4751)).unwrap();
     std::fs::set_permissions(src.join("sub/deeper"), std::fs::Permissions::from_mode(0o500)).unwrap();
     let fifo = std::ffi::CString::new(src.join("fifo").as_os_str().as_bytes()).unwrap();
@@ -197,7 +198,16 @@ fn synthetic_tree_round_trips() {
     // The exported sparse file stays sparse: round_trip removed `out`, so
     // check through a fresh export of the image's sparse file instead.
     let img = w.join("s.img");
-    run(&["import".as_ref(), src.as_os_str(), img.as_os_str(), "--size".as_ref(), "8G".as_ref()]);
+    let rep = run(&[
+        "import".as_ref(),
+        src.as_os_str(),
+        img.as_os_str(),
+        "--size".as_ref(),
+        "8G".as_ref(),
+        "--json".as_ref(),
+    ]);
+    let rep: serde_json::Value = serde_json::from_str(&rep).unwrap();
+    assert_eq!(rep["xattrs"], 3, "the root's xattr is counted with the others: {rep}");
     let out = w.join("o");
     run(&["export".as_ref(), img.as_os_str(), out.as_os_str()]);
     let m = std::fs::metadata(out.join("sparse")).unwrap();

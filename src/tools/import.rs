@@ -366,7 +366,7 @@ pub fn import(fs: &Fs, src: &Path, progress: &dyn Fn(u64, u64)) -> Result<Import
         for step in batch {
             let (dir, name, meta, own, host) = match step {
                 Step::Leave { dir, meta } => {
-                    leave(fs, &dir, &meta, &root_xattrs, src)?;
+                    rep.xattrs += leave(fs, &dir, &meta, &root_xattrs, src)?;
                     continue;
                 }
                 Step::Entry { dir, name, meta, own, host } => (dir, name, meta, own, host),
@@ -395,9 +395,16 @@ pub fn import(fs: &Fs, src: &Path, progress: &dyn Fn(u64, u64)) -> Result<Import
 }
 
 /// Every entry of `dir` is loaded: set its times (adding entries changed
-/// them), and for the root its owner, mode and xattrs too.
-fn leave(fs: &Fs, dir: &Dir, meta: &Metadata, root_xattrs: &[(OsString, Vec<u8>)], src: &Path) -> Result<()> {
-    let Some(&ino) = dir.ino.get() else { return Ok(()) };
+/// them), and for the root its owner, mode and xattrs too; the xattrs set.
+fn leave(
+    fs: &Fs,
+    dir: &Dir,
+    meta: &Metadata,
+    root_xattrs: &[(OsString, Vec<u8>)],
+    src: &Path,
+) -> Result<u64> {
+    let Some(&ino) = dir.ino.get() else { return Ok(0) };
+    let mut xattrs = 0;
     if ino == ROOT {
         let attr = SetAttr {
             mode: Some(meta.mode()),
@@ -406,9 +413,11 @@ fn leave(fs: &Fs, dir: &Dir, meta: &Metadata, root_xattrs: &[(OsString, Vec<u8>)
             ..SetAttr::default()
         };
         fs.setattr(ROOT, &attr)?;
-        set_xattrs(fs, ROOT, root_xattrs).map_err(|e| in_image(e, "/", &src.display().to_string()))?;
+        xattrs =
+            set_xattrs(fs, ROOT, root_xattrs).map_err(|e| in_image(e, "/", &src.display().to_string()))?;
     }
-    set_times(fs, ino, meta)
+    set_times(fs, ino, meta)?;
+    Ok(xattrs)
 }
 
 /// An error of an entry's load: one that leaves the entry out, or one that

@@ -230,8 +230,10 @@ const ORPHAN: u8 = 4;
 
 /// fsck's phases over one state, and what each gathers for the next.
 /// What it holds for the whole image is the directories; the inodes and
-/// the blocks it holds a span at a time, each span as large as half the
-/// memory allows (the whole image in one when it fits).
+/// the blocks it holds a span at a time: a span of inodes as large as half
+/// the memory allows (with the block maps beside it while they fit in the
+/// other half: then the whole image in one), a span of segments as large
+/// as all of it allows.
 struct Checker<'a> {
     st: &'a State,
     /// The image's chunk size (files without their own).
@@ -267,6 +269,10 @@ struct Checker<'a> {
     /// Bytes of blocks already released from their segments' counts
     /// (patched bases, shared blocks some users left).
     released: HashMap<BlockAddr, u32>,
+    /// Blocks owned by two chunks, found while filling the maps: said
+    /// when the maps are checked (maps given up are filled again, and
+    /// would find them twice).
+    conflicts: Vec<String>,
 }
 
 impl Fs {
@@ -299,6 +305,7 @@ impl Fs {
         if c.gathering {
             c.segs = (0, None);
             c.rep.passes.1 = 1;
+            let total = c.block_bytes();
             c.block_span(&mut per_seg, progress, total)?;
         } else {
             let spans = c.seg_spans();
@@ -309,6 +316,8 @@ impl Fs {
                 c.block_span(&mut per_seg, progress, total)?;
             }
         }
+        // The estimate of several spans is not exact: say the end.
+        progress(c.rep.block_bytes, c.rep.block_bytes);
         c.held(&mut per_seg)?;
         c.segment_usage(&per_seg)?;
         c.change_records()?;
@@ -336,6 +345,7 @@ impl<'a> Checker<'a> {
             own_blocks: HashMap::new(),
             shared_users: HashMap::new(),
             released: HashMap::new(),
+            conflicts: Vec::new(),
         }
     }
 
@@ -473,10 +483,11 @@ impl<'a> Checker<'a> {
         })?;
         edges.sort_unstable();
         self.reached = vec![false; self.dirs.len()];
-        let mut queue = Vec::new();
+        // From the root's entries even when its inode is damaged (said by
+        // the survey), as the single pass did.
+        let mut queue = vec![ROOT];
         if let Ok(r) = self.dirs.binary_search(&ROOT) {
             self.reached[r] = true;
-            queue.push(ROOT);
         }
         while let Some(d) = queue.pop() {
             let start = edges.partition_point(|e| e.0 < d);
@@ -800,7 +811,7 @@ impl<'a> Checker<'a> {
                 Extent::Own(a, len) if in_span(a.seg, self.segs) => {
                     self.kept += 1;
                     if let Some((pi, pc, _)) = self.own_blocks.insert(a, (ino, idx, len)) {
-                        self.bad(format!(
+                        self.conflicts.push(format!(
                             "block {a} is owned by chunk {idx} of {ino} and chunk {pc} of {pi}"
                         ));
                     }
@@ -818,6 +829,7 @@ impl<'a> Checker<'a> {
         self.own_blocks = HashMap::new();
         self.shared_users = HashMap::new();
         self.released = HashMap::new();
+        self.conflicts = Vec::new();
         self.kept = 0;
     }
 
@@ -851,8 +863,14 @@ impl<'a> Checker<'a> {
         })
     }
 
+    /// The bytes of the blocks in the maps.
+    fn block_bytes(&self) -> u64 {
+        let own = self.own_blocks.keys();
+        own.chain(self.shared_users.keys()).map(|a| u64::from(a.len)).sum()
+    }
+
     /// The bytes of data blocks the segments count live, for progress
-    /// while the blocks are read.
+    /// while the blocks of several spans are read.
     fn block_bytes_estimate(&self) -> Result<u64> {
         let usage = self.st.eng.usage_check()?;
         Ok(usage.iter().map(|(u, own)| u64::from(u.live).saturating_sub(*own)).sum())
@@ -866,6 +884,9 @@ impl<'a> Checker<'a> {
         progress: &dyn Fn(u64, u64),
         total: u64,
     ) -> Result<()> {
+        for c in std::mem::take(&mut self.conflicts) {
+            self.bad(c);
+        }
         self.shared_lists()?;
         self.blocks(per_seg, progress, total);
         self.forget_blocks();
@@ -879,9 +900,8 @@ impl<'a> Checker<'a> {
         let (st, (lo, hi)) = (self.st, shared_span(self.segs.0, self.segs.1));
         st.for_each(&lo, &hi, |k, v| {
             let Some(a) = parse_shared_key(k) else {
-                if self.segs.0 == 0 {
-                    self.bad(format!("malformed shared-block key {k:02x?}"));
-                }
+                // Spans split the keys with no overlap: each is seen once.
+                self.bad(format!("malformed shared-block key {k:02x?}"));
                 return Ok(());
             };
             listed.insert(a);
@@ -1239,7 +1259,8 @@ mod tests {
     }
 
     /// A tree of directories, small files (packed: shared blocks), large
-    /// files (owned blocks over several segments), hard links and xattrs.
+    /// files (owned blocks over several segments), empty files, hard links
+    /// and xattrs.
     fn tree() -> Fs {
         let store: Arc<dyn Store> =
             Arc::new(MemStore::new(Geometry { segment_size: 256 << 10, segment_count: 64 }));
@@ -1261,6 +1282,9 @@ mod tests {
                     fs.setxattr(a, b"user.note", b"x", 0).unwrap();
                 }
             }
+            for e in 0..30 {
+                fs.create(sub, format!("empty{e}").as_bytes(), 0o644, 0, 0).unwrap();
+            }
         }
         fs.commit().unwrap();
         fs
@@ -1271,24 +1295,49 @@ mod tests {
         v
     }
 
+    /// What two reports must agree on: every count and every problem.
+    fn summary(r: &CheckReport) -> String {
+        format!(
+            "{} inodes, {} entries, {} chunks, {} blocks of {} bytes, {} xattrs, {} orphans, leaked {:?}, \
+             problems {:#?}",
+            r.inodes,
+            r.dirents,
+            r.extents,
+            r.blocks,
+            r.block_bytes,
+            r.xattrs,
+            r.orphans,
+            r.leaked,
+            sorted(r.problems.clone())
+        )
+    }
+
+    /// Memory sizes for many spans of everything (384), block maps given
+    /// up part way through the first inode span (3,840), and block maps
+    /// kept across two inode spans (16,384); and the spans each made.
+    const SIZES: [(usize, (usize, usize)); 3] = [(384, (54, 3)), (3_840, (6, 3)), (16_384, (2, 1))];
+
     /// Damage of each kind fsck knows, found alike in one pass and in
-    /// many: a table of three inodes a span and four block parts.
+    /// many: each memory size of [`SIZES`] gives the report of one pass.
     #[test]
     fn many_passes_find_what_one_pass_finds() {
         let fs = tree();
-        let clean = fs.check_within(384, &|_, _| {}).unwrap();
-        assert!(clean.problems.is_empty(), "{:?}", clean.problems);
-        assert!(clean.passes.0 > 10 && clean.passes.1 > 2, "passes {:?}", clean.passes);
         let one = fs.check(&|_, _| {}).unwrap();
+        assert!(one.problems.is_empty(), "{:?}", one.problems);
         assert_eq!(one.passes, (1, 1));
-        assert_eq!(
-            (clean.inodes, clean.dirents, clean.extents, clean.blocks, clean.block_bytes, clean.xattrs),
-            (one.inodes, one.dirents, one.extents, one.blocks, one.block_bytes, one.xattrs),
-        );
+        let mut made = Vec::new();
+        for (memory, _) in SIZES {
+            let many = fs.check_within(memory, &|_, _| {}).unwrap();
+            assert_eq!(summary(&many), summary(&one), "clean, in {memory} bytes");
+            made.push((memory, many.passes));
+        }
+        assert_eq!(made, SIZES, "the spans each memory size makes");
+        let d0 = fs.lookup(ROOT, b"d0").unwrap().ino;
         let d1 = fs.lookup(ROOT, b"d1").unwrap().ino;
         let d2 = fs.lookup(ROOT, b"d2").unwrap().ino;
         let f3 = fs.lookup(d1, b"f3").unwrap().ino;
-        let big = fs.lookup(d2, b"f0").unwrap().ino;
+        let first_big = fs.lookup(d0, b"f0").unwrap().ino;
+        let last = fs.lookup(fs.lookup(d2, b"sub").unwrap().ino, b"empty29").unwrap().ino;
         {
             let mut st = fs.st();
             // An extra name: a link count one short.
@@ -1298,17 +1347,35 @@ mod tests {
             st.put(xattr_key(999_998, b"user.x"), b"v".to_vec());
             // A directory whose entry goes: it and its files unreachable.
             st.del(dirent_key(ROOT, b"d3"));
-            // A block owned twice: the big file's first chunk, again.
-            let first = st.get(&extent_key(big, 0)).unwrap().unwrap();
-            st.put(extent_key(big, 1_000), first);
+            // A block owned twice, early in the chunks (before the block
+            // maps are given up at 3,840 bytes).
+            let first = st.get(&extent_key(first_big, 0)).unwrap().unwrap();
+            st.put(extent_key(first_big, 1_000), first);
             // A shared block without its reference list.
             let (lo, hi) = all_shared_range();
-            let shared = st.scan(&lo, &hi, 1).unwrap();
+            let shared = st.scan(&lo, &hi, usize::MAX).unwrap();
             st.del(shared[0].0.clone());
+            // Malformed keys that sort into later spans: a chunk key of a
+            // late inode cut short, an xattr key of seven bytes of inode
+            // number, a directory entry key likewise, and the last shared
+            // block's key cut short.
+            let mut k = extent_key(last, 0);
+            k.truncate(12);
+            st.put(k, b"x".to_vec());
+            let mut k = xattr_key(0x0100, b"");
+            k.truncate(8);
+            st.put(k, b"x".to_vec());
+            let mut k = dirent_key(0x0100, b"");
+            k.truncate(8);
+            st.put(k, encode_dirent(f3, Kind::File));
+            let mut k = shared.last().unwrap().0.clone();
+            k.truncate(11);
+            st.put(k, b"x".to_vec());
+            // An orphan.
+            st.put(orphan_key(last), vec![0]);
             st.commit().unwrap();
         }
         let one = fs.check(&|_, _| {}).unwrap();
-        let many = fs.check_within(384, &|_, _| {}).unwrap();
         let want = [
             "has link count 1, but 2 entries name it",
             "points at missing inode 999999",
@@ -1318,14 +1385,18 @@ mod tests {
             "lies past its size",
             "but has no reference list",
             "directory 1 has link count 6, its entries make 5",
+            "malformed chunk key",
+            "malformed xattr key",
+            "malformed directory entry key",
+            "malformed shared-block key",
         ];
         for w in want {
             assert!(one.problems.iter().any(|p| p.contains(w)), "{w:?} not in {:?}", one.problems);
         }
-        assert_eq!(sorted(many.problems), sorted(one.problems));
-        assert_eq!(
-            (many.inodes, many.dirents, many.extents, many.xattrs),
-            (one.inodes, one.dirents, one.extents, one.xattrs)
-        );
+        assert_eq!(one.orphans, 1);
+        for (memory, _) in SIZES {
+            let many = fs.check_within(memory, &|_, _| {}).unwrap();
+            assert_eq!(summary(&many), summary(&one), "damaged, in {memory} bytes");
+        }
     }
 }

@@ -70,8 +70,9 @@ pub enum ByIno {
 }
 
 /// The key range of `what` for inode numbers `from..to` (`to` None: to
-/// the end). A span from 0 also holds the malformed keys too short to name
-/// an inode, so that spans covering every inode number cover every key.
+/// the end). A span from 0 starts at the tag and a span to the end ends at
+/// the next, so that spans covering every inode number cover every key of
+/// the tag, malformed ones included (each in the one span it sorts into).
 pub fn ino_span(what: ByIno, from: Ino, to: Option<Ino>) -> (Vec<u8>, Vec<u8>) {
     let tag = match what {
         ByIno::Inodes => T_INODE,
@@ -84,7 +85,8 @@ pub fn ino_span(what: ByIno, from: Ino, to: Option<Ino>) -> (Vec<u8>, Vec<u8>) {
 }
 
 /// The key range of the shared-block records of blocks in segments
-/// `from..to` (`to` None: to the end); from 0 with malformed short keys.
+/// `from..to` (`to` None: to the end); spans covering every segment cover
+/// every key of the tag, as [`ino_span`]'s do.
 pub fn shared_span(from: u32, to: Option<u32>) -> (Vec<u8>, Vec<u8>) {
     let at = |seg: u32| [&[T_SHARED][..], &seg.to_be_bytes()].concat();
     let lo = if from == 0 { vec![T_SHARED] } else { at(from) };
