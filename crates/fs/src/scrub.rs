@@ -7,7 +7,7 @@
 //! it is not damage: the cleaner or a writer got there first). The
 //! index's own blocks are verified last.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use zlogfs_engine::BlockAddr;
@@ -87,10 +87,21 @@ impl Fs {
         rep: &mut ScrubReport,
         progress: &dyn Fn(&ScrubReport),
     ) -> Result<()> {
-        let (lo, hi) = all_held_range();
-        let held = self.st().scan(&lo, &hi, usize::MAX)?;
-        let starts: BTreeSet<(u32, u32)> =
-            held.iter().filter_map(|(k, _)| parse_held_key(k)).map(|(a, _, _)| (a.seg, a.offset)).collect();
+        // The blocks, not every held part of them (issue 45: a million
+        // deletes kept for history are a million held frees): keys order
+        // the frees by block, and pages release the lock between them.
+        let (mut lo, hi) = all_held_range();
+        let mut starts: Vec<(u32, u32)> = Vec::new();
+        loop {
+            let page = self.st().scan(&lo, &hi, PAGE)?;
+            let Some((last, _)) = page.last() else { break };
+            lo = after(last);
+            for (a, _, _) in page.iter().filter_map(|(k, _)| parse_held_key(k)) {
+                if starts.last() != Some(&(a.seg, a.offset)) {
+                    starts.push((a.seg, a.offset));
+                }
+            }
+        }
         for (seg, offset) in starts {
             self.pace(opts, rep, start);
             let r = self.eng.block_at(seg, offset).and_then(|a| self.eng.read_block(a).map(|_| a));

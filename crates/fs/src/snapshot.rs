@@ -192,12 +192,13 @@ impl State {
         // loses a part as each user leaves): they add up to at most its
         // length, and each is released on its own.
         let mut by_seg = BTreeMap::new();
-        for (_, a, born, died) in self.held_frees()? {
+        self.for_each_held(|_, a, born, died| {
             let i = named.partition_point(|&s| s < born);
             if named.get(i).is_none_or(|&s| s >= died) {
                 *by_seg.entry(a.seg).or_insert(0u64) += u64::from(a.len);
             }
-        }
+            Ok(())
+        })?;
         let n = Arc::new(by_seg);
         self.purgeable_at = Some((std::time::Instant::now(), n.clone()));
         Ok(n)
@@ -219,11 +220,28 @@ impl State {
         Ok(())
     }
 
-    /// Every held free, as (key, block part, born, died).
-    pub(crate) fn held_frees(&self) -> Result<Vec<HeldFree>> {
+    /// Call `f` on every held free, as (key, block part, born, died), a
+    /// page at a time (issue 45: a million deletes
+    /// kept for history are a million held frees).
+    pub(crate) fn for_each_held(
+        &self,
+        mut f: impl FnMut(&[u8], zlogfs_engine::BlockAddr, u64, u64) -> Result<()>,
+    ) -> Result<()> {
         let (lo, hi) = all_held_range();
+        self.for_each(&lo, &hi, |k, v| {
+            let Some((a, died, _)) = parse_held_key(k) else {
+                return Err(Error::corrupt(describe_key(k), "a malformed held free"));
+            };
+            f(k, a, held_born(k, v)?, died)
+        })
+    }
+
+    /// Up to `n` held frees from key `from` on, as (key, block part, born,
+    /// died).
+    fn held_frees_from(&self, from: &[u8], n: usize) -> Result<Vec<HeldFree>> {
+        let (_, hi) = all_held_range();
         let mut out = Vec::new();
-        for (k, v) in self.scan(&lo, &hi, usize::MAX)? {
+        for (k, v) in self.scan(from, &hi, n)? {
             let Some((a, died, _)) = parse_held_key(&k) else {
                 return Err(Error::corrupt(describe_key(&k), "a malformed held free"));
             };
@@ -235,14 +253,23 @@ impl State {
 
     fn release_held_now(&mut self) -> Result<u64> {
         let mut freed = 0u64;
-        for (n, (k, a, born, died)) in self.held_frees()?.into_iter().enumerate() {
-            if !self.group.needed(born, died) {
-                self.group.release(a);
-                self.del(k);
-                freed += u64::from(a.len);
-            }
-            if n % RELEASE_STEP == RELEASE_STEP - 1 || self.group_full() {
-                self.commit()?;
+        let (mut from, mut n) = (all_held_range().0, 0usize);
+        // A page at a time: what is released is deleted and committed on
+        // the way, so the next page starts after the last key seen.
+        loop {
+            let page = self.held_frees_from(&from, 4096)?;
+            let Some(last) = page.last() else { break };
+            from = [last.0.as_slice(), &[0]].concat();
+            for (k, a, born, died) in page {
+                if !self.group.needed(born, died) {
+                    self.group.release(a);
+                    self.del(k);
+                    freed += u64::from(a.len);
+                }
+                n += 1;
+                if n % RELEASE_STEP == 0 || self.group_full() {
+                    self.commit()?;
+                }
             }
         }
         self.drop_forwards()?;
@@ -309,14 +336,12 @@ impl Fs {
 
     /// Stored bytes held for snapshots: blocks the present no longer uses.
     pub fn held_bytes(&self) -> Result<u64> {
-        let st = self.st();
-        let (lo, hi) = all_held_range();
-        Ok(st
-            .scan(&lo, &hi, usize::MAX)?
-            .iter()
-            .filter_map(|(k, _)| parse_held_key(k))
-            .map(|(a, _, _)| u64::from(a.len))
-            .sum())
+        let (mut held, st) = (0, self.st());
+        st.for_each_held(|_, a, _, _| {
+            held += u64::from(a.len);
+            Ok(())
+        })?;
+        Ok(held)
     }
 
     /// The snapshots, oldest first, each with the bytes deleting it
@@ -327,12 +352,13 @@ impl Fs {
         snaps.sort_by_key(|(_, s)| s.seq);
         let seqs: Vec<u64> = snaps.iter().map(|(_, s)| s.seq).collect();
         let mut only = vec![0u64; seqs.len()];
-        for (_, a, born, died) in self.st().held_frees()? {
+        self.st().for_each_held(|_, a, born, died| {
             let (from, to) = (seqs.partition_point(|&s| s < born), seqs.partition_point(|&s| s < died));
             if to == from + 1 {
                 only[from] += u64::from(a.len);
             }
-        }
+            Ok(())
+        })?;
         Ok(snaps.into_iter().zip(only).map(|((n, s), b)| (n, s, b)).collect())
     }
 
