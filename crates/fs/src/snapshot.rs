@@ -133,9 +133,10 @@ impl State {
     /// a crash cut short (its record gone in its first group, some held
     /// frees left). Returns the bytes freed.
     pub(crate) fn release_held(&mut self) -> Result<u64> {
-        // The held records are listed once: no release may run inside this
-        // one (a commit takes automatic points and may thin them, a writer
-        // short of room drops them; neither runs while cleaning).
+        // The held records are walked once, a page at a time: no release
+        // may run inside this one (a commit takes automatic points and may
+        // thin them, a writer short of room drops them; neither runs while
+        // cleaning).
         // Views of the snapshots let go stop trusting their reads before
         // any block goes.
         self.eng.withdraw_except(self.group.snapshots());
@@ -336,9 +337,12 @@ impl Fs {
 
     /// Stored bytes held for snapshots: blocks the present no longer uses.
     pub fn held_bytes(&self) -> Result<u64> {
+        // Counted from the keys alone, a damaged one left out: stats must
+        // answer on a damaged image (fsck names the damage).
         let (mut held, st) = (0, self.st());
-        st.for_each_held(|_, a, _, _| {
-            held += u64::from(a.len);
+        let (lo, hi) = all_held_range();
+        st.for_each(&lo, &hi, |k, _| {
+            held += parse_held_key(k).map_or(0, |(a, _, _)| u64::from(a.len));
             Ok(())
         })?;
         Ok(held)
