@@ -299,11 +299,11 @@ enum Cmd {
         /// check. Writes to the image: not on a mounted one.
         #[arg(long)]
         repair: bool,
-        /// Memory for the tables of inodes and blocks (K, M, G suffixes).
-        /// An image whose tables need more is checked in several passes,
-        /// each over a span of inode numbers or of segments: slower, in
-        /// the same memory. The caches add about 48 MiB.
-        #[arg(long, value_parser = parse_size, default_value = "96M")]
+        /// Memory for the tables of inodes and blocks, in bytes (K, M, G
+        /// suffixes). An image whose tables need more is checked in several
+        /// passes, each over a span of inode numbers or of segments: slower,
+        /// in the same memory. The caches add about 48 MiB.
+        #[arg(long, value_parser = parse_size, default_value_t = zfs::CHECK_MEMORY as u64)]
         memory: u64,
         /// Machine-readable output.
         #[arg(long)]
