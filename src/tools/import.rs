@@ -4,8 +4,9 @@
 //! walked again and loaded as it is walked, depth first in name order, so
 //! that inode numbers, and so the packing of small files, follow the tree.
 //! The walk holds the directories of the current path, never the whole
-//! tree, so memory does not grow with the tree. File contents of each batch are read by all cores in
-//! parallel; compression runs in parallel at each commit. Modes, owners,
+//! tree, so memory does not grow with the tree. File contents of each
+//! batch are read by all cores in parallel; compression runs in parallel
+//! at each commit. Modes, owners,
 //! times, xattrs, hard links, symlinks, special files and holes are kept.
 //!
 //! The source is reached through directory descriptors (`openat` and

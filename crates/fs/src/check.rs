@@ -760,14 +760,15 @@ impl<'a> Checker<'a> {
         if let Some(n) = self.node_mut(ino) {
             n.chunks += e.len();
         }
-        self.chunk_parts(ino, idx, &e.parts());
-        for p in e.parts() {
+        let parts = e.parts();
+        self.chunk_parts(ino, idx, &parts);
+        for p in &parts {
             if let Some(a) = p.addr() {
                 *self.parts_per_seg.entry(a.seg).or_default() += 1;
             }
         }
         if self.gathering {
-            self.keep_parts(ino, idx, e);
+            self.keep_parts(ino, idx, e, &parts);
             if self.kept > self.memory / 2 / PART_BYTES {
                 // Past half the memory: the block passes gather by span.
                 self.gathering = false;
@@ -798,7 +799,7 @@ impl<'a> Checker<'a> {
 
     /// Put the parts of a chunk that lie in the segments being checked in
     /// the block maps: who owns or shares each block, what is released.
-    fn keep_parts(&mut self, ino: Ino, idx: u64, e: &Extent) {
+    fn keep_parts(&mut self, ino: Ino, idx: u64, e: &Extent, parts: &[&Extent]) {
         if let Extent::Patched { base, freed, .. } = e {
             if let (Extent::Own(a, _), 1..) = (&**base, *freed) {
                 if in_span(a.seg, self.segs) {
@@ -806,8 +807,8 @@ impl<'a> Checker<'a> {
                 }
             }
         }
-        for p in e.parts() {
-            match *p {
+        for p in parts {
+            match **p {
                 Extent::Own(a, len) if in_span(a.seg, self.segs) => {
                     self.kept += 1;
                     if let Some((pi, pc, _)) = self.own_blocks.insert(a, (ino, idx, len)) {
@@ -857,7 +858,7 @@ impl<'a> Checker<'a> {
         st.for_each(&lo, &hi, |k, v| {
             let Some((ino, idx)) = parse_extent_key(k) else { return Ok(()) };
             if let Ok(e) = Extent::decode(v, "") {
-                self.keep_parts(ino, idx, &e);
+                self.keep_parts(ino, idx, &e, &e.parts());
             }
             Ok(())
         })

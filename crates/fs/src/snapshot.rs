@@ -99,6 +99,14 @@ fn check_name(name: &str) -> Result<()> {
 /// and when it was freed.
 pub(crate) type HeldFree = (Vec<u8>, zlogfs_engine::BlockAddr, u64, u64);
 
+/// The block part, born and died of the held free `k` (value `v`).
+fn held_free(k: &[u8], v: &[u8]) -> Result<(zlogfs_engine::BlockAddr, u64, u64)> {
+    let Some((a, died, _)) = parse_held_key(k) else {
+        return Err(Error::corrupt(describe_key(k), "a malformed held free"));
+    };
+    Ok((a, held_born(k, v)?, died))
+}
+
 /// How long statfs trusts its count of bytes held only for automatic
 /// points.
 const PURGEABLE_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
@@ -230,10 +238,8 @@ impl State {
     ) -> Result<()> {
         let (lo, hi) = all_held_range();
         self.for_each(&lo, &hi, |k, v| {
-            let Some((a, died, _)) = parse_held_key(k) else {
-                return Err(Error::corrupt(describe_key(k), "a malformed held free"));
-            };
-            f(k, a, held_born(k, v)?, died)
+            let (a, born, died) = held_free(k, v)?;
+            f(k, a, born, died)
         })
     }
 
@@ -243,10 +249,7 @@ impl State {
         let (_, hi) = all_held_range();
         let mut out = Vec::new();
         for (k, v) in self.scan(from, &hi, n)? {
-            let Some((a, died, _)) = parse_held_key(&k) else {
-                return Err(Error::corrupt(describe_key(&k), "a malformed held free"));
-            };
-            let born = held_born(&k, &v)?;
+            let (a, born, died) = held_free(&k, &v)?;
             out.push((k, a, born, died));
         }
         Ok(out)
