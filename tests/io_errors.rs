@@ -111,6 +111,15 @@ fn fail_nth_io_persistently() {
     }
 }
 
+/// Found by `fail_nth_io_persistently` (2026-12-02): a merge that failed
+/// reading an input freed its outputs' blocks by writing the waiting batch;
+/// that write failed, unlatched, and a later sync said yes with the
+/// batch's writes lost.
+#[test]
+fn a_merge_failing_on_a_read_latches_when_its_cleanup_write_fails() {
+    io_error_loop(5_599_107_023_278_983_760, true);
+}
+
 #[test]
 fn failed_sync_latches_until_reopen() {
     let st = fresh_store();

@@ -280,6 +280,10 @@ impl Engine {
         for &a in &core.ckpt.prev_body {
             sub(&mut usage, a);
         }
+        // A merge's outputs not yet installed: a restart drops them.
+        for &(_, a) in &core.unplaced {
+            sub(&mut usage, a);
+        }
         let body = CheckpointBody {
             number,
             flushed_seq: core.ckpt.flushed_seq,

@@ -222,7 +222,9 @@ impl Engine {
         self.check_ok()?;
         let set: HashSet<u32> = segs.iter().copied().collect();
         {
-            let _g = lock(&self.sh.ckpt_lock);
+            // The merge lock keeps the run list's runs in it (a merge under
+            // way finishes first); flushes only add level-0 runs.
+            let _m = lock(&self.sh.merge_lock);
             let ver = self.version();
             // Each run with a block there is written again alone, at its
             // level and place (a merge of several could span pieces
@@ -310,6 +312,12 @@ impl Engine {
                         (ver.runs.iter().any(|r| r.meta.id == b.owner)
                             || core.ckpt.deferred.iter().any(|&(_, a)| a == b.addr))
                         .then_some("an index run in use")
+                        .or_else(|| {
+                            core.unplaced
+                                .iter()
+                                .any(|&(_, a)| a == b.addr)
+                                .then_some("an index run being written")
+                        })
                     }
                     BlockKind::Checkpoint | BlockKind::CheckpointHead | BlockKind::CheckpointPart => {
                         (core.ckpt.body.contains(&b.addr) || core.ckpt.prev_body.contains(&b.addr))

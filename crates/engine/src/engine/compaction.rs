@@ -128,22 +128,36 @@ impl Engine {
         self.checkpoint()
     }
 
-    /// Merge every run into one sorted run.
+    /// Merge every run into one sorted run (runs flushed meanwhile stay
+    /// above it, at level 0).
     pub fn merge(&self) -> Result<()> {
         self.check_ok()?;
         self.merge_all().map(|_| ())
     }
 
     /// Write `runs` again, each alone, at its level and place (the
-    /// cleaner's rewrite of runs with blocks in its victims), then
-    /// checkpoint once. The caller holds the ckpt lock.
+    /// cleaner's rewrite of runs with blocks in its victims), then install
+    /// them and checkpoint once. The caller holds the merge lock; the ckpt
+    /// lock is taken only to install, so flushes go on meanwhile.
     pub(super) fn rewrite_runs(&self, runs: &[Arc<Run>]) -> Result<()> {
         if runs.is_empty() {
             return Ok(());
         }
+        let mut built: Vec<Merged> = Vec::new();
         for r in runs {
-            let ver = self.version();
-            self.merge_uncheckpointed(&ver, vec![r.clone()], r.meta.level, false)?;
+            match self.build_merge(vec![r.clone()], r.meta.level, false) {
+                Ok(m) => built.push(m),
+                Err(e) => {
+                    let ids: Vec<u64> =
+                        built.iter().flat_map(|m| m.outputs.iter().map(|o| o.meta.id)).collect();
+                    self.discard_unplaced(&ids);
+                    return Err(e);
+                }
+            }
+        }
+        let _g = lock(&self.sh.ckpt_lock);
+        for m in built {
+            self.install(m)?;
         }
         self.checkpoint_locked(None)
     }
@@ -189,20 +203,49 @@ impl Engine {
         self.plan(&self.version()).is_some()
     }
 
-    /// Do the merge due, if one is: true when it did.
+    /// Whether level 0 is past its stop ([`levels::LEVEL0_STOP`]).
+    pub(super) fn level0_stopped(&self) -> bool {
+        let ver = self.version();
+        let metas: Vec<&RunMeta> = ver.runs.iter().map(|r| &r.meta).collect();
+        levels::level0_stopped(&metas, self.sh.opts.level0_runs)
+    }
+
+    /// Do the merge due, if one is: true when it did. The outputs are
+    /// written holding only the merge lock (flushes go on meanwhile, and
+    /// only add level-0 runs, above every input), then installed and
+    /// checkpointed under the ckpt lock.
     pub(super) fn merge_step(&self) -> Result<bool> {
-        let _g = lock(&self.sh.ckpt_lock);
+        let _m = lock(&self.sh.merge_lock);
         let ver = self.version();
         let Some(p) = self.plan(&ver) else { return Ok(false) };
-        let inputs = p.inputs.iter().map(|&i| ver.runs[i].clone()).collect();
-        self.merge_set(&ver, inputs, p.out_level, p.bottom)?;
+        let window = p.inputs.iter().map(|&i| ver.runs[i].clone()).collect();
+        let merged = self.build_merge(window, p.out_level, p.bottom)?;
+        let _g = lock(&self.sh.ckpt_lock);
+        self.install(merged)?;
+        self.checkpoint_locked(None)?;
         Ok(true)
     }
 
     /// Write the runs built from `entries` (internal order) into the log.
     /// A run's filter and sparse index are single blocks, so a long stream
     /// is cut, between keys, into several runs with disjoint key ranges.
+    /// On an error, the blocks written so far are freed.
     fn write_runs(&self, entries: impl Iterator<Item = Result<Entry>>, level: u8) -> Result<Vec<Run>> {
+        let mut ids = Vec::new();
+        let r = self.write_runs_noting(entries, level, &mut ids);
+        if r.is_err() {
+            self.discard_unplaced(&ids);
+        }
+        r
+    }
+
+    /// [`Engine::write_runs`], noting the ids of the runs begun in `ids`.
+    fn write_runs_noting(
+        &self,
+        entries: impl Iterator<Item = Result<Entry>>,
+        level: u8,
+        ids: &mut Vec<u64>,
+    ) -> Result<Vec<Run>> {
         let (max_keys, max_index) = self.run_caps();
         let mut out = Vec::new();
         let mut b: Option<RunBuilder> = None;
@@ -216,7 +259,10 @@ impl Engine {
             }
             let cur = match &mut b {
                 Some(cur) => cur,
-                None => b.insert(RunBuilder::new(self.next_run_id(), level)),
+                None => {
+                    ids.push(self.next_run_id());
+                    b.insert(RunBuilder::new(ids[ids.len() - 1], level))
+                }
             };
             if new_key {
                 cur.keys.push(e.key.clone());
@@ -235,6 +281,27 @@ impl Engine {
         let mut core = lock(&self.sh.core);
         core.ckpt.next_run_id += 1;
         core.ckpt.next_run_id - 1
+    }
+
+    /// Free the blocks written for the runs `ids` that will never be
+    /// installed (their writing failed).
+    fn discard_unplaced(&self, ids: &[u64]) {
+        let mut core = lock(&self.sh.core);
+        let mut gone = Vec::new();
+        core.unplaced.retain(|&(id, a)| {
+            let keep = !ids.contains(&id);
+            if !keep {
+                gone.push(a);
+            }
+            keep
+        });
+        let r = core.log.free_placed(&gone, Room::System);
+        if let Err(e) = self.latch(&core, r) {
+            // Latched (the waiting batch could not be written): the blocks
+            // stay counted until a restart, and every later write and sync
+            // says the engine failed.
+            tracing::error!("freeing {} blocks of index runs never installed: {e}", gone.len());
+        }
     }
 
     /// Compress the builder's finished data blocks on all cores and place
@@ -256,7 +323,9 @@ impl Engine {
         let addrs = {
             let mut core = lock(&self.sh.core);
             let r = core.log.add_blocks(enc, Room::System);
-            self.latch(&core, r)?
+            let addrs = self.latch(&core, r)?;
+            core.unplaced.extend(addrs.iter().map(|&a| (id, a)));
+            addrs
         };
         for (blk, a) in b.blocks.drain(..).zip(addrs) {
             let l = blk.last().ok_or_else(|| Error::Invalid("empty run block".into()))?;
@@ -281,11 +350,12 @@ impl Engine {
             let mut core = lock(&self.sh.core);
             // Readers go to the device for run blocks: the run's blocks must
             // be written out before the run is installed.
-            let r = core.log.add_blocks(vec![ib, fb], Room::System).and_then(|a| {
-                core.log.write_pending(Room::System)?;
-                Ok(a)
-            });
-            self.latch(&core, r)?
+            let r = core.log.add_blocks(vec![ib, fb], Room::System);
+            let addrs = self.latch(&core, r)?;
+            core.unplaced.extend(addrs.iter().map(|&a| (b.meta.id, a)));
+            let r = core.log.write_pending(Room::System);
+            self.latch(&core, r)?;
+            addrs
         };
         b.meta.index = addrs[0];
         b.meta.filter = addrs[1];
@@ -301,10 +371,11 @@ impl Engine {
         // copied whole.
         let new_runs = self.write_runs(f.mem.cursor(&[], None).map(Ok), 0)?;
         {
-            let _core = lock(&self.sh.core);
+            let mut core = lock(&self.sh.core);
             let ver = self.version();
-            let mut runs = Vec::new();
-            runs.extend(new_runs.into_iter().map(Arc::new));
+            let new_runs: Vec<Arc<Run>> = new_runs.into_iter().map(Arc::new).collect();
+            placed(&mut core, &new_runs);
+            let mut runs = new_runs;
             runs.extend(ver.runs.iter().cloned());
             let frozen = ver.frozen.iter().filter(|x| !Arc::ptr_eq(x, &f)).cloned().collect();
             self.set_version(Version { active: ver.active.clone(), frozen, runs });
@@ -315,37 +386,28 @@ impl Engine {
 
     /// Merge every run into one sorted run, at the first level whose
     /// target holds it, dropping what no reader needs. False when there is
-    /// no run.
+    /// no run. Runs flushed while it runs (by a writer or the background
+    /// thread) stay above it, at level 0.
     pub(super) fn merge_all(&self) -> Result<bool> {
-        let _g = lock(&self.sh.ckpt_lock);
+        let _m = lock(&self.sh.merge_lock);
         let ver = self.version();
         if ver.runs.is_empty() {
             return Ok(false);
         }
         let bytes = ver.runs.iter().map(|r| r.meta.bytes).sum();
         let level = levels::level_for(bytes, self.level1_bytes());
-        self.merge_set(&ver, ver.runs.clone(), level, true)?;
+        let merged = self.build_merge(ver.runs.clone(), level, true)?;
+        let _g = lock(&self.sh.ckpt_lock);
+        self.install(merged)?;
+        self.checkpoint_locked(None)?;
         Ok(true)
     }
 
-    /// Merge `window` (runs of `ver`) into new runs of level `level` in
-    /// their place, and checkpoint; `bottom` when no run outside the window
-    /// holds older versions of its keys, so tombstones may go. The caller
-    /// holds the ckpt lock.
-    fn merge_set(&self, ver: &Version, window: Vec<Arc<Run>>, level: u8, bottom: bool) -> Result<()> {
-        self.merge_uncheckpointed(ver, window, level, bottom)?;
-        self.checkpoint_locked(None)
-    }
-
-    /// [`Engine::merge_set`] without its checkpoint (the caller writes
-    /// one after several).
-    fn merge_uncheckpointed(
-        &self,
-        ver: &Version,
-        window: Vec<Arc<Run>>,
-        level: u8,
-        bottom: bool,
-    ) -> Result<()> {
+    /// Merge `window` (runs of the current list) into new runs of level
+    /// `level`, written but not installed; `bottom` when no run outside
+    /// the window holds older versions of its keys, so tombstones may go.
+    /// The caller holds the merge lock, so the window stays in the list.
+    fn build_merge(&self, window: Vec<Arc<Run>>, level: u8, bottom: bool) -> Result<Merged> {
         let horizon = {
             let snaps = lock(&self.sh.snapshots);
             let oldest = snaps.keys().next().copied().unwrap_or(u64::MAX);
@@ -357,63 +419,96 @@ impl Engine {
             Some(p) => (horizon, p),
             None => (0, Vec::new()),
         };
-        debug_assert!(window.iter().all(|w| ver.runs.iter().any(|r| Arc::ptr_eq(w, r))));
         let sources: Vec<_> =
             window.iter().map(|r| r.cursor(self.sh.store.clone(), self.sh.cache.clone(), &[])).collect();
         let merged = retain_versions(MergeIter::new(sources)?, horizon, &points, bottom);
-        let new_runs: Vec<Arc<Run>> = self.write_runs(merged, level)?.into_iter().map(Arc::new).collect();
-        {
-            let mut core = lock(&self.sh.core);
-            let ver = self.version();
-            // The window is found by identity (flushes wait for the ckpt
-            // lock the caller holds, so the list is the one planned on), and
-            // the outputs go where their level and keys say.
-            let mut runs = Vec::new();
-            let mut placed = false;
-            for r in &ver.runs {
-                if window.iter().any(|w| Arc::ptr_eq(w, r)) {
-                    if !placed {
-                        runs.extend(new_runs.iter().cloned());
-                        placed = true;
-                    }
-                } else {
-                    runs.push(r.clone());
+        let outputs = self.write_runs(merged, level)?.into_iter().map(Arc::new).collect();
+        Ok(Merged { window, outputs, level, horizon })
+    }
+
+    /// Put a merge's outputs in its window's place. The caller holds the
+    /// merge lock (so the window is still in the list) and the ckpt lock
+    /// (so no flush changes the list meanwhile); runs flushed since the
+    /// merge began are level 0, above every input, and stay first.
+    fn install(&self, m: Merged) -> Result<()> {
+        let mut core = lock(&self.sh.core);
+        let ver = self.version();
+        let mut runs = Vec::new();
+        let mut placed_at = false;
+        let mut found = 0;
+        for r in &ver.runs {
+            if m.window.iter().any(|w| Arc::ptr_eq(w, r)) {
+                found += 1;
+                if !placed_at {
+                    runs.extend(m.outputs.iter().cloned());
+                    placed_at = true;
                 }
+            } else {
+                runs.push(r.clone());
             }
-            // Where the first of the window was: a rewritten level-0 run
-            // keeps its place among the newer and older ones.
-            levels::sort(&mut runs);
-            let metas: Vec<&RunMeta> = runs.iter().map(|r| &r.meta).collect();
-            if let Err(why) = levels::check_order(&metas) {
-                // Not installed: reads would take a wrong version. The
-                // outputs' blocks stay counted until a restart.
-                core.log.failed = true;
-                return Err(Error::Invalid(format!(
-                    "a merge into level {level} would leave runs out of order: {why}"
-                )));
-            }
-            let next = core.ckpt.number + 1;
-            for r in &window {
-                for a in r.blocks() {
-                    core.ckpt.deferred.push((next, a));
-                    core.ckpt.holds.push((a, Hold::Run(Arc::downgrade(r))));
-                }
-                self.sh.cache.forget_run(r.meta.id);
-            }
-            self.sh.horizon.fetch_max(horizon, AtOrd::AcqRel);
-            self.set_version(Version { active: ver.active.clone(), frozen: ver.frozen.clone(), runs });
         }
+        // Where the first of the window was: a rewritten level-0 run
+        // keeps its place among the newer and older ones.
+        levels::sort(&mut runs);
+        let metas: Vec<&RunMeta> = runs.iter().map(|r| &r.meta).collect();
+        let wrong = if found != m.window.len() {
+            Some(format!(
+                "{} of its {} inputs left the run list while it ran",
+                m.window.len() - found,
+                m.window.len()
+            ))
+        } else {
+            levels::check_order(&metas).err().map(|why| format!("it would leave runs out of order: {why}"))
+        };
+        if let Some(why) = wrong {
+            // Not installed: reads would take a wrong version. The
+            // outputs' blocks stay counted until a restart.
+            core.log.failed = true;
+            return Err(Error::Invalid(format!("a merge into level {}: {why}", m.level)));
+        }
+        placed(&mut core, &m.outputs);
+        let next = core.ckpt.number + 1;
+        for r in &m.window {
+            for a in r.blocks() {
+                core.ckpt.deferred.push((next, a));
+                core.ckpt.holds.push((a, Hold::Run(Arc::downgrade(r))));
+            }
+            self.sh.cache.forget_run(r.meta.id);
+        }
+        self.sh.horizon.fetch_max(m.horizon, AtOrd::AcqRel);
+        self.set_version(Version { active: ver.active.clone(), frozen: ver.frozen.clone(), runs });
         Ok(())
     }
+}
+
+/// A merge's outputs, written but not yet in the run list.
+struct Merged {
+    /// The runs it replaces.
+    window: Vec<Arc<Run>>,
+    outputs: Vec<Arc<Run>>,
+    level: u8,
+    /// The horizon it dropped versions below.
+    horizon: u64,
+}
+
+/// `runs` are in the run list now: their blocks are no longer unplaced.
+fn placed(core: &mut Core, runs: &[Arc<Run>]) {
+    if core.unplaced.is_empty() {
+        return;
+    }
+    let ids: std::collections::HashSet<u64> = runs.iter().map(|r| r.meta.id).collect();
+    core.unplaced.retain(|(id, _)| !ids.contains(id));
 }
 
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
 
+    use std::sync::{Condvar, Mutex};
+
     use super::*;
     use crate::engine::mkfs;
-    use crate::store::{Geometry, MemStore, Store};
+    use crate::store::{Geometry, MemStore, MetaSlot, Store, META_SLOT_SIZE};
     use crate::{Options, WriteBatch};
 
     fn opts() -> Options {
@@ -471,6 +566,201 @@ mod tests {
             assert_eq!(deep, distinct, "key {i}: levels of the runs covering it {covering:?}");
             assert!(covering.len() <= opts().level0_runs + levels.len(), "key {i}: {covering:?}");
         }
+    }
+
+    /// Flush one run more than level 0 holds, of keys 0..2,000 set to 1:
+    /// a level-0 merge is due.
+    fn level_0_merge_due(e: &Engine) {
+        for round in 0..=opts().level0_runs as u32 {
+            let mut b = WriteBatch::new();
+            (round * 500..round * 500 + 500).for_each(|i| {
+                b.put(key(i), vec![1; 40]);
+            });
+            e.write(&b).unwrap();
+            e.flush().unwrap();
+        }
+    }
+
+    fn value(e: &Engine, i: u32) -> Option<Vec<u8>> {
+        e.get(&key(i)).unwrap()
+    }
+
+    /// Every segment's usage count is the engine's own live blocks (the
+    /// engine alone stores no data blocks).
+    fn assert_counts_exact(e: &Engine, when: &str) {
+        for (seg, (u, own)) in e.usage_check().unwrap().into_iter().enumerate() {
+            assert_eq!(u64::from(u.live), own, "{when}: segment {seg} counts {} bytes, holds {own}", u.live);
+        }
+    }
+
+    /// A merge writes its outputs without the ckpt lock (issue 45: writers
+    /// waited for whole merges). A flush and its checkpoint land while
+    /// they are written; the merge installs after, below the new level-0
+    /// run; and a restart at the checkpoint in between counts none of the
+    /// outputs it drops.
+    #[test]
+    fn a_flush_lands_while_a_merge_writes_its_outputs() {
+        let store: Arc<dyn Store> =
+            Arc::new(MemStore::new(Geometry { segment_size: 128 << 10, segment_count: 1024 }));
+        mkfs(store.clone()).unwrap();
+        let e = Engine::open(store.clone(), opts()).unwrap();
+        put_all(&e, 30_000);
+        e.settle().unwrap();
+        level_0_merge_due(&e);
+        let m = lock(&e.sh.merge_lock);
+        let ver = e.version();
+        let p = e.plan(&ver).expect("a level-0 merge due");
+        assert_eq!(p.out_level, 1);
+        let window = p.inputs.iter().map(|&i| ver.runs[i].clone()).collect();
+        let merged = e.build_merge(window, p.out_level, p.bottom).unwrap();
+        assert!(!lock(&e.sh.core).unplaced.is_empty(), "the outputs wait, unplaced");
+        // Meanwhile newer versions of merged keys, flushed and checkpointed.
+        let mut b = WriteBatch::new();
+        (0..300).for_each(|i| {
+            b.put(key(i), vec![2; 40]);
+        });
+        e.write(&b).unwrap();
+        e.flush().unwrap();
+        // A restart at that checkpoint: the outputs are gone and uncounted.
+        let again = Engine::open(store.clone(), opts()).unwrap();
+        assert_counts_exact(&again, "reopened at the checkpoint taken mid-merge");
+        assert_eq!(value(&again, 5), Some(vec![2; 40]));
+        assert_eq!(value(&again, 1_000), Some(vec![1; 40]));
+        assert_eq!(value(&again, 29_999), Some(vec![29_999u32 as u8; 40]));
+        drop(again);
+        // The merge installs below the run flushed while it ran.
+        {
+            let _g = lock(&e.sh.ckpt_lock);
+            e.install(merged).unwrap();
+            e.checkpoint_locked(None).unwrap();
+        }
+        drop(m);
+        let levels = e.stats().runs_by_level;
+        assert_eq!(levels[0], 1, "the run flushed mid-merge stays at level 0: {levels:?}");
+        assert!(lock(&e.sh.core).unplaced.is_empty());
+        assert_counts_exact(&e, "after the install");
+        for (i, want) in [(5, 2), (299, 2), (300, 1), (1_000, 1)] {
+            assert_eq!(value(&e, i), Some(vec![want; 40]), "key {i}");
+        }
+        assert_eq!(value(&e, 29_999), Some(vec![29_999u32 as u8; 40]));
+    }
+
+    /// A store whose reads wait while its gate is shut, saying when one
+    /// does.
+    struct Gate {
+        inner: Arc<dyn Store>,
+        shut: std::sync::Mutex<bool>,
+        opened: std::sync::Condvar,
+        waiting: std::sync::mpsc::SyncSender<()>,
+    }
+
+    impl Store for Gate {
+        fn geometry(&self) -> Geometry {
+            self.inner.geometry()
+        }
+        fn read_meta(&self, slot: MetaSlot, buf: &mut [u8; META_SLOT_SIZE]) -> std::io::Result<()> {
+            self.inner.read_meta(slot, buf)
+        }
+        fn write_meta(&self, slot: MetaSlot, buf: &[u8; META_SLOT_SIZE]) -> std::io::Result<()> {
+            self.inner.write_meta(slot, buf)
+        }
+        fn read(&self, seg: u32, offset: u32, buf: &mut [u8]) -> std::io::Result<()> {
+            let mut shut = self.shut.lock().unwrap();
+            if *shut {
+                let _ = self.waiting.try_send(());
+            }
+            while *shut {
+                shut = self.opened.wait(shut).unwrap();
+            }
+            drop(shut);
+            self.inner.read(seg, offset, buf)
+        }
+        fn write(&self, seg: u32, offset: u32, data: &[u8]) -> std::io::Result<()> {
+            self.inner.write(seg, offset, data)
+        }
+        fn sync(&self) -> std::io::Result<()> {
+            self.inner.sync()
+        }
+        fn discard(&self, seg: u32) -> std::io::Result<()> {
+            self.inner.discard(seg)
+        }
+    }
+
+    /// A merge under way (`merge_step`, held up reading its inputs) does
+    /// not hold up a flush and its checkpoint: before, it held the ckpt
+    /// lock throughout, and a writer whose flush came meanwhile waited for
+    /// all of it (issue 45). The merge then installs below the new run.
+    #[test]
+    fn a_merge_under_way_does_not_hold_up_a_flush() {
+        let mem: Arc<dyn Store> =
+            Arc::new(MemStore::new(Geometry { segment_size: 128 << 10, segment_count: 1024 }));
+        mkfs(mem.clone()).unwrap();
+        let (waiting, reading) = std::sync::mpsc::sync_channel(1);
+        let gate = Arc::new(Gate { inner: mem, shut: Mutex::new(false), opened: Condvar::new(), waiting });
+        // No block cache: the merge reads its inputs from the store.
+        let e = Arc::new(Engine::open(gate.clone(), Options { cache_bytes: 0, ..opts() }).unwrap());
+        put_all(&e, 20_000);
+        e.settle().unwrap();
+        level_0_merge_due(&e);
+        *gate.shut.lock().unwrap() = true;
+        let m = e.clone();
+        let merging = std::thread::spawn(move || m.merge_step());
+        reading.recv_timeout(std::time::Duration::from_secs(60)).expect("the merge reads its inputs");
+        let w = e.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut b = WriteBatch::new();
+            (0..300).for_each(|i| {
+                b.put(key(i), vec![2; 40]);
+            });
+            let _ = tx.send(w.write(&b).and_then(|_| w.flush()));
+        });
+        let flushed = rx.recv_timeout(std::time::Duration::from_secs(60));
+        *gate.shut.lock().unwrap() = false;
+        gate.opened.notify_all();
+        assert!(matches!(flushed, Ok(Ok(()))), "the flush waited for the merge: {flushed:?}");
+        assert!(merging.join().unwrap().unwrap(), "a merge was due");
+        assert_eq!(e.stats().runs_by_level[0], 1, "the run flushed mid-merge stays at level 0");
+        assert_counts_exact(&e, "after the merge");
+        for (i, want) in [(5, 2), (299, 2), (300, 1), (1_999, 1)] {
+            assert_eq!(value(&e, i), Some(vec![want; 40]), "key {i}");
+        }
+        assert_eq!(value(&e, 19_999), Some(vec![19_999u32 as u8; 40]));
+    }
+
+    /// A writer that flushes does not wait for a merge under way (here the
+    /// merge lock, held by the test) until level 0 is past its stop.
+    #[test]
+    fn writers_flush_beside_a_merge_under_way() {
+        let store: Arc<dyn Store> =
+            Arc::new(MemStore::new(Geometry { segment_size: 128 << 10, segment_count: 1024 }));
+        mkfs(store.clone()).unwrap();
+        let e = Arc::new(Engine::open(store, Options { background: true, ..opts() }).unwrap());
+        let held = lock(&e.sh.merge_lock);
+        let w = e.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // Some memtables' worth: level 0 grows past its trigger (3),
+            // not past its stop (9).
+            let r = (0..30).try_for_each(|round| {
+                let mut b = WriteBatch::new();
+                (0..200).for_each(|i| {
+                    b.put(key(round * 200 + i), vec![3; 40]);
+                });
+                w.write(&b).map(|_| ())
+            });
+            let _ = tx.send(r.and_then(|()| w.flush()));
+        });
+        let done = rx.recv_timeout(std::time::Duration::from_secs(120));
+        assert!(matches!(done, Ok(Ok(()))), "the writer waited for the merge lock: {done:?}");
+        let level0 = e.stats().runs_by_level[0];
+        assert!(level0 > opts().level0_runs, "level 0 past its trigger while merges wait: {level0}");
+        assert!(!e.level0_stopped());
+        drop(held);
+        e.flush().unwrap();
+        e.settle().unwrap();
+        assert!(e.stats().runs_by_level[0] <= opts().level0_runs);
+        assert_eq!(value(&e, 5_999), Some(vec![3; 40]));
     }
 
     /// Issue 45: deleting every key left 38 runs full of tombstones that no

@@ -91,11 +91,14 @@ impl Engine {
     /// waiting for a checkpoint to free them, the journal blocks recovery
     /// still reads, and the two checkpoint bodies in use. With the data
     /// blocks the layer above references, they should make the count
-    /// exactly (fsck checks it); taken under the locks a flush or merge
-    /// holds, so no run is half written. Pending frees and writes are made
+    /// exactly (fsck checks it); taken under the locks a merge and a
+    /// flush hold, so no run is half written. Pending frees and writes are made
     /// durable first.
     pub fn usage_check(&self) -> Result<Vec<(SegUsage, u64)>> {
         self.sync()?;
+        // Blocks of a run being written may wait in a batch, not counted
+        // yet: no merge runs while this counts.
+        let _m = lock(&self.sh.merge_lock);
         let _g = lock(&self.sh.ckpt_lock);
         let ver = self.version();
         let core = lock(&self.sh.core);

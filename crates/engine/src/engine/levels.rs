@@ -20,6 +20,11 @@ use crate::index::run::RunMeta;
 pub const FANOUT: u64 = 10;
 /// The deepest level; it has no target and never pushes.
 pub const MAX_LEVEL: u8 = 7;
+/// Writers that flush stop for merges once level 0 holds more than this
+/// many times `Options::level0_runs` sorted runs (merges run beside
+/// flushes, so level 0 may grow past its trigger meanwhile; RocksDB stops
+/// writes at 36 level-0 files against a trigger of 4).
+pub const LEVEL0_STOP: usize = 3;
 
 /// A merge to do: the runs it takes (indexes into the run list, in list
 /// order), the level its output goes to, and whether it may drop
@@ -58,6 +63,13 @@ fn mostly_tombstones(m: &RunMeta) -> bool {
 fn sorted_runs(runs: &[&RunMeta], l0: &[usize]) -> usize {
     let breaks = l0.windows(2).filter(|w| runs[w[1]].min_key <= runs[w[0]].max_key).count();
     usize::from(!l0.is_empty()) + breaks
+}
+
+/// Whether level 0 is past its stop ([`LEVEL0_STOP`]): a writer that
+/// flushes then waits for a merge.
+pub(super) fn level0_stopped(runs: &[&RunMeta], level0_runs: usize) -> bool {
+    let l0: Vec<usize> = (0..runs.len()).filter(|&i| runs[i].level == 0).collect();
+    sorted_runs(runs, &l0) > level0_runs.max(1) * LEVEL0_STOP
 }
 
 /// The next merge due in `runs` (the run list, in order), if any: level 0
@@ -219,6 +231,23 @@ mod tests {
         let p = plan(&refs(&v), 2, 1000).expect("a merge");
         // Level 0 spans 0-25: the level-1 pieces at 0-9 and 12-18.
         assert_eq!(p, Plan { inputs: vec![0, 1, 2, 3, 4, 5], out_level: 1, bottom: true });
+    }
+
+    /// Writers stop for merges past `LEVEL0_STOP` times `level0_runs`
+    /// sorted runs at level 0, not at it; a flush's pieces count once.
+    #[test]
+    fn writers_stop_one_sorted_run_past_level_0s_stop() {
+        let level0_runs = 2;
+        let edge = level0_runs * LEVEL0_STOP;
+        // Overlapping level-0 runs, each its own sorted run.
+        let mut v: Vec<RunMeta> = (0..edge as u64).map(|i| run(i, 0, 10, 20, 5)).collect();
+        v.push(run(99, 1, 0, 60, 50));
+        assert!(!level0_stopped(&refs(&v), level0_runs), "{edge} sorted runs: at the stop, not past it");
+        // A flush in two key-disjoint pieces adds one sorted run.
+        v.insert(0, run(100, 0, 30, 40, 5));
+        v.insert(0, run(101, 0, 0, 5, 5));
+        assert!(level0_stopped(&refs(&v), level0_runs), "{} sorted runs: past the stop", edge + 1);
+        assert!(!level0_stopped(&refs(&v[..edge]), level0_runs));
     }
 
     /// A level-1 piece in a gap between level-0 runs is merged too: the

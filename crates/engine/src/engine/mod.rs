@@ -9,9 +9,13 @@
 //! the thread that does both, [`blocks`] data blocks, [`damage`] checks and
 //! repair of damaged index blocks, [`clean`] the cleaner's half.
 //!
-//! Locks, always taken in this order: `ckpt` (one flush, merge or checkpoint
-//! at a time), `sync` (the group-commit leader), `core` (log writer, sequence
-//! numbers, memtable switch), `version` (what readers see).
+//! Locks, always taken in this order: `merge` (one merge at a time, and
+//! whatever else takes runs out of the list), `ckpt` (one flush,
+//! checkpoint or merge's install at a time), `sync` (the group-commit
+//! leader), `core` (log writer, sequence numbers, memtable switch),
+//! `version` (what readers see). A merge writes its outputs holding only
+//! `merge`, so that flushes, and the writers that wait for them, go on
+//! meanwhile.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtOrd};
@@ -160,6 +164,10 @@ struct Core {
     /// Frees waiting for their journal batch to become durable: the
     /// batch's number, its first sequence number and the block.
     pending_frees: Vec<(u64, u64, BlockAddr)>,
+    /// Blocks of runs written but not installed yet (the run's id and the
+    /// block): counted live, so the cleaner leaves their segments alone,
+    /// but left out of a checkpoint's usage, since a restart drops them.
+    unplaced: Vec<(u64, BlockAddr)>,
 }
 
 struct Shared {
@@ -169,6 +177,7 @@ struct Shared {
     core: Mutex<Core>,
     version: RwLock<Arc<Version>>,
     sync_lock: Mutex<()>,
+    merge_lock: Mutex<()>,
     ckpt_lock: Mutex<()>,
     cache: Arc<BlockCache>,
     visible: AtomicU64,
@@ -406,10 +415,15 @@ impl Engine {
             if self.sh.opts.background && self.version().frozen.len() < 2 {
                 self.kick();
             } else if self.sh.opts.background {
-                // Two memtables wait: the writer flushes one and does at
-                // most one merge, each bounded.
+                // Two memtables wait: the writer flushes one (a merge under
+                // way does not hold it up), and merges only once level 0
+                // is past its stop ([`levels::LEVEL0_STOP`]): then it waits
+                // for the merge under way and does at most one more.
                 self.flush_frozen()?;
-                self.merge_step()?;
+                if self.level0_stopped() {
+                    self.merge_step()?;
+                }
+                self.kick();
             } else {
                 // No background thread: the writer does the merges due, a
                 // series that ends (bytes only move down).
@@ -441,6 +455,12 @@ impl Engine {
         self.check_ok()?;
         let target = {
             let core = lock(&self.sh.core);
+            // A batch that failed to be written is gone: no sync may say
+            // yes after it, whichever path failed it.
+            if core.log.failed {
+                self.sh.failed.store(true, AtOrd::Release);
+                return Err(Error::Failed);
+            }
             core.log.pos().batch_seq - u64::from(core.log.pending_empty())
         };
         let _leader = lock(&self.sh.sync_lock);

@@ -654,6 +654,15 @@ impl LogWriter {
             return Ok(());
         }
         tracing::debug!("the log filled part way through {} blocks: giving them back", addrs.len());
+        self.free_placed(addrs, room)
+    }
+
+    /// Free blocks placed by [`LogWriter::add_blocks`] that no owner will
+    /// reference, written or not: the waiting batches are written first,
+    /// since a block is counted when its batch is written (freed before,
+    /// its count would come back with the batch).
+    pub fn free_placed(&mut self, addrs: &[BlockAddr], room: Room) -> Result<()> {
+        self.check_ok()?;
         for h in (0..self.heads.len()).rev() {
             if !self.heads[h].pending.is_empty() {
                 self.write_head(h, room)?;
