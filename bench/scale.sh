@@ -49,18 +49,30 @@ n=$(find "$tree" -type f | wc -l)
 
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 # secs CMD...: the seconds CMD takes (its output dropped).
-secs() { local s; s=$(date +%s.%N); "$@" >/dev/null; awk -v s="$s" -v e="$(date +%s.%N)" 'BEGIN {printf "%.2f", e - s}'; }
+# A step that fails ends the run (set -e sees the assignment fail): its
+# time would mean nothing.
+secs() {
+    local s
+    s=$(date +%s.%N)
+    "$@" >/dev/null || { echo "bench/scale.sh: failed: $*" >&2; return 1; }
+    awk -v s="$s" -v e="$(date +%s.%N)" 'BEGIN {printf "%.2f", e - s}'
+}
 # peak CMD...: seconds and peak RSS (MiB) of CMD, as "S M".
-peak() { /usr/bin/time -f '%e %M' -o "$work/rss" "$@" >/dev/null 2>&1; awk '{printf "%.2f %d", $1, $2 / 1024}' "$work/rss"; }
+peak() {
+    /usr/bin/time -f '%e %M' -o "$work/rss" "$@" >/dev/null 2>&1 || { echo "bench/scale.sh: failed: $*" >&2; return 1; }
+    awk '{printf "%.2f %d", $1, $2 / 1024}' "$work/rss"
+}
 daemon_pid() { pgrep -n -f "zlogfs mount $work/z.img" || true; }
 declare -A z e b
 
 # zlogfs
 drop
-read -r z[load] z[load-rss] <<<"$(peak "$bin" import "$tree" "$work/z.img" --size "$((n * 4 / 1024 + 2048))M")"
+out=$(peak "$bin" import "$tree" "$work/z.img" --size "$((n * 4 / 1024 + 2048))M")
+read -r z[load] z[load-rss] <<<"$out"
 for t in fsck stats du scrub; do
     drop
-    read -r z[tool-$t] z[tool-$t-rss] <<<"$(peak "$bin" $t "$work/z.img")"
+    out=$(peak "$bin" $t "$work/z.img")
+    read -r z[tool-$t] z[tool-$t-rss] <<<"$out"
 done
 drop
 z[mount]=$(secs "$bin" mount "$work/z.img" "$work/zm" -o uring=off)
@@ -110,7 +122,9 @@ peer() {
     rm -f "$img"
 }
 if [ "$peers" = 1 ]; then
-    peer ext4 e "mkfs.ext4 -q -F" ""
+    # An inode per 4 KiB: the default (one per 16 KiB) runs out of inodes
+    # before a tree of small files fills the disk.
+    peer ext4 e "mkfs.ext4 -q -F -i 4096" ""
     peer btrfs b "mkfs.btrfs -q -f" ",compress=zstd:1"
 fi
 

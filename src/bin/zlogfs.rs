@@ -954,6 +954,7 @@ fn import(dir: &Path, image: &Path, f: &FormatArgs, json: bool) -> Res {
             "hardlinks": rep.hardlinks, "xattrs": rep.xattrs, "bytes": rep.bytes,
             "logical_bytes": u.logical, "physical_bytes": u.physical, "seconds": secs,
             "entries_per_second": entries as f64 / secs.max(1e-9),
+            "index_bytes_written_by_level": fs.engine().stats().index_written_by_level,
             "skipped": rep.skipped.iter().map(|(p, e)| serde_json::json!({"path": p, "error": e})).collect::<Vec<_>>(),
         });
         outln!("{v:#}");
@@ -971,6 +972,7 @@ fn import(dir: &Path, image: &Path, f: &FormatArgs, json: bool) -> Res {
             entries as f64 / secs.max(1e-9),
             rep.bytes as f64 / secs.max(1e-9) / 1e6
         );
+        outln!("index: {}", admin::index_writes(&fs.engine().stats().index_written_by_level));
     }
     close(fs, image)?;
     if rep.skipped.is_empty() {

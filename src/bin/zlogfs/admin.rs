@@ -271,6 +271,15 @@ fn print_stats(v: &Value) {
         f("metadata_bytes_per_file"),
         n("memtable_entries")
     );
+    let written: Vec<u64> = v["index_bytes_written_by_level_since_open"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| n.as_u64())
+        .collect();
+    if written.iter().any(|&n| n > 0) {
+        outln!("index writes:     {}", index_writes(&written));
+    }
     let amp = v["device_bytes_per_user_byte"]
         .as_f64()
         .map_or("no user bytes yet".to_string(), |a| format!("{a:.2} device bytes per user byte"));
@@ -832,4 +841,18 @@ pub fn scrub(target: &Path, rate: Option<u64>, json: bool) -> Res {
         );
     });
     Ok(if v["clean"].as_bool() == Some(true) { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// The bytes of index runs written at each level (level 0: flushes), and
+/// their sum per byte flushed: the index's write amplification.
+pub fn index_writes(by_level: &[u64]) -> String {
+    let total: u64 = by_level.iter().sum();
+    let flushed = by_level.first().copied().unwrap_or(0);
+    let levels: Vec<String> = by_level.iter().map(|n| n.to_string()).collect();
+    let amp = if flushed > 0 {
+        format!("{:.1} times what flushes wrote", total as f64 / flushed as f64)
+    } else {
+        "no flush".to_string()
+    };
+    format!("{total} bytes of runs since open (by level: {}): {amp}", levels.join(" "))
 }

@@ -353,6 +353,11 @@ impl Engine {
             let r = core.log.add_blocks(vec![ib, fb], Room::System);
             let addrs = self.latch(&core, r)?;
             core.unplaced.extend(addrs.iter().map(|&a| (b.meta.id, a)));
+            let level = usize::from(b.meta.level);
+            if core.index_written.len() <= level {
+                core.index_written.resize(level + 1, 0);
+            }
+            core.index_written[level] += b.meta.bytes + addrs.iter().map(|a| u64::from(a.len)).sum::<u64>();
             let r = core.log.write_pending(Room::System);
             self.latch(&core, r)?;
             addrs

@@ -168,6 +168,9 @@ struct Core {
     /// block): counted live, so the cleaner leaves their segments alone,
     /// but left out of a checkpoint's usage, since a restart drops them.
     unplaced: Vec<(u64, BlockAddr)>,
+    /// Stored bytes of the runs written since open, by the level they were
+    /// written to (level 0: flushes): the index's write amplification.
+    index_written: Vec<u64>,
 }
 
 struct Shared {
@@ -231,6 +234,11 @@ pub struct EngineStats {
     pub run_entries: u64,
     /// Bytes of all runs' blocks on disk.
     pub run_bytes: u64,
+    /// Stored bytes of the runs written since open, by the level written
+    /// to: level 0 by flushes, the others by merges (and the cleaner's
+    /// rewrites). Their sum over what flushes wrote is the index's write
+    /// amplification.
+    pub index_written_by_level: Vec<u64>,
     /// Versions in memtables.
     pub memtable_entries: usize,
     /// Last checkpoint number.
@@ -757,6 +765,7 @@ impl Engine {
             },
             run_entries: ver.runs.iter().map(|r| r.meta.entries).sum(),
             run_bytes: ver.runs.iter().map(|r| r.meta.bytes).sum(),
+            index_written_by_level: core.index_written.clone(),
             memtable_entries: ver.active.len() + ver.frozen.iter().map(|f| f.mem.len()).sum::<usize>(),
             checkpoint: core.ckpt.number,
             seq: self.seq(),

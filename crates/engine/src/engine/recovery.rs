@@ -254,6 +254,7 @@ impl Engine {
                 ckpt: state,
                 pending_frees: Vec::new(),
                 unplaced: Vec::new(),
+                index_written: Vec::new(),
             }),
             version: RwLock::new(Arc::new(version)),
             sync_lock: Mutex::new(()),
