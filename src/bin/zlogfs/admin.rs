@@ -843,8 +843,10 @@ pub fn scrub(target: &Path, rate: Option<u64>, json: bool) -> Res {
     Ok(if v["clean"].as_bool() == Some(true) { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
-/// The bytes of index runs written at each level (level 0: flushes), and
-/// their sum per byte flushed: the index's write amplification.
+/// The bytes of index runs written at each level (level 0: flushes, and
+/// the cleaner's rewrites of level-0 runs), and their sum per byte of
+/// level 0: the index's write amplification. Shown by `stats` on a mount
+/// (an image opened read-only wrote none) and by `import`.
 pub fn index_writes(by_level: &[u64]) -> String {
     let total: u64 = by_level.iter().sum();
     let flushed = by_level.first().copied().unwrap_or(0);

@@ -768,6 +768,33 @@ mod tests {
         assert_eq!(value(&e, 5_999), Some(vec![3; 40]));
     }
 
+    /// Scans skip runs whose keys lie outside their range, and only those:
+    /// a run whose last key is the start, or whose first key is just
+    /// before the (exclusive) end, still gives it.
+    #[test]
+    fn scans_take_runs_touching_their_bounds() {
+        let e = engine();
+        for keys in [[b"b".to_vec(), b"d".to_vec()], [b"f".to_vec(), b"h".to_vec()]] {
+            let mut b = WriteBatch::new();
+            keys.iter().for_each(|k| {
+                b.put(k.clone(), k.clone());
+            });
+            e.write(&b).unwrap();
+            e.flush().unwrap();
+        }
+        assert_eq!(e.stats().runs, 2);
+        let keys = |start: &[u8], end: Option<&[u8]>| -> Vec<Vec<u8>> {
+            e.scan(start, end, usize::MAX).unwrap().into_iter().map(|(k, _)| k).collect()
+        };
+        assert_eq!(keys(b"d", Some(b"f")), vec![b"d".to_vec()], "the first run's last key is the start");
+        assert_eq!(keys(b"d", Some(b"f\0")), vec![b"d".to_vec(), b"f".to_vec()], "the second's first key");
+        assert_eq!(keys(b"e", Some(b"f")), Vec::<Vec<u8>>::new(), "between the runs");
+        assert_eq!(keys(b"h", None), vec![b"h".to_vec()]);
+        assert_eq!(keys(b"i", None), Vec::<Vec<u8>>::new());
+        assert_eq!(keys(b"g", Some(b"c")), Vec::<Vec<u8>>::new(), "start past end");
+        assert_eq!(keys(b"", Some(b"b\0")), vec![b"b".to_vec()]);
+    }
+
     /// Issue 45: deleting every key left 38 runs full of tombstones that no
     /// automatic merge dropped. Now the tombstones go down to the keys they
     /// hide and both go: the index ends nearly empty.

@@ -235,9 +235,10 @@ pub struct EngineStats {
     /// Bytes of all runs' blocks on disk.
     pub run_bytes: u64,
     /// Stored bytes of the runs written since open, by the level written
-    /// to: level 0 by flushes, the others by merges (and the cleaner's
-    /// rewrites). Their sum over what flushes wrote is the index's write
-    /// amplification.
+    /// to: level 0 by flushes, the others by merges; the cleaner's
+    /// rewrites count at the run's own level (level 0 too). Their sum over
+    /// what level 0 got is the index's write amplification. In memory
+    /// only: a mount's since its start, none for a read-only open.
     pub index_written_by_level: Vec<u64>,
     /// Versions in memtables.
     pub memtable_entries: usize,
