@@ -59,7 +59,11 @@ secs() {
 }
 # peak CMD...: seconds and peak RSS (MiB) of CMD, as "S M".
 peak() {
-    /usr/bin/time -f '%e %M' -o "$work/rss" "$@" >/dev/null 2>&1 || { echo "bench/scale.sh: failed: $*" >&2; return 1; }
+    /usr/bin/time -f '%e %M' -o "$work/rss" "$@" >"$work/out" 2>"$work/err" || {
+        echo "bench/scale.sh: failed: $*" >&2
+        cat "$work/err" >&2
+        return 1
+    }
     awk '{printf "%.2f %d", $1, $2 / 1024}' "$work/rss"
 }
 daemon_pid() { pgrep -n -f "zlogfs mount $work/z.img" || true; }
@@ -69,6 +73,8 @@ declare -A z e b
 drop
 out=$(peak "$bin" import "$tree" "$work/z.img" --size "$((n * 4 / 1024 + 2048))M")
 read -r z[load] z[load-rss] <<<"$out"
+# The import's summary says what the index wrote, by level.
+index_writes=$(grep '^index:' "$work/out" || true)
 for t in fsck stats du scrub; do
     drop
     out=$(peak "$bin" $t "$work/z.img")
@@ -151,3 +157,6 @@ for t in fsck stats du scrub; do
     row "zlogfs $t of the image" "tool-$t" " s"
     row "zlogfs $t peak RSS" "tool-$t-rss" " MiB"
 done
+if [ -n "$index_writes" ]; then
+    echo "zlogfs import: $index_writes"
+fi
