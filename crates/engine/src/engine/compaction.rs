@@ -219,11 +219,17 @@ impl Engine {
         let ver = self.version();
         let Some(p) = self.plan(&ver) else { return Ok(false) };
         let window = p.inputs.iter().map(|&i| ver.runs[i].clone()).collect();
-        let merged = self.build_merge(window, p.out_level, p.bottom)?;
+        self.merge_window(window, p.out_level, p.bottom)?;
+        Ok(true)
+    }
+
+    /// Build a merge of `window`, then install it and checkpoint under the
+    /// ckpt lock. The caller holds the merge lock.
+    fn merge_window(&self, window: Vec<Arc<Run>>, level: u8, bottom: bool) -> Result<()> {
+        let merged = self.build_merge(window, level, bottom)?;
         let _g = lock(&self.sh.ckpt_lock);
         self.install(merged)?;
-        self.checkpoint_locked(None)?;
-        Ok(true)
+        self.checkpoint_locked(None)
     }
 
     /// Write the runs built from `entries` (internal order) into the log.
@@ -401,10 +407,7 @@ impl Engine {
         }
         let bytes = ver.runs.iter().map(|r| r.meta.bytes).sum();
         let level = levels::level_for(bytes, self.level1_bytes());
-        let merged = self.build_merge(ver.runs.clone(), level, true)?;
-        let _g = lock(&self.sh.ckpt_lock);
-        self.install(merged)?;
-        self.checkpoint_locked(None)?;
+        self.merge_window(ver.runs.clone(), level, true)?;
         Ok(true)
     }
 
