@@ -77,7 +77,9 @@ FSX_OPS=${FSX_OPS:-25000} bash tests/posix/run.sh 2>&1 | tee "$posix_log"
 posix_rc=${PIPESTATUS[0]}
 set -e
 # xfstests' quick group on a mount through /dev/fuse (issue 44), less
-# tests/xfstests/exclude, whose every line says why; root only, skipped
+# tests/xfstests/exclude and tests/xfstests/slow (minutes each, for
+# reasons outside zlogfs; bench/posix-large.sh runs them), whose every
+# line says why; root only, skipped
 # with a note elsewhere. ZLOGFS_SKIP_XFSTESTS=1 skips it.
 xfs_log=$(mktemp)
 trap 'rm -f "$log" "$posix_log" "$xfs_log"' EXIT

@@ -8,6 +8,7 @@
 #   bash tests/xfstests/run.sh                  # the quick group
 #   GROUP="generic/013" bash tests/xfstests/run.sh
 #   EXCLUDE=/dev/null GROUP="generic/103" ...  # run an excluded test
+#   XFSTESTS_SLOW=1 bash tests/xfstests/run.sh  # with tests/xfstests/slow
 # Prints "xfstests: N passed, M failed" for test.sh's count.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,9 +28,16 @@ mkdir -p "$W"
 log=$W/zlogfs-daemons.log
 rm -f "$log"
 cargo build --release --quiet --bin zlogfs || exit 1
+# The exclusions: tests/xfstests/exclude, and tests/xfstests/slow unless
+# XFSTESTS_SLOW=1 (both files give each test's reason).
+exclude=${EXCLUDE:-$PWD/tests/xfstests/exclude}
+if [ "${XFSTESTS_SLOW:-0}" != 1 ] && [ -z "${EXCLUDE:-}" ]; then
+    exclude=$W/exclude
+    cat tests/xfstests/exclude tests/xfstests/slow >"$exclude"
+fi
 start=$(date +%s)
 ZLOGFS=target/release/zlogfs W=$W GROUP="${GROUP:--g quick}" LIMIT="${LIMIT:-40m}" \
-    MOUNT_OPTS="-o allow_other,uring=off,logfile=$log" EXCLUDE="${EXCLUDE:-$PWD/tests/xfstests/exclude}" \
+    MOUNT_OPTS="-o allow_other,uring=off,logfile=$log" EXCLUDE="$exclude" \
     bash "$shared/run.sh" deps unpack build users config run summary fsck 2>&1 | tee "$W/ci.out"
 echo "xfstests took $(($(date +%s) - start)) s"
 bad=0
