@@ -56,10 +56,14 @@ if [ ! -x target/moto/bin/moto_server ] && [ -z "${ZLOGFS_MOTO_SERVER:-}" ]; the
     target/moto/bin/pip install --quiet 'moto[server]'
 fi
 
-echo "== cargo test [at ${SECONDS} s]"
+# One optimised build (Cargo.toml's profile "ci", with debug assertions)
+# for the tests and for the binary of the mount suites below, which build
+# with $ZLOGFS_PROFILE (release when run alone).
+export ZLOGFS_PROFILE=${ZLOGFS_PROFILE:-ci}
+echo "== cargo test --profile $ZLOGFS_PROFILE [at ${SECONDS} s]"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --all-targets 2>&1 | tee "$log"
+cargo test --profile "$ZLOGFS_PROFILE" --lib --bins --tests 2>&1 | tee "$log"
 # A tree of 200,000 small files through an image of small segments: the
 # import finishes, walk, delete all, fsck, memory of each tool under its
 # bound (issue 45; root and FUSE, skipped with a note elsewhere).

@@ -45,8 +45,10 @@ if [ "$(id -u)" != 0 ] || [ ! -e /dev/fuse ] || ! command -v /usr/bin/time >/dev
     echo "note: tests/scale/run.sh needs root, /dev/fuse and /usr/bin/time: skipped"
     exit 0
 fi
-cargo build --release --quiet --bin zlogfs
-zlogfs=$PWD/target/release/zlogfs
+# release, or test.sh's ci profile (release with debug assertions).
+profile=${ZLOGFS_PROFILE:-release}
+cargo build --profile "$profile" --quiet --bin zlogfs
+zlogfs=$PWD/target/$profile/zlogfs
 work=$(mktemp -d /var/tmp/zlogfs-scale.XXXXXX)
 img=$work/img
 mnt=$work/mnt

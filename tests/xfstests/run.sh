@@ -27,7 +27,9 @@ W=${W:-/var/tmp/xfstests-zlogfs}
 mkdir -p "$W"
 log=$W/zlogfs-daemons.log
 rm -f "$log"
-cargo build --release --quiet --bin zlogfs || exit 1
+# release, or test.sh's ci profile (release with debug assertions).
+profile=${ZLOGFS_PROFILE:-release}
+cargo build --profile "$profile" --quiet --bin zlogfs || exit 1
 # The exclusions: tests/xfstests/exclude, and tests/xfstests/slow unless
 # XFSTESTS_SLOW=1 (both files give each test's reason).
 exclude=${EXCLUDE:-$PWD/tests/xfstests/exclude}
@@ -36,7 +38,7 @@ if [ "${XFSTESTS_SLOW:-0}" != 1 ] && [ -z "${EXCLUDE:-}" ]; then
     cat tests/xfstests/exclude tests/xfstests/slow >"$exclude"
 fi
 start=$(date +%s)
-ZLOGFS=target/release/zlogfs W=$W GROUP="${GROUP:--g quick}" LIMIT="${LIMIT:-40m}" \
+ZLOGFS=target/$profile/zlogfs W=$W GROUP="${GROUP:--g quick}" LIMIT="${LIMIT:-40m}" \
     MOUNT_OPTS="-o allow_other,uring=off,logfile=$log" EXCLUDE="$exclude" \
     bash "$shared/run.sh" deps unpack build users config run summary fsck 2>&1 | tee "$W/ci.out"
 echo "xfstests took $(($(date +%s) - start)) s"
