@@ -6,9 +6,9 @@
 #   fsx        50,000 operations a seed, every operation enabled, in
 #              directories whose codec policy is zstd:3 and zstd:19 on the
 #              first transport, lz4 and none on the second (all four on
-#              each with POSIX_LARGE=1, or on a lone transport); zstd:19 a fifth of the operations:
-#              each partial write recompresses a 64 KiB chunk at level 19,
-#              about 10 ms, ten times the others
+#              each with POSIX_LARGE=1, or on a lone transport); zstd:19
+#              a fifth of the operations: each partial write recompresses
+#              a 64 KiB chunk at level 19, about 10 ms, ten times the others
 #   fio        verify=crc32c on incompressible, zero-filled and 50%
 #              compressible data: write, unmount, fsck, mount, --verify_only
 #   clean      fio randwrite with verify, 4 loops of 88 MiB on a 128 MiB
@@ -199,7 +199,7 @@ if [[ " $suites " == *" fsx "* ]]; then
     seed=1
     for t in "${transports[@]}"; do
         # Two codecs on each transport, all four between them (the large
-        # run, POSIX_LARGE=1, takes all four on each).
+        # run, POSIX_LARGE=1, or a lone transport takes all four).
         codecs=(zstd:3 zstd:19)
         [ "$t" = "$first" ] || codecs=(lz4 none)
         if [ "${POSIX_LARGE:-0}" = 1 ] || [ ${#transports[@]} = 1 ]; then codecs=(zstd:3 lz4 none zstd:19); fi

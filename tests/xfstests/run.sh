@@ -2,8 +2,9 @@
 # xfstests (../shared/xfstests: a snapshot of the suite Linux file systems
 # are developed against, and its runner) on zlogfs mounts through
 # /dev/fuse: the quick group less tests/xfstests/exclude and, unless
-# XFSTESTS_SLOW=1, tests/xfstests/slow (each line says why). Fails on any failure, on a commit failure in the daemons' log, and
-# on an image fsck does not find clean afterwards. As root; skipped with a
+# XFSTESTS_SLOW=1, tests/xfstests/slow (each line says why). Fails on any
+# failure, on a commit failure in the daemons' log, and on an image fsck
+# does not find clean afterwards. As root; skipped with a
 # note elsewhere, and where ../shared/xfstests is missing (not under CI).
 #   bash tests/xfstests/run.sh                  # the quick group
 #   GROUP="generic/013" bash tests/xfstests/run.sh
