@@ -51,30 +51,39 @@ mod mount;
 mod nbd;
 
 #[derive(Parser)]
-#[command(name = "zlogfs", version, about = "A log-structured file system with transparent compression")]
+#[command(
+    name = "zlogfs",
+    version,
+    about = "A log-structured file system with transparent compression",
+    after_help = "Each command's options and details: zlogfs COMMAND --help"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
-    /// The fast device of an image of two (made with `mkfs BULK --fast
-    /// FAST`): metadata and small files live there, large files on the
+    /// The fast device of an image of two devices.
+    ///
+    /// Made with `mkfs BULK --fast FAST`: metadata and small files live there, large files on the
     /// image given (the bulk device). Default: the path recorded when it
     /// was last opened. With mkfs, the fast device to make.
     #[arg(long, global = true, value_name = "PATH")]
     fast: Option<PathBuf>,
-    /// Of an image in an object store (s3://BUCKET/PREFIX): the local
-    /// cache directory, which holds what is not yet uploaded and caches
+    /// Of an image in an object store: its local cache directory.
+    ///
+    /// For s3://BUCKET/PREFIX images: the cache directory holds what is not yet uploaded and caches
     /// what was read. Default: ~/.cache/zlogfs/BUCKET/PREFIX. As mount
     /// option: cache=DIR.
     #[arg(long, global = true, value_name = "DIR")]
     cache: Option<PathBuf>,
-    /// Of an image in an object store: when fsync returns. local (the
-    /// default): when the cache directory holds the data (uploads follow
+    /// Of an image in an object store: when fsync returns.
+    ///
+    /// local (the default): when the cache directory holds the data (uploads follow
     /// at each full segment and checkpoint); remote: when the bucket
     /// holds it. As mount option: sync=local|remote.
     #[arg(long, global = true, value_name = "MODE")]
     s3_sync: Option<zlogfs_s3::SyncMode>,
-    /// Of an image in an object store: bytes of already uploaded segments
-    /// the cache directory keeps (default 1G). As mount option:
+    /// Of an image in an object store: how much its cache keeps.
+    ///
+    /// Bytes of already uploaded segments the cache directory keeps (default 1G). As mount option:
     /// cache_size=SIZE.
     #[arg(long, global = true, value_name = "SIZE", value_parser = parse_size)]
     cache_size: Option<u64>,
@@ -121,8 +130,9 @@ enum Cmd {
         #[arg(long, short)]
         force: bool,
     },
-    /// Mount an image on a directory through FUSE (in the background
-    /// unless -f). Unmount with `fusermount3 -u DIR`, `umount DIR`, or
+    /// Mount an image on a directory through FUSE.
+    ///
+    /// In the background unless -f. Unmount with `fusermount3 -u DIR`, `umount DIR`, or
     /// SIGTERM/SIGINT to the daemon: all of them leave a clean image.
     Mount {
         /// The image (made by zlogfs mkfs or zlogfs import).
@@ -171,8 +181,10 @@ enum Cmd {
         #[arg(short, long)]
         foreground: bool,
     },
-    /// Copy a directory tree into an image without mounting it (creating
-    /// the image if it does not exist).
+    /// Copy a directory tree into an image without mounting it.
+    ///
+    /// The image is made (with the format options below) if it does not
+    /// exist.
     Import {
         /// The directory to copy.
         dir: PathBuf,
@@ -226,6 +238,7 @@ enum Cmd {
         json: bool,
     },
     /// Logical and stored bytes of a subtree, and of each entry in it.
+    ///
     /// TARGET is an image or the mount point of a mounted one.
     Du {
         /// The image, or a zlogfs mount point.
@@ -237,8 +250,9 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Report what an image holds: space, tree, codecs, index, lifetime
-    /// writes. TARGET is an image (opened read-only, recovered in memory
+    /// Report what an image holds: space, tree, codecs, index, writes.
+    ///
+    /// TARGET is an image (opened read-only, recovered in memory
     /// if needed) or the mount point of a mounted one (its daemon answers).
     Stats {
         /// The image, or a zlogfs mount point.
@@ -263,8 +277,10 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Clean: move the live data out of the segments with the most dead
-    /// space, repacking small files together, and free those segments.
+    /// Free the segments with the most dead space by moving their data.
+    ///
+    /// The live data moves out of the segments with the most dead space,
+    /// small files repacked together, and those segments are freed.
     /// TARGET is an image, or the mount point of a mounted one (the pass
     /// then runs in the mount's daemon, which reports its progress).
     Clean {
@@ -288,7 +304,9 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Check every checksum and cross-reference of an image. Exit status 0
+    /// Check every checksum and cross-reference of an image.
+    ///
+    /// Exit status 0
     /// when clean, 1 with a report when not. TARGET is an image or the
     /// mount point of a mounted one (checked live, read-only).
     Fsck {
@@ -309,8 +327,10 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Read every stored block of file data (and the index) and verify its
-    /// checksum, at a rate limit so that a mount goes on serving; report
+    /// Read every stored block and verify its checksum, at a rate limit.
+    ///
+    /// Reads every stored block of file data (and the index) at a rate
+    /// limit so that a mount goes on serving; reports
     /// damaged blocks with the files and byte ranges they hold. Exit
     /// status 0 when clean, 1 with a report. TARGET is an image or the
     /// mount point of a mounted one (its daemon reads).
@@ -325,8 +345,9 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Serve the image's regular files as NBD block devices (exports named
-    /// by their path: nbd+unix:///vm/disk.raw?socket=PATH), until SIGTERM
+    /// Serve the image's regular files as NBD block devices.
+    ///
+    /// Exports are named by their path: nbd+unix:///vm/disk.raw?socket=PATH), until SIGTERM
     /// or Ctrl-C. A mounted image serves them from its daemon instead
     /// (mount -o nbd=PATH).
     #[command(group(clap::ArgGroup::new("at").required(true).args(["socket", "listen"])))]
@@ -366,7 +387,9 @@ enum Cmd {
         #[arg(short = 'o', value_name = "OPTS")]
         options: Vec<String>,
     },
-    /// Make everything written so far durable. On a mount point this is
+    /// Make everything written so far durable.
+    ///
+    /// On a mount point this is
     /// what sync(1) does for other file systems (it does not reach a FUSE
     /// daemon); on an image, recovery's result is written and checkpointed.
     Sync {
@@ -376,8 +399,10 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Named snapshots: `create` one of everything written so far, `list`
-    /// them, `delete` one. A snapshot mounts read-only with
+    /// Create, list and delete named snapshots; set the history policy.
+    ///
+    /// `create` one of everything written so far, `list` them, `delete`
+    /// one. A snapshot mounts read-only with
     /// `zlogfs mount IMAGE DIR -o ro,snapshot=NAME` (or `-o ro,at=TIME`),
     /// and is served over NBD with `zlogfs nbd IMAGE -o ro,snapshot=NAME`.
     /// While any exists,
@@ -396,8 +421,10 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// What changed since a point: paths created, deleted, renamed (old
-    /// and new) and changed (data or metadata), read from the change
+    /// List the paths that changed since a point.
+    ///
+    /// Paths created, deleted, renamed (old and new) and changed (data or
+    /// metadata), read from the change
     /// records, not from a walk of the tree. Ends with a clock token to
     /// pass as --since next time. When the records needed are gone (kept
     /// 31 days), says so ("fresh instance": rescan) instead of guessing.
