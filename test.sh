@@ -57,13 +57,17 @@ if [ ! -x target/moto/bin/moto_server ] && [ -z "${ZLOGFS_MOTO_SERVER:-}" ]; the
 fi
 
 # One optimised build (Cargo.toml's profile "ci", with debug assertions)
-# for the tests and for the binary of the mount suites below, which build
-# with $ZLOGFS_PROFILE (release when run alone).
+# for the tests and for the mount suites below, which run the binary this
+# build made ($ZLOGFS_BIN; run alone, a suite builds with $ZLOGFS_PROFILE,
+# release by default).
 export ZLOGFS_PROFILE=${ZLOGFS_PROFILE:-ci}
 echo "== cargo test --profile $ZLOGFS_PROFILE [at ${SECONDS} s]"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --profile "$ZLOGFS_PROFILE" --lib --bins --tests 2>&1 | tee "$log"
+python3 tests/lib/test-times.py "$log"
+# The mount suites run the binary that build made (tests/lib/zlogfs-bin.sh).
+export ZLOGFS_BIN=$PWD/target/$ZLOGFS_PROFILE/zlogfs
 # A tree of 200,000 small files through an image of small segments: the
 # import finishes, walk, delete all, fsck, memory of each tool under its
 # bound (issue 45; root and FUSE, skipped with a note elsewhere).

@@ -79,10 +79,7 @@ fi
 first=${transports[0]}
 last=${transports[${#transports[@]} - 1]}
 
-# release, or test.sh's ci profile (release with debug assertions).
-profile=${ZLOGFS_PROFILE:-release}
-cargo build --profile "$profile" --quiet
-zlogfs="$PWD/target/$profile/zlogfs"
+. tests/lib/zlogfs-bin.sh
 work=$(mktemp -d /var/tmp/zlogfs-posix.XXXXXX)
 img="$work/img"
 fast="$work/fast" # the fast device of the two-device suite

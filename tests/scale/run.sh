@@ -45,10 +45,7 @@ if [ "$(id -u)" != 0 ] || [ ! -e /dev/fuse ] || ! command -v /usr/bin/time >/dev
     echo "note: tests/scale/run.sh needs root, /dev/fuse and /usr/bin/time: skipped"
     exit 0
 fi
-# release, or test.sh's ci profile (release with debug assertions).
-profile=${ZLOGFS_PROFILE:-release}
-cargo build --profile "$profile" --quiet --bin zlogfs
-zlogfs=$PWD/target/$profile/zlogfs
+. tests/lib/zlogfs-bin.sh
 work=$(mktemp -d /var/tmp/zlogfs-scale.XXXXXX)
 img=$work/img
 mnt=$work/mnt

@@ -28,9 +28,7 @@ W=${W:-/var/tmp/xfstests-zlogfs}
 mkdir -p "$W"
 log=$W/zlogfs-daemons.log
 rm -f "$log"
-# release, or test.sh's ci profile (release with debug assertions).
-profile=${ZLOGFS_PROFILE:-release}
-cargo build --profile "$profile" --quiet --bin zlogfs || exit 1
+. tests/lib/zlogfs-bin.sh
 # The exclusions: tests/xfstests/exclude, and tests/xfstests/slow unless
 # XFSTESTS_SLOW=1 (both files give each test's reason).
 exclude=${EXCLUDE:-$PWD/tests/xfstests/exclude}
@@ -39,7 +37,7 @@ if [ "${XFSTESTS_SLOW:-0}" != 1 ] && [ -z "${EXCLUDE:-}" ]; then
     cat tests/xfstests/exclude tests/xfstests/slow >"$exclude"
 fi
 start=$(date +%s)
-ZLOGFS=target/$profile/zlogfs W=$W GROUP="${GROUP:--g quick}" LIMIT="${LIMIT:-40m}" \
+ZLOGFS=$zlogfs W=$W GROUP="${GROUP:--g quick}" LIMIT="${LIMIT:-40m}" \
     MOUNT_OPTS="-o allow_other,uring=off,logfile=$log" EXCLUDE="$exclude" \
     bash "$shared/run.sh" deps unpack build users config run summary fsck 2>&1 | tee "$W/ci.out"
 echo "xfstests took $(($(date +%s) - start)) s"
