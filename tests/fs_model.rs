@@ -1148,7 +1148,7 @@ fn run(seed: u64, steps: usize, setup: Setup) -> u64 {
 /// Runs of a test: `default`, one with ZLOGFS_SEED (a replay), or
 /// ZLOGFS_MODEL_RUNS (the long version, bench/model-soak.sh).
 fn runs(default: u64) -> u64 {
-    if std::env::var("ZLOGFS_SEED").is_ok() {
+    if zlogfs_testkit::replaying() {
         return 1;
     }
     std::env::var("ZLOGFS_MODEL_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(default)

@@ -346,9 +346,7 @@ fn flushed_writes_survive_a_kill_of_the_server() {
     ok(Command::new(ZLOGFS).args(["mkfs", &d.s("img"), "--size", "256M"]));
     let mut server = serve(&d, &["--create", "vol:16M"]);
     let u = uri(&d, "vol");
-    let seed =
-        std::env::var("ZLOGFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random::<u32>);
-    eprintln!("seed {seed} (ZLOGFS_SEED={seed} to replay)");
+    let seed = common::seed("nbd kill");
     let mut writer = Command::new("/usr/bin/python3")
         .args(["tests/nbd/crash.py", "write", &u, &seed.to_string()])
         .stdout(Stdio::piped())

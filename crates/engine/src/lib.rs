@@ -31,6 +31,8 @@ pub mod log;
 pub(crate) mod log;
 pub mod metrics;
 pub mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use engine::{mkfs, Engine, Op, Options, Snapshot, WriteBatch};
 pub use error::{Error, Result};

@@ -172,9 +172,7 @@ mod tests {
     /// thinning every point ever taken would.
     #[test]
     fn a_dropped_point_is_never_wanted_again() {
-        let seed: u64 =
-            std::env::var("ZLOGFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
-        eprintln!("ZLOGFS_SEED={seed}");
+        let seed = zlogfs_testkit::seed("dropped points");
         let mut r = rand::rngs::StdRng::seed_from_u64(seed);
         let kept_of = |times: &[i64], keep: &[bool]| -> Vec<i64> {
             times.iter().zip(keep).filter(|(_, k)| **k).map(|(t, _)| *t).collect()

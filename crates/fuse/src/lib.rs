@@ -1131,18 +1131,6 @@ pub fn mount(live: Arc<Live>, dir: &Path, opts: &MountOptions) -> io::Result<(Se
     Ok((Session { dev, handler, max_write: n.max_write, queues }, unmounter))
 }
 
-/// Seed for a randomised test: `ZLOGFS_SEED` if set, else random; printed
-/// so that a failure can be replayed.
-#[cfg(test)]
-pub(crate) fn test_seed() -> u64 {
-    let seed = match std::env::var("ZLOGFS_SEED") {
-        Ok(s) => s.trim().parse().expect("ZLOGFS_SEED must be a u64"),
-        Err(_) => rand::random(),
-    };
-    eprintln!("ZLOGFS_SEED={seed}");
-    seed
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -221,9 +221,7 @@ mod tests {
     /// ZLOGFS_SEED.
     #[test]
     fn random_sessions_never_panic_the_server() {
-        let seed =
-            std::env::var("ZLOGFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
-        eprintln!("seed {seed} (ZLOGFS_SEED={seed} to replay)");
+        let seed = zlogfs_testkit::seed("nbd sessions");
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let fs = fs_with_volume();
         for _ in 0..200 {

@@ -384,9 +384,7 @@ mod tests {
     /// ZLOGFS_SEED.
     #[test]
     fn random_bytes_never_panic_the_decoders() {
-        let seed =
-            std::env::var("ZLOGFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
-        eprintln!("seed {seed} (ZLOGFS_SEED={seed} to replay)");
+        let seed = zlogfs_testkit::seed("proto decoders");
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         for _ in 0..20_000 {
             let n = rng.gen_range(0..64);

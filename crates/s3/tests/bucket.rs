@@ -347,9 +347,7 @@ fn write_then_kill_after(
 }
 
 fn killed_during_uploads(mode: SyncMode, mode_name: &str) {
-    let seed: u64 =
-        std::env::var("ZLOGFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
-    eprintln!("ZLOGFS_SEED={seed}");
+    let seed = zlogfs_testkit::seed("bucket");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let b = bucket("kill");
     let (c1, c2) = (tempdir("k1"), tempdir("k2"));
@@ -466,9 +464,7 @@ fn an_empty_prefix_says_how_to_make_an_image() {
 /// the requests are retried (and counted), and nothing is lost.
 #[test]
 fn faults_between_store_and_server_lose_nothing() {
-    let seed: u64 =
-        std::env::var("ZLOGFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
-    eprintln!("ZLOGFS_SEED={seed}");
+    let seed = zlogfs_testkit::seed("bucket");
     let proxy = Proxy::start(seed);
     let b = bucket("faults");
     let (c1, c2) = (tempdir("f1"), tempdir("f2"));
@@ -1059,9 +1055,7 @@ impl Drop for Ext4Disk {
 /// backlog, holds them all.
 #[test]
 fn a_power_cut_keeps_what_the_cache_directory_synced() {
-    let seed: u64 =
-        std::env::var("ZLOGFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
-    eprintln!("ZLOGFS_SEED={seed}");
+    let seed = zlogfs_testkit::seed("bucket");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     // Rounds whose cut lost something the killed writer had written: a
     // test of power cuts in which none lost anything would be one of

@@ -6,14 +6,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 use rand::{rngs::StdRng, Rng, RngCore, SeedableRng};
 
-fn seed(test: &str) -> u64 {
-    let s = match std::env::var("ZLOGFS_SEED") {
-        Ok(v) => v.trim().parse().expect("ZLOGFS_SEED must be a u64"),
-        Err(_) => rand::random(),
-    };
-    eprintln!("{test}: seed {s} (set ZLOGFS_SEED={s} to reproduce)");
-    s
-}
+use zlogfs_testkit::seed;
 
 fn rng(test: &str) -> StdRng {
     StdRng::seed_from_u64(seed(test))

@@ -306,9 +306,7 @@ mod tests {
     #[test]
     fn retained_versions_read_the_same_at_every_point() {
         use rand::{Rng, SeedableRng};
-        let seed: u64 =
-            std::env::var("ZLOGFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
-        eprintln!("ZLOGFS_SEED={seed}");
+        let seed = zlogfs_testkit::seed("retained versions");
         let mut r = rand::rngs::StdRng::seed_from_u64(seed);
         for round in 0..500 {
             let mut all = Vec::new();

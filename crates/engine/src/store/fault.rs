@@ -482,7 +482,6 @@ impl Store for FaultStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::test_seed;
 
     const SEG: u32 = 64 * 1024;
 
@@ -550,7 +549,7 @@ mod tests {
 
     #[test]
     fn tear_last_keeps_sector_prefix_of_last_write() {
-        let seed = test_seed();
+        let seed = zlogfs_testkit::seed("fault store");
         let mut seen = std::collections::BTreeSet::new();
         for i in 0..64u64 {
             let s = FaultStore::new(geo());
@@ -577,7 +576,7 @@ mod tests {
 
     #[test]
     fn tear_last_drops_short_write_and_respects_device_boundaries() {
-        let seed = test_seed();
+        let seed = zlogfs_testkit::seed("fault store");
         let s = FaultStore::new(geo());
         s.write(2, 0, &pattern(1, 300)).unwrap();
         s.power_cut(CrashMode::TearLast, seed);
@@ -599,7 +598,7 @@ mod tests {
 
     #[test]
     fn tear_last_of_meta_write() {
-        let seed = test_seed();
+        let seed = zlogfs_testkit::seed("fault store");
         let s = FaultStore::new(geo());
         s.write(0, 0, &[5; 512]).unwrap();
         s.write_meta(MetaSlot::CheckpointB, &[7; META_SLOT_SIZE]).unwrap();
@@ -613,7 +612,7 @@ mod tests {
 
     #[test]
     fn reorder_keeps_subsets_and_sector_prefixes() {
-        let seed = test_seed();
+        let seed = zlogfs_testkit::seed("fault store");
         let (mut dropped, mut whole, mut torn) = (0, 0, 0);
         for i in 0..16u64 {
             let s = FaultStore::new(geo());
@@ -643,7 +642,7 @@ mod tests {
 
     #[test]
     fn power_cut_is_deterministic_per_seed() {
-        let seed = test_seed();
+        let seed = zlogfs_testkit::seed("fault store");
         let s = FaultStore::new(geo());
         for j in 0..20u32 {
             s.write(j, 0, &pattern(j as u8, 4096)).unwrap();
@@ -765,7 +764,7 @@ mod tests {
 
     #[test]
     fn flip_on_read() {
-        let seed = test_seed();
+        let seed = zlogfs_testkit::seed("fault store");
         let s = FaultStore::new(geo());
         let d = pattern(6, 4096);
         s.write(4, 0, &d).unwrap();

@@ -197,15 +197,3 @@ fn check_range(g: Geometry, seg: u32, offset: u32, len: usize) -> io::Result<()>
     }
     Ok(())
 }
-
-/// Seed for a randomised test: `ZLOGFS_SEED` if set, else random. Printed so
-/// a failure can be replayed.
-#[cfg(test)]
-pub(crate) fn test_seed() -> u64 {
-    let seed = match std::env::var("ZLOGFS_SEED") {
-        Ok(s) => s.trim().parse().expect("ZLOGFS_SEED must be a u64"),
-        Err(_) => rand::random(),
-    };
-    eprintln!("ZLOGFS_SEED={seed}");
-    seed
-}

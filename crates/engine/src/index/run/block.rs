@@ -71,7 +71,7 @@ impl Block {
         self.ents.len()
     }
     /// True when the block holds no entry.
-    #[cfg(any(test, feature = "fuzzing"))]
+    #[cfg(feature = "fuzzing")]
     pub fn is_empty(&self) -> bool {
         self.ents.is_empty()
     }
@@ -225,7 +225,7 @@ impl Block {
 }
 
 /// Decode a data block payload into owned entries (see [`Block::decode`]).
-#[cfg(any(test, feature = "fuzzing"))]
+#[cfg(feature = "fuzzing")]
 pub fn decode_data_block(buf: &[u8], what: &str) -> Result<Vec<Entry>> {
     let b = Block::decode(buf, what)?;
     Ok((0..b.len()).map(|i| b.entry(i)).collect())

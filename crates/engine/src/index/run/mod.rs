@@ -24,7 +24,7 @@ mod cache;
 mod flat;
 mod sparse;
 
-#[cfg(any(test, feature = "fuzzing"))]
+#[cfg(feature = "fuzzing")]
 pub use block::decode_data_block;
 pub use block::{cmp_internal, encode_data_block, Block};
 pub use bloom::Bloom;

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use common::*;
-use zlogfs::{Options, WriteBatch};
+use zlogfs_engine::{Options, WriteBatch};
 
 #[test]
 fn writers_readers_and_background_merges() {

@@ -3,7 +3,7 @@
 
 mod common;
 use common::*;
-use zlogfs::WriteBatch;
+use zlogfs_engine::WriteBatch;
 
 #[test]
 fn put_get_flush_merge_reopen() {
@@ -45,26 +45,26 @@ fn put_get_flush_merge_reopen() {
 
 /// Counts the bytes read through it.
 struct CountingStore {
-    inner: std::sync::Arc<zlogfs::store::FaultStore>,
+    inner: std::sync::Arc<zlogfs_engine::store::FaultStore>,
     read: std::sync::atomic::AtomicU64,
 }
 
-impl zlogfs::store::Store for CountingStore {
-    fn geometry(&self) -> zlogfs::store::Geometry {
+impl zlogfs_engine::store::Store for CountingStore {
+    fn geometry(&self) -> zlogfs_engine::store::Geometry {
         self.inner.geometry()
     }
     fn read_meta(
         &self,
-        slot: zlogfs::store::MetaSlot,
-        buf: &mut [u8; zlogfs::store::META_SLOT_SIZE],
+        slot: zlogfs_engine::store::MetaSlot,
+        buf: &mut [u8; zlogfs_engine::store::META_SLOT_SIZE],
     ) -> std::io::Result<()> {
         self.read.fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
         self.inner.read_meta(slot, buf)
     }
     fn write_meta(
         &self,
-        slot: zlogfs::store::MetaSlot,
-        buf: &[u8; zlogfs::store::META_SLOT_SIZE],
+        slot: zlogfs_engine::store::MetaSlot,
+        buf: &[u8; zlogfs_engine::store::META_SLOT_SIZE],
     ) -> std::io::Result<()> {
         self.inner.write_meta(slot, buf)
     }
@@ -94,7 +94,7 @@ fn open_after_a_clean_close_does_not_scan_the_log() {
     let store = fresh_store();
     // A memtable that never fills here: without the close's flush, the
     // whole log would be replayed.
-    let opts = zlogfs::Options { memtable_bytes: 1 << 20, ..small_opts() };
+    let opts = zlogfs_engine::Options { memtable_bytes: 1 << 20, ..small_opts() };
     let e = open(&store, &opts).unwrap();
     let mut data = vec![0u8; 16 << 10];
     for i in 0..128u32 {
@@ -106,8 +106,8 @@ fn open_after_a_clean_close_does_not_scan_the_log() {
     e.close().unwrap();
 
     let counting = std::sync::Arc::new(CountingStore { inner: store.clone(), read: 0.into() });
-    let s: std::sync::Arc<dyn zlogfs::store::Store> = counting.clone();
-    let e = zlogfs::Engine::open(s, opts.clone()).unwrap();
+    let s: std::sync::Arc<dyn zlogfs_engine::store::Store> = counting.clone();
+    let e = zlogfs_engine::Engine::open(s, opts.clone()).unwrap();
     let at_open = counting.read.load(std::sync::atomic::Ordering::Relaxed);
     // 2 MiB of data went into the log; open may read the metadata slots,
     // the checkpoint, the index run and the rest of the tail segment.

@@ -2,20 +2,20 @@
 
 use rand::rngs::StdRng;
 use rand::Rng;
-use zlogfs::WriteBatch;
+use zlogfs_engine::WriteBatch;
 
-use zlogfs::engine::{BlockWrite, Room};
-use zlogfs::BlockAddr;
-use zlogfs::Engine;
+use zlogfs_engine::engine::{BlockWrite, Room};
+use zlogfs_engine::BlockAddr;
+use zlogfs_engine::Engine;
 
 use super::{key, value, Model, BLOB_PREFIX};
 
 /// Execute a blob step: the block, then the batch that references it.
-pub fn write_blob(e: &Engine, key: &[u8], content: &[u8]) -> zlogfs::Result<()> {
+pub fn write_blob(e: &Engine, key: &[u8], content: &[u8]) -> zlogfs_engine::Result<()> {
     let spec = "zstd:1".parse()?;
     // Odd-length contents go to the bulk device of an image of two (one
     // device takes both alike).
-    let tier = if content.len() % 2 == 1 { zlogfs::Tier::Bulk } else { zlogfs::Tier::Fast };
+    let tier = if content.len() % 2 == 1 { zlogfs_engine::Tier::Bulk } else { zlogfs_engine::Tier::Fast };
     let addr = e.write_blocks(Room::User, vec![BlockWrite::new(1, spec, content).on(tier)])?[0];
     let mut b = WriteBatch::new();
     if let Some(prev) = e.get(key)? {
@@ -28,7 +28,7 @@ pub fn write_blob(e: &Engine, key: &[u8], content: &[u8]) -> zlogfs::Result<()> 
 }
 
 pub fn decode_addr(v: &[u8]) -> BlockAddr {
-    let mut r = zlogfs::bytes::Reader::new(v, "blob reference");
+    let mut r = zlogfs_engine::bytes::Reader::new(v, "blob reference");
     BlockAddr::get(&mut r).expect("blob reference")
 }
 
@@ -76,13 +76,13 @@ pub fn workload(r: &mut StdRng, n: usize) -> Vec<Step> {
 pub fn apply(m: &mut Model, b: &WriteBatch) {
     for op in &b.ops {
         match op {
-            zlogfs::Op::Put(k, v) => {
+            zlogfs_engine::Op::Put(k, v) => {
                 m.insert(k.clone(), v.clone());
             }
-            zlogfs::Op::Delete(k) => {
+            zlogfs_engine::Op::Delete(k) => {
                 m.remove(k);
             }
-            zlogfs::Op::Free(_) => {}
+            zlogfs_engine::Op::Free(_) => {}
         }
     }
 }

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use common::workload::*;
 use common::*;
-use zlogfs::store::FaultConfig;
-use zlogfs::{Engine, Error};
+use zlogfs_engine::store::FaultConfig;
+use zlogfs_engine::{Engine, Error};
 
 /// Run every step, carrying on after errors. Returns (writes attempted,
 /// writes attempted before the last successful sync, number of errors).
@@ -124,12 +124,12 @@ fn a_merge_failing_on_a_read_latches_when_its_cleanup_write_fails() {
 fn failed_sync_latches_until_reopen() {
     let st = fresh_store();
     let e = open(&st, &small_opts()).unwrap();
-    let mut b = zlogfs::WriteBatch::new();
+    let mut b = zlogfs_engine::WriteBatch::new();
     b.put("a", "1");
     e.write(&b).unwrap();
     st.set_faults(FaultConfig {
         fail_at: Some(1),
-        fail_kinds: Some(zlogfs::store::OpKind::Sync),
+        fail_kinds: Some(zlogfs_engine::store::OpKind::Sync),
         ..FaultConfig::default()
     });
     assert!(matches!(e.sync(), Err(Error::Io { .. })));

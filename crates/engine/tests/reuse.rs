@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use common::*;
 use rand::Rng;
-use zlogfs::codec::{CodecId, CodecSpec};
-use zlogfs::engine::{BlockWrite, Room};
-use zlogfs::store::{CrashMode, FaultStore, Geometry};
-use zlogfs::WriteBatch;
+use zlogfs_engine::codec::{CodecId, CodecSpec};
+use zlogfs_engine::engine::{BlockWrite, Room};
+use zlogfs_engine::store::{CrashMode, FaultStore, Geometry};
+use zlogfs_engine::WriteBatch;
 
 #[test]
 fn small_image_recycles_segments_across_crashes() {
@@ -20,7 +20,7 @@ fn small_image_recycles_segments_across_crashes() {
     let mut r = rng(seed);
     let g = Geometry { segment_size: 128 * 1024, segment_count: 24 };
     let st = Arc::new(FaultStore::new(g));
-    zlogfs::mkfs(st.clone()).unwrap();
+    zlogfs_engine::mkfs(st.clone()).unwrap();
     let opts = small_opts();
     let mut e = open(&st, &opts).unwrap();
     let mut model = Model::new();
@@ -65,7 +65,7 @@ fn full_log_gives_no_space_and_loses_nothing() {
     let mut r = rng(seed);
     let g = Geometry { segment_size: 128 * 1024, segment_count: 12 };
     let st = Arc::new(FaultStore::new(g));
-    zlogfs::mkfs(st.clone()).unwrap();
+    zlogfs_engine::mkfs(st.clone()).unwrap();
     let opts = small_opts();
     let e = open(&st, &opts).unwrap();
     let mut model = Model::new();
@@ -82,7 +82,7 @@ fn full_log_gives_no_space_and_loses_nothing() {
                     synced = model.clone();
                 }
             }
-            Err(zlogfs::Error::NoSpace(msg)) => {
+            Err(zlogfs_engine::Error::NoSpace(msg)) => {
                 eprintln!("seed {seed}: full after {i} writes: {msg}");
                 full = true;
                 break;
@@ -107,7 +107,7 @@ fn blocks_that_do_not_fit_are_not_placed_at_all() {
     // a group that fits still goes in afterwards.
     let g = Geometry { segment_size: 128 * 1024, segment_count: 12 };
     let st = Arc::new(FaultStore::new(g));
-    zlogfs::mkfs(st.clone()).unwrap();
+    zlogfs_engine::mkfs(st.clone()).unwrap();
     let e = open(&st, &small_opts()).unwrap();
     let mut r = rng(seed("blocks_that_do_not_fit_are_not_placed_at_all"));
     let raw: Vec<Vec<u8>> = (0..80).map(|_| (0..30_000).map(|_| r.gen()).collect()).collect();
@@ -117,7 +117,7 @@ fn blocks_that_do_not_fit_are_not_placed_at_all() {
         refs.iter().map(|r| BlockWrite::new(7, CodecSpec::new(CodecId::None, 0), r)).collect()
     }
     let err = e.write_blocks(Room::User, writes(&refs)).expect_err("2.4 MB into 1.5 MB");
-    assert!(matches!(err, zlogfs::Error::NoSpace(_)), "{err}");
+    assert!(matches!(err, zlogfs_engine::Error::NoSpace(_)), "{err}");
     assert_eq!(e.stats().live_bytes, live0, "a failed group left live bytes behind");
     let addrs = e.write_blocks(Room::User, writes(&refs[..4])).expect("four blocks fit");
     assert_eq!(e.read_block(addrs[3]).unwrap(), raw[3]);

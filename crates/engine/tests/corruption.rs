@@ -10,8 +10,8 @@ use std::sync::Arc;
 use common::workload::*;
 use common::*;
 use rand::Rng;
-use zlogfs::store::{FaultStore, MetaSlot, Target};
-use zlogfs::Error;
+use zlogfs_engine::store::{FaultStore, MetaSlot, Target};
+use zlogfs_engine::Error;
 
 fn acceptable(err: &Error) -> bool {
     err.is_corruption() || matches!(err, Error::NotAnImage(_) | Error::Unsupported(_))
@@ -111,7 +111,7 @@ fn damaged_synced_batch_is_an_error_not_a_silent_truncation() {
     let opts = small_opts();
     let e = open(&st, &opts).unwrap();
     for i in 0..5u32 {
-        let mut b = zlogfs::WriteBatch::new();
+        let mut b = zlogfs_engine::WriteBatch::new();
         b.put(format!("key{i}"), vec![i as u8; 100]);
         e.write_sync(&b).unwrap();
     }
@@ -187,7 +187,7 @@ fn a_damaged_superblock_copy_is_reported_and_mended() {
     let seed = seed("a_damaged_superblock_copy_is_reported_and_mended");
     let mut r = rng(seed);
     let (st, model) = build(seed, true);
-    let ro = zlogfs::Options { read_only: true, ..small_opts() };
+    let ro = zlogfs_engine::Options { read_only: true, ..small_opts() };
     for _ in 0..7 {
         let f = Arc::new(st.fork());
         let off = r.gen_range(0..72);

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use common::workload::*;
 use common::*;
 use rand::Rng;
-use zlogfs::store::{CrashMode, FaultConfig, FaultStore, Store};
-use zlogfs::{Engine, WriteBatch};
+use zlogfs_engine::store::{CrashMode, FaultConfig, FaultStore, Store};
+use zlogfs_engine::{Engine, WriteBatch};
 
 /// Run until the first error. Returns (writes acknowledged, writes
 /// acknowledged before the last completed sync).
@@ -121,7 +121,7 @@ fn crash_at_every_op(seed: u64, nsteps: usize, modes: &[CrashMode]) -> usize {
 #[test]
 fn crash_at_every_io_operation() {
     let base = seed("crash_at_every_io_operation");
-    let replay = std::env::var("ZLOGFS_SEED").is_ok();
+    let replay = zlogfs_testkit::replaying();
     let rounds = if replay { 1 } else { 24 };
     let modes = [CrashMode::DropUnsynced, CrashMode::TearLast, CrashMode::Reorder];
     let mut points = 0;
@@ -219,15 +219,15 @@ fn rolled_back_batches_never_come_back() {
 /// Two fresh stores of one image (fast, bulk), half the usual segments
 /// each.
 fn fresh_two() -> (Arc<FaultStore>, Arc<FaultStore>) {
-    let g = zlogfs::store::Geometry { segment_count: GEOMETRY.segment_count / 2, ..GEOMETRY };
+    let g = zlogfs_engine::store::Geometry { segment_count: GEOMETRY.segment_count / 2, ..GEOMETRY };
     let (f, b) = (Arc::new(FaultStore::new(g)), Arc::new(FaultStore::new(g)));
-    zlogfs::mkfs(two_store(&f, &b)).expect("mkfs on two stores");
+    zlogfs_engine::mkfs(two_store(&f, &b)).expect("mkfs on two stores");
     (f, b)
 }
 
 fn two_store(f: &Arc<FaultStore>, b: &Arc<FaultStore>) -> Arc<dyn Store> {
     let names = ("fast".to_string(), "bulk".to_string());
-    Arc::new(zlogfs::store::TwoStore::new(f.clone(), b.clone(), names, false).expect("two stores"))
+    Arc::new(zlogfs_engine::store::TwoStore::new(f.clone(), b.clone(), names, false).expect("two stores"))
 }
 
 /// The crash test on an image of two stores (issue 29): one store loses
@@ -292,7 +292,7 @@ fn crash_two_at_every_op(seed: u64, nsteps: usize, modes: &[CrashMode]) -> usize
 #[test]
 fn crash_at_every_io_operation_on_two_stores() {
     let base = seed("crash_at_every_io_operation_on_two_stores");
-    let replay = std::env::var("ZLOGFS_SEED").is_ok();
+    let replay = zlogfs_testkit::replaying();
     let rounds = if replay { 1 } else { 24 };
     let modes = [CrashMode::DropUnsynced, CrashMode::TearLast, CrashMode::Reorder];
     let mut points = 0;

@@ -5,7 +5,7 @@
 mod common;
 use common::*;
 use rand::Rng;
-use zlogfs::WriteBatch;
+use zlogfs_engine::WriteBatch;
 
 fn run(seed: u64, steps: usize) {
     let mut r = rng(seed);
@@ -14,7 +14,7 @@ fn run(seed: u64, steps: usize) {
     let mut e = open(&store, &opts).unwrap();
     let mut model = Model::new();
     // Pinned snapshots and the model state they must read.
-    let mut snaps: Vec<(zlogfs::Snapshot, Model)> = Vec::new();
+    let mut snaps: Vec<(zlogfs_engine::Snapshot, Model)> = Vec::new();
     for step in 0..steps {
         let ctx = || format!("seed {seed} step {step}");
         match r.gen_range(0..100) {
@@ -106,7 +106,7 @@ fn random_batch(r: &mut rand::rngs::StdRng, model: &mut Model) -> WriteBatch {
 #[test]
 fn model_random_sequences() {
     let base = seed("model_random_sequences");
-    let rounds = if std::env::var("ZLOGFS_SEED").is_ok() { 1 } else { 24 };
+    let rounds = if zlogfs_testkit::replaying() { 1 } else { 24 };
     for i in 0..rounds {
         run(base.wrapping_add(i), 600);
     }
@@ -120,7 +120,7 @@ fn model_random_sequences() {
 #[test]
 fn kept_points_read_as_they_were_through_merges_and_reopen() {
     let base = seed("kept_points_read_as_they_were_through_merges_and_reopen");
-    let rounds = if std::env::var("ZLOGFS_SEED").is_ok() { 1 } else { 12 };
+    let rounds = if zlogfs_testkit::replaying() { 1 } else { 12 };
     for i in 0..rounds {
         kept_points(base.wrapping_add(i), 500);
     }
@@ -129,11 +129,12 @@ fn kept_points_read_as_they_were_through_merges_and_reopen() {
 fn kept_points(seed: u64, steps: usize) {
     let mut r = rng(seed);
     let store = fresh_store();
-    let opts = zlogfs::Options { keep_history: true, ..small_opts() };
+    let opts = zlogfs_engine::Options { keep_history: true, ..small_opts() };
     let mut e = open(&store, &opts).unwrap();
     let mut model = Model::new();
     let mut points: Vec<(u64, Model)> = Vec::new();
-    let retain = |e: &zlogfs::Engine, p: &[(u64, Model)]| e.set_retained(p.iter().map(|(s, _)| *s).collect());
+    let retain =
+        |e: &zlogfs_engine::Engine, p: &[(u64, Model)]| e.set_retained(p.iter().map(|(s, _)| *s).collect());
     retain(&e, &points);
     for step in 0..steps {
         let ctx = format!("seed {seed} step {step}");
@@ -191,7 +192,7 @@ fn kept_points(seed: u64, steps: usize) {
 /// appends after replay are read back by the next open.
 #[test]
 fn journals_of_every_codec_replay() {
-    use zlogfs::codec::{CodecId, CodecSpec};
+    use zlogfs_engine::codec::{CodecId, CodecSpec};
     let seed = seed("journals_of_every_codec_replay");
     let specs =
         [CodecSpec::new(CodecId::Lz4, 0), CodecSpec::new(CodecId::None, 0), CodecSpec::new(CodecId::Zstd, 1)];
@@ -200,7 +201,7 @@ fn journals_of_every_codec_replay() {
         let mut r = rng(seed.wrapping_add(i as u64));
         let store = fresh_store();
         let mut model = Model::new();
-        let write = |e: &zlogfs::Engine, model: &mut Model, r: &mut rand::rngs::StdRng| {
+        let write = |e: &zlogfs_engine::Engine, model: &mut Model, r: &mut rand::rngs::StdRng| {
             for _ in 0..20 {
                 let mut b = WriteBatch::new();
                 let (k, v) = (key(r), value(r));
@@ -210,7 +211,7 @@ fn journals_of_every_codec_replay() {
             }
         };
         // Large memtable, no flush: everything is in the journal.
-        let opts = |c| zlogfs::Options { journal_codec: c, memtable_bytes: 1 << 20, ..small_opts() };
+        let opts = |c| zlogfs_engine::Options { journal_codec: c, memtable_bytes: 1 << 20, ..small_opts() };
         let e = open(&store, &opts(w)).unwrap();
         write(&e, &mut model, &mut r);
         drop(e); // no close: the next open replays the journal
@@ -238,7 +239,7 @@ fn paged_scans_over_a_large_memtable_match_the_model() {
     let seed = common::seed("paged_scans_over_a_large_memtable_match_the_model");
     let mut r = rng(seed);
     let store = fresh_store();
-    let opts = zlogfs::Options { memtable_bytes: 64 << 20, ..small_opts() };
+    let opts = zlogfs_engine::Options { memtable_bytes: 64 << 20, ..small_opts() };
     let e = open(&store, &opts).unwrap();
     let mut model = Model::new();
     let k = |i: u32| format!("k{i:08}").into_bytes();

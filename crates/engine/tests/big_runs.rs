@@ -5,12 +5,12 @@
 
 mod common;
 use common::*;
-use zlogfs::WriteBatch;
+use zlogfs_engine::WriteBatch;
 
 #[test]
 fn many_keys_are_cut_into_several_runs() {
     let store = fresh_store(); // 128 KiB segments: blocks of at most 32 KiB
-    let opts = zlogfs::Options { memtable_bytes: 64 << 20, run_block_bytes: 4096, ..small_opts() };
+    let opts = zlogfs_engine::Options { memtable_bytes: 64 << 20, run_block_bytes: 4096, ..small_opts() };
     let e = open(&store, &opts).unwrap();
     let n = 60_000u32;
     for chunk in (0..n).collect::<Vec<_>>().chunks(500) {
@@ -57,11 +57,11 @@ fn many_keys_are_cut_into_several_runs() {
 /// level), and every key reads back.
 #[test]
 fn more_keys_than_full_runs_hold_do_not_stall_writes() {
-    let geometry = zlogfs::store::Geometry { segment_size: 128 << 10, segment_count: 512 };
-    let store = std::sync::Arc::new(zlogfs::store::FaultStore::new(geometry));
-    zlogfs::mkfs(store.clone()).expect("mkfs");
+    let geometry = zlogfs_engine::store::Geometry { segment_size: 128 << 10, segment_count: 512 };
+    let store = std::sync::Arc::new(zlogfs_engine::store::FaultStore::new(geometry));
+    zlogfs_engine::mkfs(store.clone()).expect("mkfs");
     // 128 KiB segments: a run holds at most 23,592 keys.
-    let opts = zlogfs::Options { memtable_bytes: 256 << 10, run_block_bytes: 4096, ..small_opts() };
+    let opts = zlogfs_engine::Options { memtable_bytes: 256 << 10, run_block_bytes: 4096, ..small_opts() };
     let n = 150_000u32;
     let (tx, rx) = std::sync::mpsc::channel();
     let s = store.clone();
