@@ -677,7 +677,7 @@ impl<'a> Checker<'a> {
                 }
                 Some(_) => {}
             }
-            if let Err(e) = crate::changes::Record::decode(v, &what) {
+            if let Err(e) = crate::event::Record::decode(v, &what) {
                 self.bad(format!("{e}"));
             }
             Ok(())

@@ -21,6 +21,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use zlogfs_engine::engine::{Room, SegBlock};
 use zlogfs_engine::{BlockAddr, BlockKind, Tier};
 
+use crate::commit::WRITER_MAX_LIVE;
 use crate::error::{Error, Result};
 use crate::keys::*;
 use crate::patch::{shown, shows};
@@ -151,11 +152,6 @@ impl State {
 /// Victims cleaned per round: their data is moved in one group, then the
 /// engine reclaims them together (one flush and two checkpoints).
 const ROUND: usize = 4;
-
-/// The fullest segments (live share) that a writer short of room cleans:
-/// the dead bytes of fuller ones cost more to reach than they give, and
-/// statfs does not count them free.
-pub(crate) const WRITER_MAX_LIVE: f64 = 0.95;
 
 impl Fs {
     /// Clean: move live data out of the segments with the most dead space

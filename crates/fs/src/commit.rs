@@ -11,6 +11,11 @@ use crate::state::State;
 /// Commits between passes that drop old change records.
 const PRUNE_EVERY: u64 = 1024;
 
+/// The fullest segments (live share) that a writer short of room cleans:
+/// the dead bytes of fuller ones cost more to reach than they give, and
+/// statfs does not count them free.
+pub(crate) const WRITER_MAX_LIVE: f64 = 0.95;
+
 impl State {
     /// Before an operation that changes anything but only removes:
     /// commit first when the group or the buffers are past their bounds,

@@ -11,11 +11,11 @@ use std::sync::Arc;
 use zlogfs_engine::metrics::{self, Metrics};
 use zlogfs_engine::BlockAddr;
 
-use crate::changes::What;
 use crate::error::{Error, Result};
-use crate::filesystem::now;
+use crate::event::What;
 use crate::keys::*;
 use crate::state::State;
+use crate::time::now;
 use crate::{acl, Atime, Attr, Caller, Fs, SetAttr, StatFs};
 use crate::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
 
@@ -413,7 +413,7 @@ impl Fs {
         // what only automatic points of history hold is free (a writer
         // short of room drops them).
         let purgeable = st.purgeable_by_segment()?;
-        let free = self.eng.writable_bytes_freeing(crate::clean::WRITER_MAX_LIVE, &purgeable);
+        let free = self.eng.writable_bytes_freeing(crate::commit::WRITER_MAX_LIVE, &purgeable);
         let free = free.saturating_sub(st.group.counters().reserved).min(usable);
         let (total, free) = (usable / bsize, free / bsize);
         let used_inodes = st.group.cfg().next_ino - 1;

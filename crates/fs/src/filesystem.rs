@@ -1,9 +1,9 @@
-//! An open file system ([`Fs`]): opening (recovery, orphans), commit,
-//! sync and close, and making one ([`mkfs`]). The operations are in
-//! [`crate::namespace`], [`crate::files`] and [`crate::xattr`].
+//! Making a file system ([`mkfs`]), opening one (recovery, orphans, the
+//! commit thread), a view of its past, and closing it. The handle itself
+//! is [`crate::handle`]; the operations are in [`crate::namespace`],
+//! [`crate::files`] and [`crate::xattr`].
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Condvar, Mutex};
 
 use zlogfs_engine::engine::{self, Engine, Options, WriteBatch};
 use zlogfs_engine::max_block_raw;
@@ -11,38 +11,11 @@ use zlogfs_engine::store::Store;
 
 use crate::error::{Error, Result};
 use crate::group::Group;
+use crate::handle::{Fs, Inner};
 use crate::keys::*;
 use crate::state::State;
-use crate::{lock, worker, FsOptions, FsStats, MkfsOptions, SyncMode};
-
-/// What the file system's handle and its commit thread share.
-pub(crate) struct Inner {
-    pub(crate) st: Mutex<State>,
-    pub(crate) stop: Mutex<bool>,
-    pub(crate) wake: Condvar,
-}
-
-/// An open file system.
-pub struct Fs {
-    inner: Arc<Inner>,
-    pub(crate) eng: Arc<Engine>,
-    worker: Option<JoinHandle<()>>,
-    sync_mode: SyncMode,
-    invalidator: std::sync::RwLock<Option<Invalidator>>,
-}
-
-/// Told that bytes `[off, off + len)` of a file changed through another
-/// front end than the one that set it: a FUSE session sets one that drops
-/// the kernel's cached pages of the range, and the NBD server reports its
-/// writes, trims and zero writes to it ([`Fs::changed_elsewhere`]).
-pub type Invalidator = Arc<dyn Fn(Ino, u64, u64) + Send + Sync>;
-
-/// The coarse clock of timestamps: wall time truncated to milliseconds
-/// (Linux's own file times come from a clock of 1-10 ms granularity).
-pub fn now() -> Time {
-    let t = Time::from_system(std::time::SystemTime::now());
-    Time { sec: t.sec, nsec: t.nsec / 1_000_000 * 1_000_000 }
-}
+use crate::time::now;
+use crate::{lock, worker, FsOptions, MkfsOptions};
 
 /// Make an empty file system on `store`: the engine's format plus the
 /// config record and the root directory.
@@ -113,25 +86,6 @@ pub fn mkfs(store: Arc<dyn Store>, o: &MkfsOptions) -> Result<()> {
 }
 
 impl Fs {
-    /// Set (or clear) the [`Invalidator`].
-    pub fn set_invalidator(&self, f: Option<Invalidator>) {
-        *self.invalidator.write().unwrap_or_else(|p| p.into_inner()) = f;
-    }
-
-    /// The [`Invalidator`] set.
-    pub fn invalidator(&self) -> Option<Invalidator> {
-        self.invalidator.read().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    /// Bytes `[off, off + len)` of `ino` changed through a front end that
-    /// is not the one that set the [`Invalidator`]: tell it.
-    pub fn changed_elsewhere(&self, ino: Ino, off: u64, len: u64) {
-        let f = self.invalidator.read().unwrap_or_else(|p| p.into_inner()).clone();
-        if let Some(f) = f {
-            f(ino, off, len);
-        }
-    }
-
     /// Open the file system on `store`, recovering it to its last durable
     /// state and finishing deletes and truncations a crash interrupted.
     pub fn open(store: Arc<dyn Store>, opts: FsOptions) -> Result<Fs> {
@@ -202,93 +156,6 @@ impl Fs {
         Ok((fs, seq))
     }
 
-    /// A count that moves on before held blocks (those only snapshots
-    /// read) are moved or released: a read through a [`Fs::view`] that
-    /// saw it stay the same saw no block move under it.
-    pub fn held_generation(&self) -> u64 {
-        self.st().held_gen.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    /// Forget every cached block (a view does when held blocks moved: an
-    /// address it cached may hold another block now).
-    pub fn drop_cache(&self) {
-        self.st().cache.clear();
-    }
-
-    pub(crate) fn st(&self) -> MutexGuard<'_, State> {
-        lock(&self.inner.st)
-    }
-
-    /// The engine underneath.
-    pub fn engine(&self) -> &Engine {
-        &self.eng
-    }
-
-    /// The config record.
-    pub fn config(&self) -> Config {
-        self.st().group.cfg().clone()
-    }
-
-    /// Counters.
-    pub fn stats(&self) -> FsStats {
-        let mut s = self.st().stats.clone();
-        s.engine_background_error = self.eng.background_error();
-        s
-    }
-
-    /// Mend the damage the engine worked around at open (a superblock
-    /// read from its copy, runs with a rebuilt index or no filter): what
-    /// it was. EROFS on a read-only file system.
-    pub fn repair(&self) -> Result<Vec<String>> {
-        let mut st = self.st();
-        if st.read_only {
-            return Err(Error::read_only("the file system is open read-only: nothing can be repaired"));
-        }
-        st.commit()?;
-        drop(st);
-        self.eng.sync()?;
-        Ok(self.eng.repair()?)
-    }
-
-    /// Write the current group to the log (not synced).
-    pub fn commit(&self) -> Result<()> {
-        self.st().commit()
-    }
-
-    /// Commit and make everything durable (syncfs).
-    pub fn sync(&self) -> Result<()> {
-        let start = std::time::Instant::now();
-        let r = self.sync_now();
-        crate::stats::op_times().sync.since(start, 0);
-        r
-    }
-
-    fn sync_now(&self) -> Result<()> {
-        self.st().commit()?;
-        Ok(self.eng.sync()?)
-    }
-
-    /// After an operation that succeeded: sync if the [`SyncMode`] asks
-    /// for it (`dir`: the operation changed a directory).
-    pub(crate) fn synced<T>(&self, r: Result<T>, dir: bool) -> Result<T> {
-        let v = r?;
-        match self.sync_mode {
-            SyncMode::All => self.sync()?,
-            SyncMode::Dirs if dir => self.sync()?,
-            _ => {}
-        }
-        Ok(v)
-    }
-
-    /// fsync/fdatasync of one file: this file system commits whole groups,
-    /// so this is [`Fs::sync`].
-    pub fn fsync(&self, _ino: Ino, _datasync: bool) -> Result<()> {
-        let start = std::time::Instant::now();
-        let r = self.sync_now();
-        crate::stats::op_times().fsync.since(start, 0);
-        r
-    }
-
     /// Commit, sync, flush the index and checkpoint ([`Engine::settle`]),
     /// and close: the next open replays nothing.
     pub fn close(mut self) -> Result<()> {
@@ -317,19 +184,5 @@ impl Fs {
             self.eng.settle()?;
         }
         Ok(())
-    }
-
-    fn stop_worker(&mut self) {
-        *lock(&self.inner.stop) = true;
-        self.inner.wake.notify_all();
-        if let Some(w) = self.worker.take() {
-            let _ = w.join();
-        }
-    }
-}
-
-impl Drop for Fs {
-    fn drop(&mut self) {
-        self.stop_worker();
     }
 }

@@ -13,12 +13,12 @@ use zlogfs_engine::engine::{Engine, Room, WriteBatch};
 use zlogfs_engine::max_block_raw;
 use zlogfs_engine::BlockAddr;
 
-use crate::changes::{Event, Record, RECORD_HEADER_MAX};
 use crate::error::{Error, Result};
-use crate::filesystem::now;
+use crate::event::{Event, Record, RECORD_HEADER_MAX};
 use crate::history::Policy;
 use crate::keys::*;
 use crate::pending::{Pending, FREE_BYTES, HELD_BYTES};
+use crate::time::now;
 
 /// The snapshots (named and automatic) whose records are committed, by
 /// sequence number: (name, snapshot).
@@ -108,11 +108,8 @@ impl Group {
         };
         let records = committed_snapshot_records(eng)?;
         let snapshots: Vec<u64> = records.iter().map(|(_, s)| s.seq).collect();
-        let last_point = records
-            .iter()
-            .filter(|(n, _)| n.first() == Some(&(crate::points::AUTO as u8)))
-            .map(|(_, s)| s.time)
-            .max();
+        let last_point =
+            records.iter().filter(|(n, _)| n.first() == Some(&(AUTO as u8))).map(|(_, s)| s.time).max();
         let policy = match eng.get(&policy_key())? {
             Some(v) => std::str::from_utf8(&v)
                 .map_err(|_| Error::corrupt("the retention policy record", "not UTF-8"))?
@@ -288,9 +285,9 @@ impl Group {
 
     /// The change record cannot take one more operation's events: the
     /// group must commit before it accepts another (its record is one
-    /// engine value, [`crate::changes::RECORD_MAX`]).
+    /// engine value, [`crate::event::RECORD_MAX`]).
     pub(crate) fn changes_full(&self) -> bool {
-        use crate::changes::{OP_EVENTS_MAX, RECORD_HEADER_MAX, RECORD_MAX};
+        use crate::event::{OP_EVENTS_MAX, RECORD_HEADER_MAX, RECORD_MAX};
         self.pend.event_bytes + RECORD_HEADER_MAX + OP_EVENTS_MAX > RECORD_MAX
     }
 

@@ -379,6 +379,10 @@ impl Snapshot {
     }
 }
 
+/// The first character of an automatic point's name (refused in the
+/// names users give).
+pub(crate) const AUTO: char = '@';
+
 /// Split a key of `tag` + u64 + rest.
 fn split(k: &[u8], tag: u8) -> Option<(u64, &[u8])> {
     if k.len() < 9 || k[0] != tag {

@@ -21,6 +21,17 @@
 //! [`namespace`], [`files`], [`xattr`], [`data`] (read, write, store,
 //! trim), [`commit`], [`clean`], [`check`]; patch planning is pure code
 //! ([`patch`]).
+//!
+//! Modules are layered, and a test (`layers`) checks it on the sources:
+//! each names (`crate::...`) only modules below it, so their graph has no
+//! cycle. Lowest first: errors and counters; the records ([`keys`], the
+//! clock, change events, retention); the API's values ([`attr`],
+//! options); the state's parts, the state and its handle [`Fs`]; the
+//! operations; history (forwarding, the change feed, points, snapshots);
+//! cleaning; checking; and on top, making, opening and closing a file
+//! system with its commit thread. A lower module may still call a method
+//! that a higher one defines on `State` or `Fs` (the commit asks the
+//! cleaner to make room): one type's API spread over files by job.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
@@ -37,10 +48,12 @@ mod clean;
 mod commit;
 mod data;
 mod error;
+mod event;
 mod files;
 mod filesystem;
 mod forward;
 mod group;
+mod handle;
 mod live;
 mod namespace;
 mod options;
@@ -51,6 +64,7 @@ mod scrub;
 mod snapshot;
 mod state;
 mod stats;
+mod time;
 mod worker;
 mod xattr;
 
@@ -66,7 +80,8 @@ pub use check::{CheckReport, CodecUse, TreeUsage, Usage, CHECK_MEMORY};
 pub use clean::{CleanOptions, CleanReport};
 pub use error::{Error, Result};
 pub use files::MAX_FILE_SIZE;
-pub use filesystem::{mkfs, now, Fs, Invalidator};
+pub use filesystem::mkfs;
+pub use handle::{Fs, Invalidator};
 pub use keys::{Config, Counters, Ino, Inode, Kind, Time, DEFAULT_SMALL_MAX, ROOT};
 pub use live::Live;
 pub use namespace::MAX_SYMLINK;
@@ -74,10 +89,166 @@ pub use options::{Atime, FsOptions, MkfsOptions, SyncMode};
 pub use scrub::{ScrubOptions, ScrubReport};
 pub use snapshot::parse_time;
 pub use stats::FsStats;
+pub use time::now;
 
 /// Lock `m`, taking over a lock that a panicking thread left poisoned (the
 /// panic is reported where it happened; the commit thread must not die of
 /// it too).
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The layering rule of this crate's modules, checked on its sources:
+/// each module names (`crate::...`) only modules listed before it in
+/// [`LAYERS`](layers::LAYERS), so that the module graph has no cycle.
+#[cfg(test)]
+mod layers {
+    use std::path::{Path, PathBuf};
+
+    /// Lowest first; `lib` is lib.rs's own items (`lock`). Records and
+    /// the clock, the state's parts and the state with its handle, the
+    /// operations, history, cleaning, checking, and the file system's
+    /// opening and commit thread on top.
+    pub(super) const LAYERS: &[&str] = &[
+        "lib",
+        "error",
+        "stats",
+        "keys",
+        "time",
+        "history",
+        "event",
+        "attr",
+        "options",
+        "cache",
+        "buffers",
+        "pending",
+        "group",
+        "state",
+        "handle",
+        "acl",
+        "patch",
+        "commit",
+        "data",
+        "namespace",
+        "xattr",
+        "files",
+        "forward",
+        "changes",
+        "points",
+        "snapshot",
+        "clean",
+        "check",
+        "scrub",
+        "worker",
+        "filesystem",
+        "live",
+    ];
+
+    fn layer(unit: &str) -> Option<usize> {
+        LAYERS.iter().position(|l| *l == unit)
+    }
+
+    fn rs_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                rs_files(&p, out)
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p)
+            }
+        }
+    }
+
+    /// A file's code: its lines up to its test module, less comments.
+    fn code(text: &str) -> String {
+        let test = |l: &&str| l.starts_with("#[cfg(test)]") || l.starts_with("#[cfg(all(test");
+        let lines = text.lines().map(str::trim_start).take_while(|l| !test(l));
+        lines.filter(|l| !l.starts_with("//")).collect::<Vec<_>>().join("\n")
+    }
+
+    fn ident(s: &str) -> &str {
+        &s[..s.find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(s.len())]
+    }
+
+    /// The first segment of each `crate::` path, one per member of a
+    /// `crate::{...}` group.
+    fn heads(code: &str) -> Vec<&str> {
+        let mut out = Vec::new();
+        for (i, _) in code.match_indices("crate::") {
+            let rest = &code[i + "crate::".len()..];
+            let Some(group) = rest.strip_prefix('{') else {
+                out.push(ident(rest));
+                continue;
+            };
+            let (mut depth, mut from) = (0, 0);
+            for (j, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth > 0 => depth -= 1,
+                    ',' | '}' if depth == 0 => {
+                        out.push(ident(group[from..].trim_start()));
+                        if c == '}' {
+                            break;
+                        }
+                        from = j + 1;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        out.retain(|h| !h.is_empty());
+        out
+    }
+
+    #[test]
+    fn modules_use_only_lower_layers() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let lib = code(&std::fs::read_to_string(src.join("lib.rs")).unwrap());
+        // `crate::NAME`: a module, an item of lib.rs, or a name lib.rs
+        // re-exports from a module.
+        let unit_of = |head: &str| -> String {
+            if layer(head).is_some() {
+                return head.to_string();
+            }
+            if lib.contains(&format!("fn {head}(")) || lib.contains(&format!("fn {head}<")) {
+                return "lib".into();
+            }
+            let s = lib
+                .split(';')
+                .map(str::trim)
+                .filter(|s| s.starts_with("pub use "))
+                .find(|s| s.split(|c: char| !(c.is_alphanumeric() || c == '_')).any(|w| w == head))
+                .unwrap_or_else(|| panic!("crate::{head}: no module, and lib.rs re-exports no such name"));
+            ident(s["pub use ".len()..].trim_start_matches("crate::")).to_string()
+        };
+        let (mut files, mut wrong) = (Vec::new(), Vec::new());
+        rs_files(&src, &mut files);
+        for path in files {
+            let rel = path.strip_prefix(&src).unwrap().to_path_buf();
+            let first = rel.components().next().unwrap().as_os_str().to_str().unwrap().to_string();
+            let unit = first.trim_end_matches(".rs");
+            if unit == "lib" {
+                continue;
+            }
+            let own =
+                layer(unit).unwrap_or_else(|| panic!("{}: in no layer; add it to LAYERS", rel.display()));
+            for head in heads(&code(&std::fs::read_to_string(&path).unwrap())) {
+                let used = unit_of(head);
+                if used != unit && layer(&used).is_none_or(|l| l >= own) {
+                    wrong.push(format!("{} uses {used}", rel.display()));
+                }
+            }
+        }
+        wrong.sort();
+        wrong.dedup();
+        assert!(wrong.is_empty(), "uses of the same or a higher layer:\n{}", wrong.join("\n"));
+    }
+
+    /// The checker finds a use of a higher layer (it is not vacuous).
+    #[test]
+    fn heads_reads_paths_and_groups() {
+        let c = "use crate::keys::*;\nuse crate::{lock, worker::Run, Fs};\nlet x = crate::clean::f();";
+        assert_eq!(heads(c), ["keys", "lock", "worker", "Fs", "clean"]);
+        assert!(layer("worker") > layer("state"));
+    }
 }

@@ -2,11 +2,11 @@
 //! directory listing. Each checks everything it can before it changes
 //! anything, so that a refused operation leaves no trace.
 
-use crate::changes::What;
 use crate::error::{Error, Result};
-use crate::filesystem::now;
+use crate::event::What;
 use crate::keys::*;
 use crate::state::State;
+use crate::time::now;
 use crate::{acl, Attr, DirEntry, Fs, RENAME_EXCHANGE, RENAME_NOREPLACE};
 
 /// Longest symlink target.

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use zlogfs_engine::BlockAddr;
 
-use crate::changes::{Event, What};
+use crate::event::{Event, What};
 use crate::keys::Ino;
 
 /// Journal bytes a free takes at most (an operation tag and a block

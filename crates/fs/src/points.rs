@@ -8,15 +8,11 @@
 //! dropped.
 
 use crate::error::{Error, Result};
-use crate::filesystem::now;
 use crate::history::Policy;
 use crate::keys::*;
 use crate::state::State;
+use crate::time::now;
 use crate::Fs;
-
-/// The first character of an automatic point's name (refused in the
-/// names users give).
-pub const AUTO: char = '@';
 
 /// Dropping for room takes this share of the automatic points at once.
 const DROP_SHARE: usize = 8;

@@ -13,9 +13,9 @@ use std::sync::Arc;
 use zlogfs_engine::engine::Engine;
 
 use crate::error::{Error, Result};
-use crate::filesystem::now;
 use crate::keys::*;
 use crate::state::State;
+use crate::time::now;
 use crate::Fs;
 
 /// Held frees made per commit group when a snapshot is deleted.
@@ -75,7 +75,7 @@ pub(crate) fn find_at(eng: &Engine, spec: &str) -> Result<Snapshot> {
 }
 
 fn check_name(name: &str) -> Result<()> {
-    if name.starts_with(crate::points::AUTO) {
+    if name.starts_with(AUTO) {
         return Err(Error::invalid(format!(
             "snapshot name {name:?}: names that start with '@' are the automatic points'"
         )));
@@ -192,7 +192,7 @@ impl State {
         let (lo, hi) = snapshots_range();
         let mut named = Vec::new();
         for (k, v) in self.scan(&lo, &hi, usize::MAX)? {
-            if k.get(1) != Some(&(crate::points::AUTO as u8)) {
+            if k.get(1) != Some(&(AUTO as u8)) {
                 named.push(Snapshot::decode(&v, &describe_key(&k))?.seq);
             }
         }

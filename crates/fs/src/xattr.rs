@@ -5,12 +5,12 @@
 
 use zlogfs_engine::codec::CodecSpec;
 
-use crate::changes::What;
 use crate::error::{Error, Result};
-use crate::filesystem::now;
+use crate::event::What;
 use crate::keys::*;
 use crate::namespace::name_str;
 use crate::state::State;
+use crate::time::now;
 use crate::{
     acl, Fs, XATTR_CHUNK, XATTR_CODEC, XATTR_COLD, XATTR_CREATE, XATTR_KILL_SGID, XATTR_PHYSICAL,
     XATTR_REPLACE, XATTR_TIER, XATTR_UNIT,

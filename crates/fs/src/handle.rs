@@ -1,0 +1,158 @@
+//! The handle of an open file system ([`Fs`]) and what it shares with its
+//! commit thread ([`Inner`]): the state behind its lock, sync and commit.
+//! Opening, closing and making one are in [`crate::filesystem`].
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use zlogfs_engine::engine::Engine;
+
+use crate::error::{Error, Result};
+use crate::keys::{Config, Ino};
+use crate::state::State;
+use crate::{lock, FsStats, SyncMode};
+
+/// What the file system's handle and its commit thread share.
+pub(crate) struct Inner {
+    pub(crate) st: Mutex<State>,
+    pub(crate) stop: Mutex<bool>,
+    pub(crate) wake: Condvar,
+}
+
+/// An open file system.
+pub struct Fs {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) eng: Arc<Engine>,
+    pub(crate) worker: Option<JoinHandle<()>>,
+    pub(crate) sync_mode: SyncMode,
+    pub(crate) invalidator: std::sync::RwLock<Option<Invalidator>>,
+}
+
+/// Told that bytes `[off, off + len)` of a file changed through another
+/// front end than the one that set it: a FUSE session sets one that drops
+/// the kernel's cached pages of the range, and the NBD server reports its
+/// writes, trims and zero writes to it ([`Fs::changed_elsewhere`]).
+pub type Invalidator = Arc<dyn Fn(Ino, u64, u64) + Send + Sync>;
+
+impl Fs {
+    /// Set (or clear) the [`Invalidator`].
+    pub fn set_invalidator(&self, f: Option<Invalidator>) {
+        *self.invalidator.write().unwrap_or_else(|p| p.into_inner()) = f;
+    }
+
+    /// The [`Invalidator`] set.
+    pub fn invalidator(&self) -> Option<Invalidator> {
+        self.invalidator.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Bytes `[off, off + len)` of `ino` changed through a front end that
+    /// is not the one that set the [`Invalidator`]: tell it.
+    pub fn changed_elsewhere(&self, ino: Ino, off: u64, len: u64) {
+        let f = self.invalidator.read().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(f) = f {
+            f(ino, off, len);
+        }
+    }
+
+    /// A count that moves on before held blocks (those only snapshots
+    /// read) are moved or released: a read through a [`Fs::view`] that
+    /// saw it stay the same saw no block move under it.
+    pub fn held_generation(&self) -> u64 {
+        self.st().held_gen.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Forget every cached block (a view does when held blocks moved: an
+    /// address it cached may hold another block now).
+    pub fn drop_cache(&self) {
+        self.st().cache.clear();
+    }
+
+    pub(crate) fn st(&self) -> MutexGuard<'_, State> {
+        lock(&self.inner.st)
+    }
+
+    /// The engine underneath.
+    pub fn engine(&self) -> &Engine {
+        &self.eng
+    }
+
+    /// The config record.
+    pub fn config(&self) -> Config {
+        self.st().group.cfg().clone()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> FsStats {
+        let mut s = self.st().stats.clone();
+        s.engine_background_error = self.eng.background_error();
+        s
+    }
+
+    /// Mend the damage the engine worked around at open (a superblock
+    /// read from its copy, runs with a rebuilt index or no filter): what
+    /// it was. EROFS on a read-only file system.
+    pub fn repair(&self) -> Result<Vec<String>> {
+        let mut st = self.st();
+        if st.read_only {
+            return Err(Error::read_only("the file system is open read-only: nothing can be repaired"));
+        }
+        st.commit()?;
+        drop(st);
+        self.eng.sync()?;
+        Ok(self.eng.repair()?)
+    }
+
+    /// Write the current group to the log (not synced).
+    pub fn commit(&self) -> Result<()> {
+        self.st().commit()
+    }
+
+    /// Commit and make everything durable (syncfs).
+    pub fn sync(&self) -> Result<()> {
+        let start = std::time::Instant::now();
+        let r = self.sync_now();
+        crate::stats::op_times().sync.since(start, 0);
+        r
+    }
+
+    fn sync_now(&self) -> Result<()> {
+        self.st().commit()?;
+        Ok(self.eng.sync()?)
+    }
+
+    /// After an operation that succeeded: sync if the [`SyncMode`] asks
+    /// for it (`dir`: the operation changed a directory).
+    pub(crate) fn synced<T>(&self, r: Result<T>, dir: bool) -> Result<T> {
+        let v = r?;
+        match self.sync_mode {
+            SyncMode::All => self.sync()?,
+            SyncMode::Dirs if dir => self.sync()?,
+            _ => {}
+        }
+        Ok(v)
+    }
+
+    /// fsync/fdatasync of one file: this file system commits whole groups,
+    /// so this is [`Fs::sync`].
+    pub fn fsync(&self, _ino: Ino, _datasync: bool) -> Result<()> {
+        let start = std::time::Instant::now();
+        let r = self.sync_now();
+        crate::stats::op_times().fsync.since(start, 0);
+        r
+    }
+
+    /// Stop the commit thread and wait for it.
+    pub(crate) fn stop_worker(&mut self) {
+        *lock(&self.inner.stop) = true;
+        self.inner.wake.notify_all();
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+impl Drop for Fs {
+    fn drop(&mut self) {
+        self.stop_worker();
+    }
+}
