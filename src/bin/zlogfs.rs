@@ -115,8 +115,16 @@ impl S3Flags {
     }
 }
 
-/// The object-store settings of this process.
-static S3: std::sync::OnceLock<S3Flags> = std::sync::OnceLock::new();
+/// An image's other parts, from the global flags (or a mount's options):
+/// its fast device, and how to open an image in an object store. Each
+/// command that opens an image is handed one.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Parts {
+    /// The fast device (--fast, fast=); else the path the image recorded.
+    pub fast: Option<PathBuf>,
+    /// Of an image in a bucket: --cache, --s3-sync, --cache-size.
+    pub s3: S3Flags,
+}
 
 #[derive(Subcommand)]
 enum Cmd {
@@ -532,13 +540,10 @@ fn main() -> ExitCode {
         return finish(mount::helper(&argv[1..]));
     }
     let cli = Cli::parse();
-    if let Some(f) = &cli.fast {
-        let _ = FAST.set(absolute(f));
-    }
-    let s3 = S3Flags { cache: cli.cache.clone(), sync: cli.s3_sync, cache_size: cli.cache_size };
-    if !matches!(cli.cmd, Cmd::Mount { .. }) {
-        let _ = S3.set(s3.clone());
-    }
+    let parts = Parts {
+        fast: cli.fast.as_deref().map(absolute),
+        s3: S3Flags { cache: cli.cache.clone(), sync: cli.s3_sync, cache_size: cli.cache_size },
+    };
     if !matches!(cli.cmd, Cmd::Mount { .. }) {
         if let Err(e) = logging::init(None, logging::Sink::Stderr) {
             return finish(Err(e));
@@ -549,32 +554,32 @@ fn main() -> ExitCode {
             // The global flags reach the daemon as mount options
             // (--fast was once dropped here, so a two-device image
             // mounted with the recorded path instead).
-            options.extend(s3.as_options());
-            if let Some(f) = FAST.get() {
+            options.extend(parts.s3.as_options());
+            if let Some(f) = &parts.fast {
                 options.push(format!("fast={}", f.display()));
             }
             mount::mount(&image, &dir, &options, foreground)
         }
-        Cmd::Mkfs { image, fmt, force } => mkfs(&image, &fmt, force).map(|_| ExitCode::SUCCESS),
-        Cmd::Import { dir, image, fmt, json } => import(&dir, &image, &fmt, json),
-        Cmd::Export { image, dir, path, json } => export(&image, &dir, &path, json),
-        Cmd::Ls { image, path, json } => ls(&image, &path, json),
-        Cmd::Cat { image, path } => cat(&image, &path),
-        Cmd::Stat { image, path, json } => stat(&image, &path, json),
-        Cmd::Du { target, path, json } => admin::du(&target, &path, json),
-        Cmd::Stats { target, latency: false, watch: false, json, .. } => admin::stats(&target, json),
+        Cmd::Mkfs { image, fmt, force } => mkfs(&image, &fmt, force, &parts).map(|_| ExitCode::SUCCESS),
+        Cmd::Import { dir, image, fmt, json } => import(&dir, &image, &fmt, json, &parts),
+        Cmd::Export { image, dir, path, json } => export(&image, &dir, &path, json, &parts),
+        Cmd::Ls { image, path, json } => ls(&image, &path, json, &parts),
+        Cmd::Cat { image, path } => cat(&image, &path, &parts),
+        Cmd::Stat { image, path, json } => stat(&image, &path, json, &parts),
+        Cmd::Du { target, path, json } => admin::du(&target, &parts, &path, json),
+        Cmd::Stats { target, latency: false, watch: false, json, .. } => admin::stats(&target, &parts, json),
         Cmd::Stats { target, watch: false, json, .. } => admin::latency(&target, json),
         Cmd::Stats { target, interval, count, json, .. } => admin::watch(&target, interval, count, json),
-        Cmd::Fsck { target, repair, memory, json } => admin::fsck(&target, repair, memory, json),
+        Cmd::Fsck { target, repair, memory, json } => admin::fsck(&target, &parts, repair, memory, json),
         Cmd::Clean { target, segments, max_live, demote, json } => {
-            admin::clean(&target, segments, max_live, demote, json)
+            admin::clean(&target, &parts, segments, max_live, demote, json)
         }
-        Cmd::Sync { target, json } => admin::sync(&target, json),
+        Cmd::Sync { target, json } => admin::sync(&target, &parts, json),
         Cmd::Snapshot { action, target, name, json } => {
-            admin::snapshot(&target, &action, name.as_deref(), json)
+            admin::snapshot(&target, &parts, &action, name.as_deref(), json)
         }
         Cmd::Changes { target, since, until, json } => {
-            admin::changes(&target, &since, until.as_deref(), json)
+            admin::changes(&target, &parts, &since, until.as_deref(), json)
         }
         Cmd::Nbd { image, socket, listen, create, chunk_size, unit, cold, options } => {
             let at = match (socket, listen) {
@@ -583,9 +588,9 @@ fn main() -> ExitCode {
                 (None, None) => return finish(Err("give --socket PATH or --listen HOST:PORT".into())),
             };
             let layout = nbd::VolumeLayout { chunk: chunk_size, unit, cold };
-            nbd::nbd(&image, at, &create, &layout, &options)
+            nbd::nbd(&image, &parts, at, &create, &layout, &options)
         }
-        Cmd::Scrub { target, rate, json } => admin::scrub(&target, rate, json),
+        Cmd::Scrub { target, rate, json } => admin::scrub(&target, &parts, rate, json),
     };
     finish(r)
 }
@@ -624,7 +629,7 @@ fn target_size(path: &Path, size: u64, force: bool) -> Result<u64, String> {
     }
 }
 
-fn mkfs(image: &Path, f: &FormatArgs, force: bool) -> Result<(), String> {
+fn mkfs(image: &Path, f: &FormatArgs, force: bool, parts: &Parts) -> Result<(), String> {
     let s3 = s3_url(image)?;
     let size = match &s3 {
         Some(_) if force => {
@@ -636,7 +641,7 @@ fn mkfs(image: &Path, f: &FormatArgs, force: bool) -> Result<(), String> {
         Some(_) => f.size.unwrap_or(1 << 40),
         None => target_size(image, f.size.unwrap_or(1 << 30), force)?,
     };
-    let fast = FAST.get();
+    let fast = parts.fast.as_ref();
     let fast_size = match fast {
         Some(p) => Some(target_size(p, f.fast_size.unwrap_or(size / 8), force)?),
         None if f.fast_size.is_some() => {
@@ -700,7 +705,7 @@ fn mkfs(image: &Path, f: &FormatArgs, force: bool) -> Result<(), String> {
             Arc::new(two)
         }
         _ if s3.is_some() => {
-            let opts = s3_options(s3.clone().ok_or("no address")?, false);
+            let opts = s3_options(s3.clone().ok_or("no address")?, false, &parts.s3);
             let store = zlogfs_s3::S3Store::create(opts, geometry).map_err(|e| e.to_string())?;
             Arc::new(store)
         }
@@ -725,9 +730,6 @@ fn mkfs(image: &Path, f: &FormatArgs, force: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// The fast device named by `--fast` (for every command).
-static FAST: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-
 /// `p` made absolute (a daemon works from `/`; a superblock records it).
 fn absolute(p: &Path) -> PathBuf {
     std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
@@ -736,16 +738,12 @@ fn absolute(p: &Path) -> PathBuf {
 /// The store of `image`, its file locked (shared when `read_only`; a
 /// process that has it open gets a few seconds to let go: `fusermount3
 /// -u` returns before the daemon has finished closing the image, and a
-/// command run right after it should not fail for that): its file, or, when its superblock says it is the bulk
-/// device of two, joined with its fast device (`fast`, else `--fast`,
-/// else the path its superblock recorded).
-pub(crate) fn open_image(
-    image: &Path,
-    read_only: bool,
-    fast: Option<&Path>,
-) -> Result<Arc<dyn Store>, String> {
+/// command run right after it should not fail for that): its file, or,
+/// when its superblock says it is the bulk device of two, joined with its
+/// fast device (`parts.fast`, else the path its superblock recorded).
+pub(crate) fn open_image(image: &Path, read_only: bool, parts: &Parts) -> Result<Arc<dyn Store>, String> {
     if let Some(url) = s3_url(image)? {
-        return open_s3(url, read_only, fast);
+        return open_s3(url, read_only, parts);
     }
     let open = |p: &Path| {
         if read_only {
@@ -757,7 +755,7 @@ pub(crate) fn open_image(
     let at = |e: String| format!("{}: {e}", image.display());
     let f = open(image)?;
     let sb = engine::read_superblock(&f).map_err(|e| at(e.to_string()))?;
-    let fast = fast.or(FAST.get().map(PathBuf::as_path));
+    let fast = parts.fast.as_deref();
     match sb.role {
         Role::Single => {
             if let Some(p) = fast {
@@ -824,9 +822,8 @@ fn default_cache(url: &zlogfs_s3::S3Url) -> PathBuf {
     base.join("zlogfs").join(&url.bucket).join(prefix)
 }
 
-fn s3_options(url: zlogfs_s3::S3Url, read_only: bool) -> zlogfs_s3::S3Options {
-    let f = S3.get().cloned().unwrap_or_default();
-    let cache = f.cache.map(|c| absolute(&c)).unwrap_or_else(|| default_cache(&url));
+fn s3_options(url: zlogfs_s3::S3Url, read_only: bool, f: &S3Flags) -> zlogfs_s3::S3Options {
+    let cache = f.cache.as_deref().map(absolute).unwrap_or_else(|| default_cache(&url));
     let mut o = zlogfs_s3::S3Options::new(url, cache);
     o.sync = f.sync.unwrap_or_default();
     o.read_only = read_only;
@@ -836,15 +833,15 @@ fn s3_options(url: zlogfs_s3::S3Url, read_only: bool) -> zlogfs_s3::S3Options {
 
 /// Open an image in an object store, waiting a few seconds for another
 /// process to let go of its cache directory (as [`wait_for_lock`]).
-fn open_s3(url: zlogfs_s3::S3Url, read_only: bool, fast: Option<&Path>) -> Result<Arc<dyn Store>, String> {
-    if let Some(f) = fast.or(FAST.get().map(PathBuf::as_path)) {
+fn open_s3(url: zlogfs_s3::S3Url, read_only: bool, parts: &Parts) -> Result<Arc<dyn Store>, String> {
+    if let Some(f) = &parts.fast {
         return Err(format!(
             "{url}: --fast {} is for images of two devices; an image in a bucket keeps its fast part in \
              its cache directory (--cache)",
             f.display()
         ));
     }
-    let opts = s3_options(url, read_only);
+    let opts = s3_options(url, read_only, &parts.s3);
     let start = std::time::Instant::now();
     loop {
         match zlogfs_s3::S3Store::open(opts.clone()) {
@@ -907,8 +904,8 @@ const TOOL_DATA_CACHE: usize = 16 << 20;
 /// Open an image for a command that only reads it: read-only, with a
 /// shared lock, so that it works on an image the caller may not write (mode
 /// 0444, immutable, a read-only medium) and beside other readers.
-fn open_fs_ro(image: &Path) -> Result<Fs, String> {
-    let f = open_image(image, true, None)?;
+fn open_fs_ro(image: &Path, parts: &Parts) -> Result<Fs, String> {
+    let f = open_image(image, true, parts)?;
     let opts = FsOptions {
         engine: Options { background: false, cache_bytes: TOOL_INDEX_CACHE, ..Options::default() },
         cache_bytes: TOOL_DATA_CACHE,
@@ -924,8 +921,8 @@ fn open_fs_ro(image: &Path) -> Result<Fs, String> {
 /// the index is flushed and merged on a thread of its own, beside the
 /// command's work, as on a mount (issue 45: inline, the merges of a
 /// ten-million-file import slowed its last tenth by half).
-fn open_fs(image: &Path, atime: zfs::Atime) -> Result<Fs, String> {
-    let f = open_image(image, false, None)?;
+fn open_fs(image: &Path, parts: &Parts, atime: zfs::Atime) -> Result<Fs, String> {
+    let f = open_image(image, false, parts)?;
     let opts = FsOptions { engine: Options::default(), commit_interval: None, atime, ..FsOptions::default() };
     Fs::open(f, opts).map_err(|e: zfs::Error| format!("{}: {e}", image.display()))
 }
@@ -938,7 +935,7 @@ fn resolve(fs: &Fs, path: &str) -> Result<zfs::Ino, String> {
     tools::resolve(fs, path).map_err(|e| e.to_string())
 }
 
-fn import(dir: &Path, image: &Path, f: &FormatArgs, json: bool) -> Res {
+fn import(dir: &Path, image: &Path, f: &FormatArgs, json: bool, parts: &Parts) -> Res {
     // Before an image is made for it.
     match std::fs::metadata(dir) {
         Ok(m) if m.is_dir() => {}
@@ -950,9 +947,9 @@ fn import(dir: &Path, image: &Path, f: &FormatArgs, json: bool) -> Res {
         None => image.exists(),
     };
     if !exists {
-        mkfs(image, f, false)?;
+        mkfs(image, f, false, parts)?;
     }
-    let fs = open_fs(image, zfs::Atime::Noatime)?;
+    let fs = open_fs(image, parts, zfs::Atime::Noatime)?;
     let start = std::time::Instant::now();
     let pb = tools::progress(0, "importing", json);
     let rep = tools::import::import(&fs, dir, &|done, total| {
@@ -1015,8 +1012,8 @@ fn import(dir: &Path, image: &Path, f: &FormatArgs, json: bool) -> Res {
     Ok(ExitCode::from(1))
 }
 
-fn export(image: &Path, dir: &Path, path: &str, json: bool) -> Res {
-    let fs = open_fs_ro(image)?;
+fn export(image: &Path, dir: &Path, path: &str, json: bool, parts: &Parts) -> Res {
+    let fs = open_fs_ro(image, parts)?;
     let from = resolve(&fs, path)?;
     if fs.getattr(from).map_err(|e| e.to_string())?.kind != Kind::Dir {
         return Err(format!("{path} is not a directory in {}", image.display()));
@@ -1084,8 +1081,8 @@ fn mode_string(a: &zfs::Attr) -> String {
     s
 }
 
-fn ls(image: &Path, path: &str, json: bool) -> Res {
-    let fs = open_fs_ro(image)?;
+fn ls(image: &Path, path: &str, json: bool, parts: &Parts) -> Res {
+    let fs = open_fs_ro(image, parts)?;
     let ino = resolve(&fs, path)?;
     let mut rows = Vec::new();
     let a = fs.getattr(ino).map_err(|e| e.to_string())?;
@@ -1138,9 +1135,9 @@ fn ls(image: &Path, path: &str, json: bool) -> Res {
     Ok(ExitCode::SUCCESS)
 }
 
-fn cat(image: &Path, path: &str) -> Res {
+fn cat(image: &Path, path: &str, parts: &Parts) -> Res {
     use std::io::Write;
-    let fs = open_fs_ro(image)?;
+    let fs = open_fs_ro(image, parts)?;
     let ino = resolve(&fs, path)?;
     let a = fs.getattr(ino).map_err(|e| e.to_string())?;
     match a.kind {
@@ -1165,8 +1162,8 @@ fn cat(image: &Path, path: &str) -> Res {
     Ok(ExitCode::SUCCESS)
 }
 
-fn stat(image: &Path, path: &str, json: bool) -> Res {
-    let fs = open_fs_ro(image)?;
+fn stat(image: &Path, path: &str, json: bool, parts: &Parts) -> Res {
+    let fs = open_fs_ro(image, parts)?;
     let ino = resolve(&fs, path)?;
     let a = fs.getattr(ino).map_err(|e| e.to_string())?;
     let phys = fs.physical_bytes(ino).map_err(|e| e.to_string())?;

@@ -12,7 +12,7 @@ use zlogfs::fs::{self as zfs, Fs};
 use zlogfs::tools::{self, report};
 use zlogfs::{control, Options};
 
-use super::{close, open_fs, open_fs_ro, Res};
+use super::{close, open_fs, open_fs_ro, Parts, Res};
 
 /// What an admin command works on.
 pub enum Target {
@@ -132,11 +132,11 @@ fn show(v: &Value, json: bool, text: impl FnOnce(&Value)) {
 }
 
 /// `zlogfs stats`.
-pub fn stats(target: &Path, json: bool) -> Res {
+pub fn stats(target: &Path, parts: &Parts, json: bool) -> Res {
     let t = Target::of(target)?;
     let v = match &t {
         Target::Image(image) => {
-            let fs = open_fs_ro(image)?;
+            let fs = open_fs_ro(image, parts)?;
             report::stats(&image.display().to_string(), &fs).map_err(|e| e.to_string())?
         }
         Target::Mount { socket, .. } => ask(socket, "stats", json!({}), &mut |_| {})?,
@@ -348,9 +348,9 @@ fn print_volumes(v: &Value) {
 }
 
 /// `zlogfs du`.
-pub fn du(target: &Path, path: &str, json: bool) -> Res {
+pub fn du(target: &Path, parts: &Parts, path: &str, json: bool) -> Res {
     let v = match Target::of(target)? {
-        Target::Image(image) => report::du(&open_fs_ro(&image)?, path).map_err(|e| e.to_string())?,
+        Target::Image(image) => report::du(&open_fs_ro(&image, parts)?, path).map_err(|e| e.to_string())?,
         Target::Mount { socket, .. } => ask(&socket, "du", json!({"path": path}), &mut |_| {})?,
     };
     show(&v, json, |v| {
@@ -370,11 +370,11 @@ pub fn du(target: &Path, path: &str, json: bool) -> Res {
 }
 
 /// `zlogfs sync`: make everything accepted so far durable.
-pub fn sync(target: &Path, json: bool) -> Res {
+pub fn sync(target: &Path, parts: &Parts, json: bool) -> Res {
     let t = Target::of(target)?;
     match &t {
         // Recovery's result made durable, and a checkpoint.
-        Target::Image(image) => close(open_fs(image, zfs::Atime::Noatime)?, image)?,
+        Target::Image(image) => close(open_fs(image, parts, zfs::Atime::Noatime)?, image)?,
         Target::Mount { socket, .. } => {
             ask(socket, "sync", json!({}), &mut |_| {})?;
         }
@@ -384,17 +384,17 @@ pub fn sync(target: &Path, json: bool) -> Res {
 }
 
 /// `zlogfs snapshot ACTION TARGET [NAME]`.
-pub fn snapshot(target: &Path, action: &str, name: Option<&str>, json: bool) -> Res {
+pub fn snapshot(target: &Path, parts: &Parts, action: &str, name: Option<&str>, json: bool) -> Res {
     if action != "list" && action != "policy" && name.is_none() {
         return Err(format!("zlogfs snapshot {action} needs a NAME"));
     }
     let t = Target::of(target)?;
     let v = match &t {
         Target::Image(image) if action == "list" || (action == "policy" && name.is_none()) => {
-            report::snapshot(&open_fs_ro(image)?, action, name).map_err(|e| e.to_string())?
+            report::snapshot(&open_fs_ro(image, parts)?, action, name).map_err(|e| e.to_string())?
         }
         Target::Image(image) => {
-            let fs = open_fs(image, zfs::Atime::Noatime)?;
+            let fs = open_fs(image, parts, zfs::Atime::Noatime)?;
             let v = report::snapshot(&fs, action, name).map_err(|e| e.to_string())?;
             close(fs, image)?;
             v
@@ -428,11 +428,11 @@ pub fn snapshot(target: &Path, action: &str, name: Option<&str>, json: bool) -> 
 }
 
 /// `zlogfs changes TARGET --since POINT [--until POINT]`.
-pub fn changes(target: &Path, since: &str, until: Option<&str>, json: bool) -> Res {
+pub fn changes(target: &Path, parts: &Parts, since: &str, until: Option<&str>, json: bool) -> Res {
     let t = Target::of(target)?;
     let v = match &t {
         Target::Image(image) => {
-            report::changes(&open_fs_ro(image)?, since, until).map_err(|e| e.to_string())?
+            report::changes(&open_fs_ro(image, parts)?, since, until).map_err(|e| e.to_string())?
         }
         Target::Mount { socket, .. } => {
             ask(socket, "changes", json!({"since": since, "until": until}), &mut |_| {})?
@@ -466,7 +466,14 @@ pub fn changes(target: &Path, since: &str, until: Option<&str>, json: bool) -> R
 }
 
 /// `zlogfs clean`.
-pub fn clean(target: &Path, segments: Option<usize>, max_live: f64, demote: bool, json: bool) -> Res {
+pub fn clean(
+    target: &Path,
+    parts: &Parts,
+    segments: Option<usize>,
+    max_live: f64,
+    demote: bool,
+    json: bool,
+) -> Res {
     if !(0.0..=1.0).contains(&max_live) {
         return Err(format!("--max-live {max_live} is not a fraction between 0 and 1"));
     }
@@ -477,7 +484,7 @@ pub fn clean(target: &Path, segments: Option<usize>, max_live: f64, demote: bool
     };
     let rep = match Target::of(target)? {
         Target::Image(image) => {
-            let fs = open_fs(&image, zfs::Atime::Noatime)?;
+            let fs = open_fs(&image, parts, zfs::Atime::Noatime)?;
             let opts = zfs::CleanOptions {
                 max_segments: segments.unwrap_or(usize::MAX),
                 max_live,
@@ -519,8 +526,8 @@ pub fn clean(target: &Path, segments: Option<usize>, max_live: f64, demote: bool
 
 /// When the file system does not open: what the engine underneath can
 /// still say of damaged index blocks (the records they held), or None.
-fn fsck_engine(image: &Path) -> Option<Vec<String>> {
-    let f = super::open_image(image, true, None).ok()?;
+fn fsck_engine(image: &Path, parts: &Parts) -> Option<Vec<String>> {
+    let f = super::open_image(image, true, parts).ok()?;
     let opts = Options { background: false, read_only: true, ..Options::default() };
     let eng = zlogfs::Engine::open(f, opts).ok()?;
     let bad = eng.verify_runs();
@@ -541,14 +548,14 @@ fn fsck_engine(image: &Path) -> Option<Vec<String>> {
 }
 
 /// `zlogfs fsck`: exit status 0 when clean, 1 with a report when not.
-pub fn fsck(target: &Path, repair: bool, memory: u64, json: bool) -> Res {
+pub fn fsck(target: &Path, parts: &Parts, repair: bool, memory: u64, json: bool) -> Res {
     let pb = tools::progress(0, "checking blocks", json);
     let step = |done: u64, total: u64| {
         pb.set_length(total);
         pb.set_position(done);
     };
     let v = match Target::of(target)? {
-        Target::Image(image) => fsck_image(&image, repair, memory, &step)?,
+        Target::Image(image) => fsck_image(&image, parts, repair, memory, &step)?,
         Target::Mount { dir, socket } => {
             if repair {
                 return Err(format!(
@@ -567,12 +574,18 @@ pub fn fsck(target: &Path, repair: bool, memory: u64, json: bool) -> Res {
 
 /// fsck of an image: its report; when the file system does not even
 /// open, what the engine finds of damaged index blocks ("opened": false).
-fn fsck_image(image: &Path, repair: bool, memory: u64, step: &dyn Fn(u64, u64)) -> Result<Value, String> {
-    let opened = if repair { open_fs(image, zfs::Atime::Noatime) } else { open_fs_ro(image) };
+fn fsck_image(
+    image: &Path,
+    parts: &Parts,
+    repair: bool,
+    memory: u64,
+    step: &dyn Fn(u64, u64),
+) -> Result<Value, String> {
+    let opened = if repair { open_fs(image, parts, zfs::Atime::Noatime) } else { open_fs_ro(image, parts) };
     let fs: Fs = match opened {
         Ok(fs) => fs,
         Err(e) => {
-            let Some(problems) = fsck_engine(image) else { return Err(e) };
+            let Some(problems) = fsck_engine(image, parts) else { return Err(e) };
             return Ok(json!({"image": image.display().to_string(), "clean": false, "problems": problems,
                 "opened": false, "error": e}));
         }
@@ -802,7 +815,7 @@ fn chrono_now() -> String {
 const MOUNT_SCRUB_RATE: u64 = 100 << 20;
 
 /// `zlogfs scrub`: exit status 0 when clean, 1 with a report.
-pub fn scrub(target: &Path, rate: Option<u64>, json: bool) -> Res {
+pub fn scrub(target: &Path, parts: &Parts, rate: Option<u64>, json: bool) -> Res {
     let pb = tools::progress(0, "verifying blocks", json);
     let step = |p: &Value| {
         pb.set_length(p["total"].as_u64().unwrap_or(0));
@@ -810,7 +823,7 @@ pub fn scrub(target: &Path, rate: Option<u64>, json: bool) -> Res {
     };
     let v = match Target::of(target)? {
         Target::Image(image) => {
-            let fs = open_fs_ro(&image)?;
+            let fs = open_fs_ro(&image, parts)?;
             let start = std::time::Instant::now();
             let opts = zfs::ScrubOptions { rate: rate.filter(|&r| r > 0) };
             let rep = fs

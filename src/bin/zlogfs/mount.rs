@@ -304,10 +304,10 @@ fn preflight(dir: &Path) -> Result<(), String> {
 }
 
 pub fn open_for_mount(image: &Path, p: &Parsed) -> Result<Fs, String> {
-    let _ = super::S3.set(p.s3.clone());
     // Read-only, the image is opened so (with a shared lock): it may be
     // read-only to the caller, and other read-only users may share it.
-    let f = super::open_image(image, p.mount.read_only, p.fast.as_deref())?;
+    let parts = super::Parts { fast: p.fast.clone(), s3: p.s3.clone() };
+    let f = super::open_image(image, p.mount.read_only, &parts)?;
     Fs::open(f, fs_options(p)).map_err(|e: zlogfs::fs::Error| format!("{}: {e}", image.display()))
 }
 
