@@ -13,7 +13,7 @@ static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 fn tmpdir(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("zlogfs-test-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
+    std::fs::create_dir_all(&d).expect("mkdir");
     d
 }
 

@@ -12,7 +12,6 @@
 //! - [`store`]: where segments live (file, memory; with the `testing`
 //!   feature, fault injection).
 
-#![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod bytes;
 pub mod codec;

@@ -3,6 +3,7 @@
 //! headers, summaries, journal, run and checkpoint blocks, padding). Opening
 //! and reading everything must either give exactly the right data or fail
 //! with an error that names what is damaged: never a panic, never wrong data.
+#![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions unwrap like the tests")]
 
 mod common;
 use std::sync::Arc;

@@ -64,7 +64,7 @@ fn crash_at_every_op(seed: u64, nsteps: usize, modes: &[CrashMode]) -> usize {
     // A dry run counts the I/O operations.
     let dry = Arc::new(base.fork());
     dry.set_faults(FaultConfig::default());
-    let e = open(&dry, &opts).unwrap();
+    let e = open(&dry, &opts).expect("open the dry run");
     let (w, _) = execute(&e, &steps);
     assert_eq!(w, states.len() - 1, "the dry run must complete");
     drop(e);
@@ -111,7 +111,7 @@ fn crash_at_every_op(seed: u64, nsteps: usize, modes: &[CrashMode]) -> usize {
             e.flush().unwrap_or_else(|err| panic!("flush after reopen: {err} ({ctx})"));
             drop(e);
             let e = open(&st, &opts).unwrap_or_else(|err| panic!("second reopen: {err} ({ctx})"));
-            assert_eq!(e.get(b"post-crash").unwrap(), Some(b"ok".to_vec()), "{ctx}");
+            assert_eq!(e.get(b"post-crash").expect("get after the crash"), Some(b"ok".to_vec()), "{ctx}");
             points += 1;
         }
     }
@@ -243,7 +243,7 @@ fn crash_two_at_every_op(seed: u64, nsteps: usize, modes: &[CrashMode]) -> usize
     let opts = small_opts();
     let (bf, bb) = fresh_two();
     let (df, db) = (Arc::new(bf.fork()), Arc::new(bb.fork()));
-    let e = Engine::open(two_store(&df, &db), opts.clone()).unwrap();
+    let e = Engine::open(two_store(&df, &db), opts.clone()).expect("open two devices");
     let (w, _) = execute(&e, &steps);
     assert_eq!(w, states.len() - 1, "the dry run must complete");
     drop(e);

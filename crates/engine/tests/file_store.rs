@@ -10,7 +10,7 @@ use zlogfs_engine::{engine, Engine, Options, WriteBatch};
 fn tmpdir(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("zlogfs-test-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
+    std::fs::create_dir_all(&d).expect("mkdir");
     d
 }
 

@@ -1,6 +1,7 @@
 //! Model test: random sequences of put / delete / get / scan / flush /
 //! merge / checkpoint / snapshot reads / close-and-reopen, checked against
 //! a BTreeMap after every step.
+#![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions unwrap like the tests")]
 
 mod common;
 use common::*;

@@ -2,6 +2,7 @@
 //! round trips through a kept and an empty cache, fencing of a second
 //! writer, kill -9 and power cuts (of the cache directory's ext4) during
 //! uploads in both sync modes, damaged manifests.
+#![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions unwrap like the tests")]
 
 mod moto;
 
