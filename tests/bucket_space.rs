@@ -37,7 +37,7 @@ fn data(seed: u64, len: usize) -> Vec<u8> {
 /// ever written.
 #[test]
 fn freed_segments_leave_the_bucket() {
-    let moto = zlogfs_s3::testing::moto();
+    let moto = zlogfs_testkit::s3::moto();
     let bucket = format!("space-{}", std::process::id());
     moto.bucket(&bucket);
     let cache = Cache(std::env::temp_dir().join(format!("zlogfs-space-{}", std::process::id())));
@@ -58,7 +58,7 @@ fn freed_segments_leave_the_bucket() {
         f.write(a.ino, 0, &data(i, 256 << 10)).expect("write");
     }
     f.sync().expect("sync");
-    let (_, full) = zlogfs_s3::testing::stored(&bucket, "img/seg");
+    let (_, full) = zlogfs_testkit::s3::stored(&bucket, "img/seg");
     for i in 0..48u64 {
         f.unlink(ROOT, format!("f{i}").as_bytes()).expect("unlink");
     }
@@ -68,7 +68,7 @@ fn freed_segments_leave_the_bucket() {
     let f =
         Fs::open(Arc::new(S3Store::open(opts.clone()).expect("open")), FsOptions::default()).expect("open");
     f.close().expect("close");
-    let (n, after) = zlogfs_s3::testing::stored(&bucket, "img/seg");
+    let (n, after) = zlogfs_testkit::s3::stored(&bucket, "img/seg");
     eprintln!("{full} bytes of pieces with the files, {after} in {n} pieces after deleting them");
     assert!(after * 4 < full, "freed segments' pieces stayed: {after} of {full} bytes");
     let f = Fs::open(Arc::new(S3Store::open(opts).expect("open")), FsOptions::default()).expect("open");

@@ -70,7 +70,7 @@ impl BucketRig {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let bucket = format!("model-{}-{n}", std::process::id());
-        zlogfs_s3::testing::moto().bucket(&bucket);
+        zlogfs_testkit::s3::moto().bucket(&bucket);
         let cache = std::env::temp_dir().join(format!("zlogfs-model-{bucket}"));
         let _ = std::fs::remove_dir_all(&cache);
         let url = S3Url { bucket, prefix: "img".into() };

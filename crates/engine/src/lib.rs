@@ -12,7 +12,6 @@
 //! - [`store`]: where segments live (file, memory; with the `testing`
 //!   feature, fault injection).
 
-
 pub mod bytes;
 pub mod codec;
 pub mod engine;

@@ -33,7 +33,6 @@
 //! that a higher one defines on `State` or `Fs` (the commit asks the
 //! cleaner to make room): one type's API spread over files by job.
 
-
 pub mod changes;
 pub mod history;
 pub mod keys;

@@ -31,7 +31,6 @@
 //!   [`errno()`], and nowhere else; anything that is not a refused
 //!   operation (an I/O failure, damage) is also logged.
 
-
 mod abi;
 mod dev;
 pub mod dirlist;

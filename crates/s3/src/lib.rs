@@ -25,8 +25,6 @@
 mod cache;
 pub mod manifest;
 mod remote;
-#[doc(hidden)]
-pub mod testing;
 
 use std::fmt;
 use std::io;

@@ -184,7 +184,7 @@ fn an_idle_writer_deletes_what_it_replaced() {
         ..opts(&b, &c.0, SyncMode::Local)
     };
     let s = S3Store::create(o, GEO).unwrap();
-    let pieces = || zlogfs_s3::testing::stored(&b, "img/seg").0;
+    let pieces = || zlogfs_testkit::s3::stored(&b, "img/seg").0;
     let wait_for = |want: u64| {
         let start = std::time::Instant::now();
         while pieces() != want && start.elapsed() < Duration::from_secs(10) {
@@ -1119,7 +1119,7 @@ fn cache_files(dir: &Path) -> (Vec<u8>, Vec<u8>) {
 /// Objects under `img/seg/` of `bucket`, by segment.
 fn pieces_by_segment(bucket: &str) -> std::collections::BTreeMap<String, usize> {
     let mut by = std::collections::BTreeMap::new();
-    for m in zlogfs_s3::testing::objects(bucket, "img/seg") {
+    for m in zlogfs_testkit::s3::objects(bucket, "img/seg") {
         let seg = m.location.parts().nth(2).expect("img/seg/SEGMENT/PIECE").as_ref().to_string();
         *by.entry(seg).or_insert(0) += 1;
     }

@@ -7,8 +7,11 @@
 //! - [`noise`]: incompressible bytes from a seed.
 //! - [`proc`]: fresh directories, programs run to success, waiting for a
 //!   condition.
+//! - `s3` (the `s3` feature): a real S3 server (moto) for the tests.
 
 pub mod proc;
+#[cfg(feature = "s3")]
+pub mod s3;
 
 use rand::rngs::StdRng;
 use rand::SeedableRng;

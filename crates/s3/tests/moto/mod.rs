@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use object_store::path::Path as Key;
 use object_store::{ObjectStoreExt, PutPayload};
-use zlogfs_s3::testing::client;
-pub use zlogfs_s3::testing::moto;
+use zlogfs_testkit::s3::client;
+pub use zlogfs_testkit::s3::moto;
 
 /// An object's bytes, or None when missing.
 pub fn object(bucket: &str, key: &str) -> Option<Vec<u8>> {

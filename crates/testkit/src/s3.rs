@@ -1,5 +1,5 @@
-//! A real S3 server for tests (this crate's and the file system's):
-//! moto (`pip install 'moto[server]'`), one per test process on a free
+//! A real S3 server for tests (the object store's and the file system's;
+//! the `s3` feature): moto (`pip install 'moto[server]'`), one per test process on a free
 //! port of 127.0.0.1, stopped when the process ends (its shell wrapper
 //! kills it when our end of its stdin closes). Found at
 //! $ZLOGFS_MOTO_SERVER, else target/moto/bin/moto_server (test.sh makes
@@ -19,7 +19,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+/// The test process's S3 server.
 pub struct Moto {
+    /// Its port on 127.0.0.1.
     pub port: u16,
     _child: Mutex<Child>,
 }
