@@ -15,7 +15,7 @@ use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use super::abi::{self, init, InHeader, InitIn, InitOut, Op};
-use super::{Handler, Reply};
+use crate::serve::{Handler, Reply};
 
 /// What the handshake settled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -230,14 +230,14 @@ pub fn serve(dev: Arc<File>, max_write: u32, handler: &dyn Handler, spin: Durati
         };
         match Op::parse(h.opcode, arg, data) {
             // FORGETs: the handler counts them; nothing is sent back.
-            Ok(op) if op.no_reply() => super::dispatch(handler, &h, op, Reply::none(h.unique)),
+            Ok(op) if op.no_reply() => crate::serve::dispatch(handler, &h, op, Reply::none(h.unique)),
             Ok(Op::Interrupt) => {
                 // ENOSYS to an interrupt: the kernel sends no more of them
                 // and waits for the interrupted request's own reply. (An
                 // INTERRUPT's unique has the kernel's interrupt bit set.)
                 send(&dev, h.unique, -libc::ENOSYS, &[]);
             }
-            Ok(op) => super::dispatch(handler, &h, op, Reply::dev(Arc::clone(&dev), h.unique)),
+            Ok(op) => crate::serve::dispatch(handler, &h, op, Reply::dev(Arc::clone(&dev), h.unique)),
             Err(e) => {
                 tracing::warn!("{} (operation {})", bad(e), h.opcode);
                 send(&dev, h.unique, -libc::EIO, &[]);

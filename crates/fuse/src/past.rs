@@ -20,8 +20,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use zlogfs_fs::{Attr, DirEntry, Error, Fs, Ino, Kind, Live, Time, ROOT};
 
 use crate::abi::{self, fopen, DirBuf, InHeader, Op};
+use crate::adapter::{file_attr, type_bits};
 use crate::dirlist::{self, Listing};
-use crate::{file_attr, type_bits, Reply, ZlogFuse};
+use crate::{Reply, ZlogFuse};
 
 /// The directory's name, in the root.
 pub const NAME: &[u8] = b".snapshots";
@@ -294,7 +295,7 @@ impl Past {
 
 /// An fs error as an errno.
 fn e(err: Error) -> i32 {
-    crate::reply_errno(err)
+    crate::adapter::reply_errno(err)
 }
 
 /// Requests that meet the `.snapshots` directory or a view.
@@ -325,7 +326,9 @@ impl ZlogFuse {
         let named = |name: &[u8]| self.past.is_snapdir(ino, name);
         let is_past = |node: u64| !matches!(self.past.node(node), Node::Live(_));
         match *op {
-            Op::Lookup { name } if named(name) => Some(self.past.dir_attr().map_err(crate::reply_errno)),
+            Op::Lookup { name } if named(name) => {
+                Some(self.past.dir_attr().map_err(crate::adapter::reply_errno))
+            }
             Op::Mknod { name, .. }
             | Op::Mkdir { name, .. }
             | Op::Symlink { name, .. }

@@ -34,7 +34,7 @@ use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use super::abi::{self, InHeader, Op};
-use super::{Handler, Reply};
+use crate::serve::{Handler, Reply};
 
 /// Ring entries per queue: requests of one CPU in flight at once.
 pub const DEPTH: usize = 8;
@@ -432,7 +432,7 @@ impl QueueLoop {
             // Every ring request is committed, even one with no reply (the
             // handler answers FORGETs with nothing), or its entry is never
             // handed back.
-            Ok(op) => super::dispatch(&*self.handler, &h, op, reply),
+            Ok(op) => crate::serve::dispatch(&*self.handler, &h, op, reply),
             Err(b) => {
                 tracing::warn!("malformed FUSE request (operation {}): {}", h.opcode, b.0);
                 reply.error(libc::EIO);
