@@ -62,7 +62,7 @@ use rayon::prelude::*;
 
 use common::*;
 use zlogfs::codec::{self, CodecId, CodecSpec};
-use zlogfs::fs::keys::{
+use zlogfs::fs::{
     decode_triple, inode_key, inodes_range, parse_inode_key, triple_id, triple_key, triples_end, Inode,
 };
 use zlogfs::fs::{Atime, Fs, FsOptions, MkfsOptions, ROOT};

@@ -30,7 +30,7 @@ fn mkfs_opts(chunk: u32, history: bool) -> MkfsOptions {
         inline_max: 64,
         codec: CodecSpec::new(CodecId::Zstd, 1),
         // Every commit an automatic point.
-        history: if history { "all:1h".parse().expect("policy") } else { fs::history::Policy::NONE },
+        history: if history { "all:1h".parse().expect("policy") } else { fs::HistoryPolicy::NONE },
         ..MkfsOptions::default()
     }
 }

@@ -224,7 +224,7 @@ fn fallocate_takes_what_statfs_says_is_free() {
 #[test]
 fn fallocate_takes_what_statfs_says_is_free_when_history_holds_the_deletes() {
     let s: Arc<dyn Store> = Arc::new(MemStore::new(IMAGE_64M));
-    let history = fs::history::Policy::DEFAULT;
+    let history = fs::HistoryPolicy::DEFAULT;
     fs::mkfs(s.clone(), &MkfsOptions { history, ..MkfsOptions::default() }).expect("mkfs");
     let f = Fs::open(s, opts(Atime::Noatime)).expect("open");
     let r = &mut common::rng(common::seed(
@@ -257,7 +257,7 @@ fn fallocate_takes_what_statfs_says_is_free_when_history_holds_the_deletes() {
 #[test]
 fn fallocate_truncate_and_delete_of_a_gigabyte_keep_the_counts() {
     let s: Arc<dyn Store> = Arc::new(MemStore::new(Geometry { segment_size: 4 << 20, segment_count: 1200 }));
-    let history = fs::history::Policy::DEFAULT;
+    let history = fs::HistoryPolicy::DEFAULT;
     fs::mkfs(s.clone(), &MkfsOptions { history, ..MkfsOptions::default() }).expect("mkfs");
     let f = Fs::open(s, FsOptions::default()).expect("open");
     for (n, size) in [100u64, 1 << 30, 2 << 30, 3 << 30].into_iter().enumerate() {

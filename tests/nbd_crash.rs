@@ -11,8 +11,7 @@ use std::sync::Arc;
 use rand::{Rng, SeedableRng};
 use zlogfs::fs::{self, Fs, FsOptions, MkfsOptions, SetAttr, ROOT};
 use zlogfs::store::{CrashMode, FaultConfig, FaultStore, Geometry, Store};
-use zlogfs_nbd::proto::{self, cf, cmd, Request};
-use zlogfs_nbd::replay::{handshake, Duplex};
+use zlogfs_nbd::replay::{cf, cmd, encode_request, handshake, Duplex, Request, SIMPLE_REPLY_MAGIC};
 
 const VOLUME: u64 = 256 << 10;
 const BLOCK: u64 = 4096;
@@ -43,7 +42,7 @@ impl Op {
 
     fn bytes(&self, cookie: u64) -> Vec<u8> {
         let req = |kind, flags, block: u64, n: u64| {
-            proto::encode_request(&Request {
+            encode_request(&Request {
                 flags,
                 kind,
                 cookie,
@@ -124,7 +123,7 @@ fn session(st: &Arc<FaultStore>, ops: &[Op]) -> Vec<u64> {
     let out = d.output.lock().expect("lock").clone();
     // Simple replies, 16 bytes each, after the handshake's answers: find
     // them by their magic.
-    let magic = proto::SIMPLE_REPLY_MAGIC.to_be_bytes();
+    let magic = SIMPLE_REPLY_MAGIC.to_be_bytes();
     let mut ok = Vec::new();
     let mut at = 0;
     while let Some(p) = out[at..].windows(4).position(|w| w == magic) {

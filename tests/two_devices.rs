@@ -37,7 +37,7 @@ impl Rig {
         let o = MkfsOptions {
             chunk_size: 32 << 10,
             pack_bytes: 32 << 10,
-            history: fs::history::Policy::NONE,
+            history: fs::HistoryPolicy::NONE,
             ..MkfsOptions::default()
         };
         fs::mkfs(rig.store(false), &o).expect("mkfs on two stores");

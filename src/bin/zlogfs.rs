@@ -484,7 +484,7 @@ struct FormatArgs {
     /// drops the oldest before it gets ENOSPC. Change it later with
     /// `zlogfs snapshot policy TARGET SPEC`.
     #[arg(long, default_value = "all:1h,hourly:2d,daily:31d")]
-    history: zfs::history::Policy,
+    history: zfs::HistoryPolicy,
     /// With --fast: size of a new fast device file (ignored for a block
     /// device). Default: an eighth of --size.
     #[arg(long, value_parser = parse_size)]

@@ -181,7 +181,7 @@ pub fn du(fs: &Fs, path: &str) -> Result<Value> {
 /// taken and what deleting each alone frees now).
 pub fn snapshot(fs: &Fs, action: &str, name: Option<&str>) -> Result<Value> {
     let named = || name.ok_or_else(|| crate::fs::Error::Invalid(format!("snapshot {action} needs a name")));
-    let time = |t: crate::fs::keys::Time| humantime::format_rfc3339_seconds(t.to_system()).to_string();
+    let time = |t: crate::fs::Time| humantime::format_rfc3339_seconds(t.to_system()).to_string();
     Ok(match action {
         "create" => {
             let s = fs.snapshot_create(named()?)?;

@@ -27,7 +27,7 @@ pub const KEEP_CHANGES_SECS: i64 = 31 * 86_400;
 /// Records dropped per pass of [`State::prune_changes`].
 const PRUNE_STEP: usize = 256;
 
-pub use crate::event::{Event, Link, Record, What, RECORD_MAX};
+pub(crate) use crate::event::{Event, Link, Record, What};
 
 /// What happened to one path between two points.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -511,6 +511,7 @@ mod tests {
     use zlogfs_engine::store::{Geometry, MemStore, Store};
 
     use super::*;
+    use crate::event::RECORD_MAX;
     use crate::{mkfs, FsOptions, MkfsOptions, SetAttr};
 
     fn open(store: &Arc<dyn Store>) -> Fs {

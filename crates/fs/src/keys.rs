@@ -169,10 +169,6 @@ pub fn xattr_key(ino: Ino, name: &[u8]) -> Vec<u8> {
 pub fn xattrs_range(ino: Ino) -> (Vec<u8>, Vec<u8>) {
     (key(T_XATTR, ino), key(T_XATTR, ino + 1))
 }
-/// Range of all xattrs.
-pub fn all_xattrs_range() -> (Vec<u8>, Vec<u8>) {
-    (vec![T_XATTR], vec![T_XATTR + 1])
-}
 /// The reference list of a data block shared by several chunks.
 pub fn shared_key(a: BlockAddr) -> Vec<u8> {
     let mut k = vec![T_SHARED];
@@ -182,6 +178,7 @@ pub fn shared_key(a: BlockAddr) -> Vec<u8> {
     k
 }
 /// Range of all shared-block records.
+#[cfg(test)]
 pub fn all_shared_range() -> (Vec<u8>, Vec<u8>) {
     (vec![T_SHARED], vec![T_SHARED + 1])
 }
@@ -1123,10 +1120,6 @@ impl Extent {
             Extent::Patched { base, .. } => base.len(),
             Extent::Gone(len) | Extent::Reserved(len) => u64::from(*len),
         }
-    }
-    /// True when empty (never stored).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
     /// Stored (compressed) bytes charged to this chunk.
     pub fn phys(&self) -> u64 {

@@ -33,9 +33,9 @@
 //! that a higher one defines on `State` or `Fs` (the commit asks the
 //! cleaner to make room): one type's API spread over files by job.
 
-pub mod changes;
-pub mod history;
-pub mod keys;
+mod changes;
+mod history;
+mod keys;
 
 mod acl;
 mod attr;
@@ -80,7 +80,13 @@ pub use error::{Error, Result};
 pub use files::MAX_FILE_SIZE;
 pub use filesystem::mkfs;
 pub use handle::{Fs, Invalidator};
+pub use history::Policy as HistoryPolicy;
+pub use keys::{describe_key, Cold, Snapshot, TierPolicy};
 pub use keys::{Config, Counters, Ino, Inode, Kind, Time, DEFAULT_SMALL_MAX, ROOT};
+// The record encodings, public for the benchmark of the seed papers'
+// inode measurements (benches/papers.rs), as zlogfs-engine's `fuzzing`.
+#[cfg(feature = "formats")]
+pub use keys::{decode_triple, inode_key, inodes_range, parse_inode_key, triple_id, triple_key, triples_end};
 pub use live::Live;
 pub use namespace::MAX_SYMLINK;
 pub use options::{Atime, FsOptions, MkfsOptions, SyncMode};

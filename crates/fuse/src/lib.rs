@@ -41,7 +41,7 @@
 mod abi;
 mod adapter;
 mod dev;
-pub mod dirlist;
+mod dirlist;
 mod errno;
 mod kmount;
 mod options;

@@ -17,10 +17,10 @@
 //! advertised; after a crash a volume holds a prefix of what was
 //! acknowledged, as every file does.
 
-pub mod export;
-pub mod handshake;
-pub mod proto;
-pub mod transmission;
+mod export;
+mod handshake;
+mod proto;
+mod transmission;
 
 use std::io::{self, Read, Write};
 use std::sync::Arc;
@@ -55,10 +55,12 @@ pub fn serve_with<R: Read + Write, W: Write + Send>(
 }
 
 /// A client conversation held in memory: what the client sends, and what
-/// the server answered (both halves share it), for tests and the fuzz
-/// target.
-#[doc(hidden)]
+/// the server answered (both halves share it), with the protocol's
+/// request encoding, for tests and the fuzz target (the `testing`
+/// feature).
+#[cfg(any(test, feature = "testing"))]
 pub mod replay {
+    pub use crate::proto::{cf, cmd, encode_request, Request, SIMPLE_REPLY_MAGIC};
     use std::io::{self, Read, Write};
     use std::sync::{Arc, Mutex};
 

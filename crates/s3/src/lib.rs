@@ -23,7 +23,7 @@
 #![cfg_attr(not(test), deny(clippy::expect_used))]
 
 mod cache;
-pub mod manifest;
+mod manifest;
 mod remote;
 
 use std::fmt;

@@ -538,8 +538,8 @@ fn fsck_engine(image: &Path, parts: &Parts) -> Option<Vec<String>> {
                     "index run {}, block {}, holding the records from {} to {}: {}",
                     d.run,
                     d.addr,
-                    zfs::keys::describe_key(&d.from),
-                    zfs::keys::describe_key(&d.to),
+                    zfs::describe_key(&d.from),
+                    zfs::describe_key(&d.to),
                     d.error
                 )
             })
