@@ -63,6 +63,7 @@ mod snapshot;
 mod state;
 mod stats;
 mod time;
+mod usage;
 mod worker;
 mod xattr;
 
@@ -74,7 +75,7 @@ pub use attr::{RENAME_EXCHANGE, RENAME_NOREPLACE};
 pub use attr::{XATTR_CHUNK, XATTR_CODEC, XATTR_CREATE, XATTR_KILL_SGID, XATTR_PHYSICAL, XATTR_REPLACE};
 pub use attr::{XATTR_COLD, XATTR_TIER, XATTR_UNIT};
 pub use changes::{ChangeFeed, ChangeOp, FileChange};
-pub use check::{CheckReport, CodecUse, TreeUsage, Usage, CHECK_MEMORY};
+pub use check::{CheckReport, CHECK_MEMORY};
 pub use clean::{CleanOptions, CleanReport};
 pub use error::{Error, Result};
 pub use files::MAX_FILE_SIZE;
@@ -94,6 +95,7 @@ pub use scrub::{ScrubOptions, ScrubReport};
 pub use snapshot::parse_time;
 pub use stats::FsStats;
 pub use time::now;
+pub use usage::{CodecUse, TreeUsage, Usage};
 
 /// Lock `m`, taking over a lock that a panicking thread left poisoned (the
 /// panic is reported where it happened; the commit thread must not die of
@@ -136,6 +138,7 @@ mod layers {
         "namespace",
         "xattr",
         "files",
+        "usage",
         "forward",
         "changes",
         "points",
@@ -163,11 +166,17 @@ mod layers {
         }
     }
 
-    /// A file's code: its lines up to its test module, less comments.
+    /// A file's code: its lines up to its inline test module (a test
+    /// attribute over `mod NAME {`), less comments.
     fn code(text: &str) -> String {
-        let test = |l: &&str| l.starts_with("#[cfg(test)]") || l.starts_with("#[cfg(all(test");
-        let lines = text.lines().map(str::trim_start).take_while(|l| !test(l));
-        lines.filter(|l| !l.starts_with("//")).collect::<Vec<_>>().join("\n")
+        let lines: Vec<&str> = text.lines().map(str::trim_start).collect();
+        let test = |l: &str| l.starts_with("#[cfg(test)]") || l.starts_with("#[cfg(all(test");
+        let end = (0..lines.len())
+            .find(|&i| {
+                test(lines[i]) && lines.get(i + 1).is_some_and(|m| m.starts_with("mod ") && m.ends_with('{'))
+            })
+            .unwrap_or(lines.len());
+        lines[..end].iter().filter(|l| !l.starts_with("//")).copied().collect::<Vec<_>>().join("\n")
     }
 
     fn ident(s: &str) -> &str {
@@ -231,7 +240,9 @@ mod layers {
             let rel = path.strip_prefix(&src).unwrap().to_path_buf();
             let first = rel.components().next().unwrap().as_os_str().to_str().unwrap().to_string();
             let unit = first.trim_end_matches(".rs");
-            if unit == "lib" {
+            // lib.rs is the root; a tests.rs is a test module (declared
+            // under #[cfg(test)]), free to build a whole file system.
+            if unit == "lib" || rel.file_name().is_some_and(|n| n == "tests.rs") {
                 continue;
             }
             let own =
@@ -254,5 +265,9 @@ mod layers {
         let c = "use crate::keys::*;\nuse crate::{lock, worker::Run, Fs};\nlet x = crate::clean::f();";
         assert_eq!(heads(c), ["keys", "lock", "worker", "Fs", "clean"]);
         assert!(layer("worker") > layer("state"));
+        // A test-only item or module file does not end the scan; an
+        // inline test module does.
+        let f = "#[cfg(test)]\nmod tests;\n#[cfg(test)]\nfn t() {}\nuse crate::a;\n#[cfg(test)]\nmod tests {\nuse crate::b;";
+        assert_eq!(heads(&code(f)), ["a"]);
     }
 }

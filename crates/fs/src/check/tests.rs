@@ -1,0 +1,163 @@
+//! fsck against damage, in one pass and in many.
+
+use std::sync::Arc;
+
+use zlogfs_engine::store::{Geometry, MemStore, Store};
+
+use super::*;
+use crate::{mkfs, FsOptions, MkfsOptions};
+
+/// Bytes of no pattern a codec finds much in (each file its own).
+fn bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % 7) as u8 + b'a'
+        })
+        .collect()
+}
+
+/// A tree of directories, small files (packed: shared blocks), large
+/// files (owned blocks over several segments), empty files, hard links
+/// and xattrs.
+fn tree() -> Fs {
+    let store: Arc<dyn Store> =
+        Arc::new(MemStore::new(Geometry { segment_size: 256 << 10, segment_count: 64 }));
+    mkfs(
+        store.clone(),
+        &MkfsOptions { pack_bytes: 32 << 10, chunk_size: 32 << 10, ..MkfsOptions::default() },
+    )
+    .unwrap();
+    let fs = Fs::open(store, FsOptions { commit_interval: None, ..FsOptions::default() }).unwrap();
+    for d in 0..4u64 {
+        let dir = fs.mkdir(ROOT, format!("d{d}").as_bytes(), 0o755, 0, 0).unwrap().ino;
+        let sub = fs.mkdir(dir, b"sub", 0o755, 0, 0).unwrap().ino;
+        for f in 0..8u64 {
+            let a = fs.create(dir, format!("f{f}").as_bytes(), 0o644, 0, 0).unwrap().ino;
+            let n = if f == 0 { 300_000 } else { 1_000 + 500 * f as usize };
+            fs.write(a, 0, &bytes(n, d * 100 + f)).unwrap();
+            if f == 1 {
+                fs.link(a, sub, b"linked").unwrap();
+                fs.setxattr(a, b"user.note", b"x", 0).unwrap();
+            }
+        }
+        for e in 0..30 {
+            fs.create(sub, format!("empty{e}").as_bytes(), 0o644, 0, 0).unwrap();
+        }
+    }
+    fs.commit().unwrap();
+    fs
+}
+
+fn sorted(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v
+}
+
+/// What two reports must agree on: every count and every problem.
+fn summary(r: &CheckReport) -> String {
+    format!(
+        "{} inodes, {} entries, {} chunks, {} blocks of {} bytes, {} xattrs, {} orphans, leaked {:?}, \
+         problems {:#?}",
+        r.inodes,
+        r.dirents,
+        r.extents,
+        r.blocks,
+        r.block_bytes,
+        r.xattrs,
+        r.orphans,
+        r.leaked,
+        sorted(r.problems.clone())
+    )
+}
+
+/// Memory sizes for many spans of everything (384), block maps given
+/// up part way through the first inode span (3,840), and block maps
+/// kept across two inode spans (16,384); and the spans each made.
+const SIZES: [(usize, (usize, usize)); 3] = [(384, (54, 3)), (3_840, (6, 3)), (16_384, (2, 1))];
+
+/// Damage of each kind fsck knows, found alike in one pass and in
+/// many: each memory size of [`SIZES`] gives the report of one pass.
+#[test]
+fn many_passes_find_what_one_pass_finds() {
+    let fs = tree();
+    let one = fs.check(&|_, _| {}).unwrap();
+    assert!(one.problems.is_empty(), "{:?}", one.problems);
+    assert_eq!(one.passes, (1, 1));
+    let mut made = Vec::new();
+    for (memory, _) in SIZES {
+        let many = fs.check_within(memory, &|_, _| {}).unwrap();
+        assert_eq!(summary(&many), summary(&one), "clean, in {memory} bytes");
+        made.push((memory, many.passes));
+    }
+    assert_eq!(made, SIZES, "the spans each memory size makes");
+    let d0 = fs.lookup(ROOT, b"d0").unwrap().ino;
+    let d1 = fs.lookup(ROOT, b"d1").unwrap().ino;
+    let d2 = fs.lookup(ROOT, b"d2").unwrap().ino;
+    let f3 = fs.lookup(d1, b"f3").unwrap().ino;
+    let first_big = fs.lookup(d0, b"f0").unwrap().ino;
+    let last = fs.lookup(fs.lookup(d2, b"sub").unwrap().ino, b"empty29").unwrap().ino;
+    {
+        let mut st = fs.st();
+        // An extra name: a link count one short.
+        st.put(dirent_key(d2, b"extra"), encode_dirent(f3, Kind::File));
+        // An entry naming no inode, and an xattr of no inode.
+        st.put(dirent_key(d2, b"ghost"), encode_dirent(999_999, Kind::File));
+        st.put(xattr_key(999_998, b"user.x"), b"v".to_vec());
+        // A directory whose entry goes: it and its files unreachable.
+        st.del(dirent_key(ROOT, b"d3"));
+        // A block owned twice, early in the chunks (before the block
+        // maps are given up at 3,840 bytes).
+        let first = st.get(&extent_key(first_big, 0)).unwrap().unwrap();
+        st.put(extent_key(first_big, 1_000), first);
+        // A shared block without its reference list.
+        let (lo, hi) = all_shared_range();
+        let shared = st.scan(&lo, &hi, usize::MAX).unwrap();
+        st.del(shared[0].0.clone());
+        // Malformed keys that sort into later spans: a chunk key of a
+        // late inode cut short, an xattr key of seven bytes of inode
+        // number, a directory entry key likewise, and the last shared
+        // block's key cut short.
+        let mut k = extent_key(last, 0);
+        k.truncate(12);
+        st.put(k, b"x".to_vec());
+        let mut k = xattr_key(0x0100, b"");
+        k.truncate(8);
+        st.put(k, b"x".to_vec());
+        let mut k = dirent_key(0x0100, b"");
+        k.truncate(8);
+        st.put(k, encode_dirent(f3, Kind::File));
+        let mut k = shared.last().unwrap().0.clone();
+        k.truncate(11);
+        st.put(k, b"x".to_vec());
+        // An orphan.
+        st.put(orphan_key(last), vec![0]);
+        st.commit().unwrap();
+    }
+    let one = fs.check(&|_, _| {}).unwrap();
+    let want = [
+        "has link count 1, but 2 entries name it",
+        "points at missing inode 999999",
+        "belongs to missing inode 999998",
+        "is not reachable from the root",
+        "is owned by chunk",
+        "lies past its size",
+        "but has no reference list",
+        "directory 1 has link count 6, its entries make 5",
+        "malformed chunk key",
+        "malformed xattr key",
+        "malformed directory entry key",
+        "malformed shared-block key",
+    ];
+    for w in want {
+        assert!(one.problems.iter().any(|p| p.contains(w)), "{w:?} not in {:?}", one.problems);
+    }
+    assert_eq!(one.orphans, 1);
+    for (memory, _) in SIZES {
+        let many = fs.check_within(memory, &|_, _| {}).unwrap();
+        assert_eq!(summary(&many), summary(&one), "damaged, in {memory} bytes");
+    }
+}
