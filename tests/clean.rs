@@ -12,7 +12,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, RngCore, SeedableRng};
 use zlogfs::engine::Options;
-use zlogfs::frontends::fuse::errno as fuse_errno;
+use zlogfs::fs::errno as fuse_errno;
 use zlogfs::fs::{self, CleanOptions, Fs, FsOptions, Ino, MkfsOptions, ROOT};
 use zlogfs::store::{CrashMode, FaultConfig, FaultStore, Geometry, MemStore, OpKind, Store};
 

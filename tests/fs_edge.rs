@@ -13,12 +13,12 @@ use std::sync::Arc;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use zlogfs::engine::Options;
-use zlogfs::frontends::fuse::{errno as fuse_errno, is_failure};
 use zlogfs::fs::{
     self, Fs, FsOptions, Ino, Kind, MkfsOptions, SetAttr, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE,
     FALLOC_FL_ZERO_RANGE, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT, XATTR_CODEC, XATTR_CREATE, XATTR_PHYSICAL,
     XATTR_REPLACE,
 };
+use zlogfs::fs::{errno as fuse_errno, is_failure};
 use zlogfs::store::{Geometry, MemStore, Store};
 
 const KIB: u64 = 1 << 10;

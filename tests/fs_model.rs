@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use rand::rngs::StdRng;
 use rand::Rng;
 use zlogfs::codec::{CodecId, CodecSpec};
-use zlogfs::frontends::fuse::errno as fuse_errno;
+use zlogfs::fs::errno as fuse_errno;
 use zlogfs::fs::{self, Fs, FsOptions, Ino, Kind, MkfsOptions, SetAttr, ROOT};
 use zlogfs::store::{CrashMode, FaultConfig, FaultStore, Geometry, Store, TwoStore};
 use zlogfs_s3::{S3Options, S3Store, S3Url, SyncMode as BucketSync};

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 use zlogfs::engine::Options;
-use zlogfs::frontends::fuse::errno as fuse_errno;
+use zlogfs::fs::errno as fuse_errno;
 use zlogfs::fs::{self, Atime, Fs, FsOptions, Ino, MkfsOptions, ROOT};
 use zlogfs::store::{Geometry, MemStore, Store};
 

@@ -1,10 +1,11 @@
 //! Errors of the file system layer: what went wrong, as a kind callers can
 //! branch on, with a message that names the operation and its arguments.
 //!
-//! The kinds are POSIX's, but this layer knows no errno: a front end maps
-//! each kind to its own code once (the FUSE mount to libc's errno values,
-//! `zlogfs_fuse::errno`). Failures of the engine underneath (I/O, damage,
-//! a latched engine) are carried as they are, in [`Error::Engine`].
+//! The kinds are POSIX's, and each has its errno, decided once in
+//! [`crate::errno`](crate::errno()): the FUSE mount answers with it, NBD
+//! narrows it to its protocol's codes. Failures of the engine underneath
+//! (I/O, damage, a latched engine) are carried as they are, in
+//! [`Error::Engine`].
 
 use zlogfs_engine::error::Error as EngineError;
 

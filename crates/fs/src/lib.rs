@@ -45,6 +45,7 @@ mod check;
 mod clean;
 mod commit;
 mod data;
+mod errno;
 mod error;
 mod event;
 mod files;
@@ -77,6 +78,7 @@ pub use attr::{XATTR_COLD, XATTR_TIER, XATTR_UNIT};
 pub use changes::{ChangeFeed, ChangeOp, FileChange};
 pub use check::{CheckReport, CHECK_MEMORY};
 pub use clean::{CleanOptions, CleanReport};
+pub use errno::{engine_errno, errno, is_failure};
 pub use error::{Error, Result};
 pub use files::MAX_FILE_SIZE;
 pub use filesystem::mkfs;
@@ -118,6 +120,7 @@ mod layers {
     pub(super) const LAYERS: &[&str] = &[
         "lib",
         "error",
+        "errno",
         "stats",
         "keys",
         "time",

@@ -5,6 +5,13 @@
 //! Each request takes the current [`Fs`] and finishes on it: a replaced
 //! one keeps serving the requests that hold it (its store keeps its state,
 //! see `Store::refresh`) and goes when the last lets go.
+//!
+//! A thread of the mount calls [`Live::refresh`] every `refresh` seconds.
+//! If the new `Fs` fails to open, `Live` keeps its store and tries it
+//! again at the next refresh. The FUSE adapter drops its listings and
+//! reopens its `.snapshots` views (same node ids) when
+//! [`Live::generation`] moves. A control request holds the `Live`
+//! ([`Live::hold`]), so that no refresh runs under an fsck or scrub.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};

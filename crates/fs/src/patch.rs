@@ -1,7 +1,21 @@
 //! Patch planning: whether a small overwrite of a stored chunk is stored
 //! as patches beside it or the chunk is written whole again, and the
 //! arithmetic of patch blocks that the data path and the cleaner share.
-//! Pure code: no state, no I/O (docs/ARCHITECTURE.md, "Patches").
+//! Pure code: no state, no I/O.
+//!
+//! A buffer loaded from a stored chunk records which 4 KiB blocks writes
+//! touched. At commit, when the chunk kept its length and few blocks
+//! changed, only those blocks are stored, one patch per block, packed with
+//! other small pieces; the chunk's record lists its base and patches
+//! (FORMAT.md §9), and a read copies the patches over the base. A patch
+//! releases its share of an own base from the segment's usage, so statfs
+//! and the cleaner count the replaced bytes as dead. A chunk is written
+//! whole for a write of half a chunk or more, at a 17th patch, or, if it
+//! has a base, when its patches would replace more than three quarters of
+//! it. A write into a stored chunk reads only the blocks it covers in part
+//! (`Buf::partial`). Why not smaller chunks: the ratio falls with the
+//! chunk size, and most files are written once. On by default
+//! (`FsOptions::patches`, `-o nopatches`).
 //!
 //! A chunk's patch blocks are [`PATCH_BLOCK`] bytes; a set of them is
 //! kept as runs `(first, count)`, ascending, and as a bitmap while a

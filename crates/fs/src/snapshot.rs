@@ -2,10 +2,14 @@
 //! a snapshot is a sequence number the index keeps every record version
 //! at (`Engine::set_retained`), and, while any snapshot exists, the blocks
 //! a commit stops using are held ([`crate::keys::held_key`]) instead of
-//! freed, and the cleaner moves nothing. Deleting a snapshot frees the
-//! held blocks no remaining snapshot can read: those freed at or before
-//! the oldest one left (a block freed at sequence number `died` was
-//! readable only below it).
+//! freed; the cleaner copies held blocks it moves and leaves a forward
+//! behind (crate::forward). `Group::seal` turns the group's frees of blocks
+//! a snapshot reads into held records, the one place every free of file
+//! data passes. A block is read by the snapshots at or after its born
+//! (kept per segment by `Group::placed`) and before its free. Deleting a
+//! snapshot frees the held blocks no remaining snapshot reads: those no
+//! snapshot lies between their block's born and their free
+//! (`release_held`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -9,10 +9,10 @@ use std::time::Duration;
 use crate::abi::{self, fopen, DirBuf, FileAttr, InHeader, Op};
 use crate::dev;
 use crate::dirlist::{self, Listing, Listings};
-use crate::errno::{errno, is_failure};
 use crate::options::MountOptions;
 use crate::past::{self, Snapdir};
 use crate::serve::{Handler, Reply, Workers};
+use zlogfs_fs::{errno, is_failure};
 use zlogfs_fs::{Attr, Caller, DirEntry, Error, Fs, Ino, Kind, Live, SetAttr, Time, ROOT, XATTR_KILL_SGID};
 
 /// Flags of every opened file: every change passes through this mount, so

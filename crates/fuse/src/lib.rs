@@ -1,7 +1,7 @@
 //! The FUSE mount: a thin adapter from kernel requests to [`Fs`](zlogfs_fs::Fs) calls.
 //!
 //! The protocol is spoken here, not through a binding crate
-//! (docs/ARCHITECTURE.md says why): [`abi`] parses requests and encodes
+//! (docs/decisions/2026-11-25-own-fuse-protocol.md says why): [`abi`] parses requests and encodes
 //! replies, and two transports carry them:
 //! - [`ring`]: FUSE over io_uring (Linux 6.14+, the fuse module's
 //!   `enable_uring`), one queue per CPU, each served by a thread pinned to
@@ -42,7 +42,6 @@ mod abi;
 mod adapter;
 mod dev;
 mod dirlist;
-mod errno;
 mod kmount;
 mod options;
 mod past;
@@ -51,7 +50,6 @@ mod serve;
 mod session;
 
 pub use adapter::ZlogFuse;
-pub use errno::{engine_errno, errno, is_failure};
 pub use kmount::{MountFlags, Unmounter};
 pub use options::{MountOptions, Uring};
 pub use past::Snapdir;

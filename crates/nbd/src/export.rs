@@ -2,7 +2,7 @@
 //! ("vm/disk.raw", with or without a leading slash); the empty name is
 //! the only file when there is exactly one.
 
-use zlogfs_fs::{Fs, Ino, Kind, ROOT};
+use zlogfs_fs::{Error, Fs, Ino, Kind, ROOT};
 
 /// An export being served.
 #[derive(Debug, Clone)]
@@ -17,20 +17,34 @@ pub struct Export {
 }
 
 /// Find the export called `name`: a regular file; None when there is none.
+/// A lookup that fails for another reason than a missing name (damage, an
+/// I/O error, a latched image) is logged: the client hears only "no such
+/// export".
 pub fn find(fs: &Fs, name: &str) -> Option<Export> {
+    match resolve(fs, name) {
+        Ok(x) => x,
+        Err(Error::NotFound(_)) => None,
+        Err(e) => {
+            tracing::warn!("nbd: export {name:?}: {e}");
+            None
+        }
+    }
+}
+
+fn resolve(fs: &Fs, name: &str) -> Result<Option<Export>, Error> {
     if name.is_empty() {
         let all = list(fs, 2);
         return match all.as_slice() {
-            [only] => find(fs, only),
-            _ => None,
+            [only] => resolve(fs, only),
+            _ => Ok(None),
         };
     }
     let mut ino = ROOT;
     for part in name.split('/').filter(|p| !p.is_empty()) {
-        ino = fs.lookup(ino, part.as_bytes()).ok()?.ino;
+        ino = fs.lookup(ino, part.as_bytes())?.ino;
     }
-    let a = fs.getattr(ino).ok()?;
-    (a.kind == Kind::File).then(|| Export { name: name.to_string(), ino, size: a.size })
+    let a = fs.getattr(ino)?;
+    Ok((a.kind == Kind::File).then(|| Export { name: name.to_string(), ino, size: a.size }))
 }
 
 /// The paths of the regular files, at most `limit`, depth first, without

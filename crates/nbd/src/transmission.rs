@@ -216,18 +216,27 @@ fn block_status(fs: &Fs, sess: &Session, req: &Request) -> Outcome {
     }
 }
 
-/// An error of the file system as an NBD error, logged.
+/// An error of the file system as an NBD error, logged: a refused
+/// operation's errno (the one the FUSE mount answers, `zlogfs_fs::errno`)
+/// narrowed to the protocol's codes, a failure underneath (I/O, damage, a
+/// latched engine) EIO; the message is kept in the structured reply.
 fn failed(e: &Error, what: &str, req: &Request) -> Outcome {
-    let code = match e {
-        Error::NoSpace(_) => err::ENOSPC,
-        Error::ReadOnly(_) | Error::NotPermitted(_) => err::EPERM,
-        Error::Invalid(_) | Error::OutOfRange(_) | Error::PastEnd(_) => err::EINVAL,
-        Error::FileTooBig(_) => err::EOVERFLOW,
-        Error::NotSupported(_) => err::ENOTSUP,
-        _ => err::EIO,
-    };
     tracing::warn!("nbd: {what} {}+{}: {e}", req.offset, req.length);
+    let code = if zlogfs_fs::is_failure(e) { err::EIO } else { nbd_error(zlogfs_fs::errno(e)) };
     Outcome::Failed(code, format!("{what}: {e}"))
+}
+
+/// The NBD error code of an errno (doc/proto.md has EPERM, EIO, ENOMEM,
+/// EINVAL, ENOSPC, EOVERFLOW, ENOTSUP and ESHUTDOWN).
+fn nbd_error(errno: i32) -> u32 {
+    match errno {
+        libc::ENOSPC => err::ENOSPC,
+        libc::EPERM | libc::EROFS => err::EPERM,
+        libc::EINVAL | libc::ERANGE | libc::ENXIO => err::EINVAL,
+        libc::EFBIG | libc::EOVERFLOW => err::EOVERFLOW,
+        libc::EOPNOTSUPP => err::ENOTSUP,
+        _ => err::EIO,
+    }
 }
 
 /// Send the reply to `req`: simple, or structured chunks.
@@ -265,4 +274,33 @@ fn reply<W: Write>(w: &Mutex<W>, sess: &Session, req: &Request, out: Outcome) ->
     let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
     w.write_all(&buf)?;
     w.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every kind of the file system's errors reaches an NBD code: the
+    /// refused ones by their errno, a failure underneath as EIO (even one
+    /// whose device errno is ENOSPC or EROFS).
+    #[test]
+    fn errors_narrow_to_the_protocols_codes() {
+        use zlogfs_engine::error::Error as EngineError;
+        let req = Request { flags: 0, kind: cmd::READ, cookie: 1, offset: 0, length: 1 };
+        let code = |e: Error| match failed(&e, "t", &req) {
+            Outcome::Failed(c, _) => c,
+            _ => unreachable!("failed always fails"),
+        };
+        assert_eq!(code(Error::NoSpace("full".into())), err::ENOSPC);
+        assert_eq!(code(Error::ReadOnly("ro".into())), err::EPERM);
+        assert_eq!(code(Error::NotPermitted("no".into())), err::EPERM);
+        assert_eq!(code(Error::Invalid("bad".into())), err::EINVAL);
+        assert_eq!(code(Error::PastEnd("end".into())), err::EINVAL);
+        assert_eq!(code(Error::FileTooBig("big".into())), err::EOVERFLOW);
+        assert_eq!(code(Error::NotSupported("no".into())), err::ENOTSUP);
+        assert_eq!(code(Error::NotFound("gone".into())), err::EIO);
+        let full = std::io::Error::from_raw_os_error(libc::ENOSPC);
+        assert_eq!(code(Error::Engine(EngineError::io("writing", full))), err::EIO);
+        assert_eq!(code(Error::Engine(EngineError::Failed)), err::EIO);
+    }
 }

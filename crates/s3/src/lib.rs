@@ -19,6 +19,21 @@
 //! directory and uploads when a segment is sealed and at checkpoints;
 //! `remote` uploads at every sync. docs/SEMANTICS.md states what each
 //! keeps across a crash, and docs/FORMAT.md §10 the objects' bytes.
+//!
+//! sync=local uploads in a thread (`upload_loop`), with back-pressure on
+//! syncs past `max_backlog`. A sealed segment in more than `MAX_PIECES`
+//! pieces gets a new generation at a later round (`merge_sealed`, one per
+//! round) and goes up whole. A read below a segment's `local_from` takes
+//! a ranged request for a short read among its first misses, else fetches
+//! the segment into the cache image. Clean segments are evicted least
+//! recently used past `cache_bytes`, the cache's record saying so before
+//! the hole is punched. Requests go through `object_store` on a small
+//! tokio runtime that the synchronous methods block on. `refresh` builds a
+//! store of a newer manifest that takes over the cache directory
+//! (unchanged segments keep their bytes) and retires the old one under
+//! the cache's gate: from then on it reads its own pieces with ranged
+//! GETs. The writer deletes replaced pieces no sooner than `keep_replaced`
+//! (60 s) after the manifest that dropped them.
 
 #![cfg_attr(not(test), deny(clippy::expect_used))]
 
@@ -282,7 +297,10 @@ struct Inner {
     /// Pieces no manifest names since the time given, deleted once
     /// `keep_replaced` has passed.
     doomed: Mutex<Vec<(Instant, Vec<object_store::path::Path>)>>,
+    /// Latched: nothing more is written, every operation fails.
     failed: AtomicBool,
+    /// Why it latched, which every later failure repeats.
+    failure: Mutex<Option<String>>,
     hits: AtomicU64,
     misses: AtomicU64,
     /// The uploader's doorbell: (stop, rung).
@@ -419,7 +437,7 @@ impl Inner {
             if let Err(e) = s.claim() {
                 // Nothing more goes to the bucket from this one (not even
                 // at drop).
-                s.failed.store(true, Ordering::Release);
+                s.latch(&e.to_string());
                 return Err(e);
             }
         }
@@ -478,6 +496,7 @@ impl Inner {
             retired: AtomicBool::new(false),
             doomed: Mutex::new(Vec::new()),
             failed: AtomicBool::new(false),
+            failure: Mutex::new(None),
             hits: AtomicU64::new(hits),
             misses: AtomicU64::new(misses),
             wake: (Mutex::new((false, false)), Condvar::new()),
@@ -549,15 +568,27 @@ impl Inner {
         Ok(())
     }
 
+    /// Fails once the store latched, saying why (an I/O error: EIO
+    /// through the mount).
     fn check_ok(&self) -> io::Result<()> {
         if self.failed.load(Ordering::Acquire) {
-            return Err(io::Error::from_raw_os_error(libc_eio()));
+            let why = lock(&self.failure).clone().unwrap_or_default();
+            return Err(io::Error::other(format!(
+                "{}: this store stopped after an earlier failure ({why}); remount to go on",
+                self.opts.url
+            )));
         }
         Ok(())
     }
 
-    fn fail(&self, e: io::Error) -> io::Error {
+    /// Latch: nothing more is written; later operations fail with `why`.
+    fn latch(&self, why: &str) {
+        lock(&self.failure).get_or_insert_with(|| why.to_string());
         self.failed.store(true, Ordering::Release);
+    }
+
+    fn fail(&self, e: io::Error) -> io::Error {
+        self.latch(&e.to_string());
         tracing::error!("{}: {e}", self.opts.url);
         e
     }
@@ -1108,10 +1139,6 @@ fn next_gen(st: &mut State) -> u64 {
     g
 }
 
-fn libc_eio() -> i32 {
-    5
-}
-
 /// What a read does after the part it did under the gate.
 enum Next {
     Done,
@@ -1627,7 +1654,7 @@ impl S3Store {
     /// from this store, and its operations fail with EIO; the cache
     /// directory keeps what reached it.
     pub fn abandon(&self) {
-        self.inner.failed.store(true, Ordering::Release);
+        self.inner.latch("abandoned, as a killed process would be");
         lock(&self.inner.wake.0).0 = true;
         self.inner.ring();
     }

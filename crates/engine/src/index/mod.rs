@@ -4,6 +4,11 @@
 //! flushed into a sorted [`run::Run`]; runs are merged in the background.
 //! Reads look at the memtables, then the runs from newest to oldest, and
 //! take the newest version whose sequence number is at most the one read at.
+//!
+//! A range scan merges a cursor per memtable (256 versions copied per lock)
+//! with a cursor per run whose key range meets the scan's. Decoded blocks
+//! are cached in 16 shards keyed by (run id, block); run ids are never
+//! reused, addresses are.
 
 pub mod run;
 

@@ -1,6 +1,7 @@
 //! Where segments live. A store is a set of fixed-size segments addressed by
-//! (segment, offset), plus a few fixed 4 KiB metadata slots (the superblock
-//! and the two checkpoint slots) kept apart from the segments.
+//! (segment, offset), plus a few fixed 4 KiB metadata slots kept apart from
+//! the segments: the superblock (0), the two checkpoint slots (1 and 2),
+//! two devices' pairing record (3) and the superblock's copy (15).
 //!
 //! Contract (what lets a segment become one object in an object store, or
 //! live on a second device, without a format change):
@@ -8,8 +9,10 @@
 //!   what the engine considers the segment's valid contents (after a crash
 //!   that is the end of the recovered log, which may be before bytes a torn
 //!   write left behind);
-//! - a written segment is never rewritten until the engine frees it with
-//!   [`Store::discard`];
+//! - a written segment is written again only from offset 0, and only once
+//!   nothing in it is live and neither checkpoint's recovery reads it; a
+//!   store that must know sees that offset-0 write (a bucket starts a new
+//!   generation there): [`Store::freed`] may come later or not at all;
 //! - metadata slots are rewritten whole, always 4 KiB at a time;
 //! - nothing is durable until [`Store::sync`] returns `Ok`.
 

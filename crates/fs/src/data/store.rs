@@ -14,6 +14,26 @@
 //!    there leaves blocks no record points at, which the next open's usage
 //!    rebuild counts as free; the buffers are gone, the engine usually
 //!    latched (the error is the engine's).
+//!
+//! Placement on two devices: the journal, index runs, checkpoints, small
+//! files, packs and patches go `Tier::Fast`, and the own chunks of files
+//! above `Config::small_max` go `Tier::Bulk`. Below `demote_marks`' low
+//! mark of free fast segments (`State::fast_low`), file data goes
+//! `Tier::Bulk` too, so that the journal, runs and checkpoints keep a
+//! place on the fast device. The cleaner places what it moves by the same
+//! rule; `demote_if_fast_low` (worker.rs) cleans the fast device's oldest
+//! segments with `demote` set, storing their file data again on the bulk
+//! device.
+//!
+//! Volumes (files served over NBD): a file's own chunk size
+//! (`Inode::chunk`; 16 KiB for `zlogfs nbd --create`) is what every data
+//! path asks (`State::cs`). Its compression unit (`Inode::unit`; 64 KiB
+//! for `--create`) groups the whole chunks a commit stores, consecutive
+//! within one aligned unit, into one shared block (`pack_units`). Reads,
+//! overwrites that release a chunk's share, and the cleaner need nothing
+//! new for these blocks. Such chunks are not compressed ahead. Its cold
+//! form (`Inode::cold`) is the unit and codec the cleaner's moves use when
+//! `CleanOptions::cold` is set.
 
 use std::collections::HashMap;
 

@@ -23,8 +23,9 @@ pub struct Config {
     pub next_ino: Ino,
     /// Next (uid, gid, mode) triple id.
     pub next_triple: u32,
-    /// Record version: 1 until a patched chunk is written, then 3 (2 on
-    /// images patched by builds before chunk type 4).
+    /// Record version: the highest version (see [`super::FS_VERSION`])
+    /// whose records the image holds; mkfs starts at 1, or at 8 when
+    /// automatic points of history are kept (they write change records).
     pub version: u8,
     /// On two devices, files larger than this keep their own chunks on
     /// the bulk one ([`DEFAULT_SMALL_MAX`] when the record leaves it out).

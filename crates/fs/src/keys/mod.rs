@@ -38,10 +38,11 @@ pub const ROOT: Ino = 1;
 /// reserved bytes of the counters record), version 6 inodes with a chunk
 /// size of their own ([`Inode::chunk`]), version 7 named snapshots and
 /// held frees, version 8 change records ([`change_key`]) and parents of
-/// files as well as directories ([`Inode::parent`]). An image is marked by
-/// the first
-/// commit that writes such a record, so images that never had one stay
-/// readable by older builds.
+/// files as well as directories ([`Inode::parent`]), version 9 a tier
+/// policy per inode ([`Inode::tier`]), version 10 a compression unit
+/// ([`Inode::unit`]), version 11 a cold form ([`Inode::cold`]). An image
+/// is marked by the first commit that writes such a record, so images
+/// that never had one stay readable by older builds.
 pub const FS_VERSION: u8 = 11;
 
 pub(crate) fn zigzag(v: i64) -> u64 {

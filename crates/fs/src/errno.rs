@@ -1,9 +1,12 @@
 //! The one place where errors become errno values: each kind of the file
 //! system's [`Error`] to libc's constant, and the engine's failures
-//! underneath to EIO, ENOSPC or EINVAL.
+//! underneath to EIO, ENOSPC or EINVAL. The FUSE mount answers with it;
+//! NBD narrows it to the few codes its protocol has
+//! (`zlogfs_nbd`'s `failed`); the message stays with the error.
 
 use zlogfs_engine::error::Error as EngineError;
-use zlogfs_fs::Error;
+
+use crate::error::Error;
 
 /// The errno the kernel gets for `e`.
 pub fn errno(e: &Error) -> i32 {
