@@ -121,7 +121,7 @@ impl Caller {
     }
 }
 
-/// Changes of [`Fs::setattr`]; None leaves a field alone.
+/// Changes of [`Fs::setattr`](crate::Fs::setattr); None leaves a field alone.
 #[derive(Debug, Clone, Default)]
 pub struct SetAttr {
     /// Permission bits (the type bits are kept).
@@ -145,13 +145,13 @@ pub struct SetAttr {
     pub by: Option<Caller>,
 }
 
-/// Flags of [`Fs::rename`].
+/// Flags of [`Fs::rename`](crate::Fs::rename).
 pub const RENAME_NOREPLACE: u32 = 1;
 
-/// Flags of [`Fs::rename`].
+/// Flags of [`Fs::rename`](crate::Fs::rename).
 pub const RENAME_EXCHANGE: u32 = 2;
 
-/// Flags of [`Fs::fallocate`] (Linux values).
+/// Flags of [`Fs::fallocate`](crate::Fs::fallocate) (Linux values).
 pub const FALLOC_FL_KEEP_SIZE: u32 = 1;
 
 /// Deallocate the range (with KEEP_SIZE).
@@ -160,13 +160,13 @@ pub const FALLOC_FL_PUNCH_HOLE: u32 = 2;
 /// Zero the range.
 pub const FALLOC_FL_ZERO_RANGE: u32 = 0x10;
 
-/// Flags of [`Fs::setxattr`].
+/// Flags of [`Fs::setxattr`](crate::Fs::setxattr).
 pub const XATTR_CREATE: u32 = 1;
 
-/// Flags of [`Fs::setxattr`].
+/// Flags of [`Fs::setxattr`](crate::Fs::setxattr).
 pub const XATTR_REPLACE: u32 = 2;
 
-/// Flag of [`Fs::setxattr`], zlogfs's own: setting this access ACL clears
+/// Flag of [`Fs::setxattr`](crate::Fs::setxattr), zlogfs's own: setting this access ACL clears
 /// the set-group-ID bit (the caller is neither in the file's group nor
 /// has CAP_FSETID; the kernel says so with `FUSE_SETXATTR_ACL_KILL_SGID`).
 pub const XATTR_KILL_SGID: u32 = 1 << 31;

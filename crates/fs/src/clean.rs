@@ -21,11 +21,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use zlogfs_engine::engine::{Room, SegBlock};
 use zlogfs_engine::{BlockAddr, BlockKind, Tier};
 
-use crate::commit::WRITER_MAX_LIVE;
 use crate::error::{Error, Result};
 use crate::keys::*;
-use crate::patch::{shown, shows};
-use crate::pending::Pending;
+use crate::ops::commit::WRITER_MAX_LIVE;
+use crate::ops::patch::{shown, shows};
+use crate::state::pending::Pending;
 use crate::state::State;
 use crate::Fs;
 

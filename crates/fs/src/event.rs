@@ -1,6 +1,6 @@
 //! The change records' events: what one operation did to an inode, and
 //! the record one commit group writes of them (read by the change feed,
-//! [`crate::changes`]; written by the commit group).
+//! [`crate::history::feed`]; written by the commit group).
 
 use zlogfs_engine::bytes::{Put, Reader};
 
@@ -17,7 +17,7 @@ pub(crate) const RECORD_HEADER_MAX: usize = 10 + 5 + 10;
 /// The events one operation notes at most, in record bytes: a rename that
 /// exchanges two entries of 255-byte names moves two links, and data and
 /// metadata events come with them. An operation joins a group only while
-/// this much is left in its change record ([`crate::group::Group::changes_full`]).
+/// this much is left in its change record ([`crate::state::group::Group::changes_full`]).
 pub(crate) const OP_EVENTS_MAX: usize = 4096;
 
 /// A directory entry: (directory, name).

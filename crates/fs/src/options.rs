@@ -23,7 +23,7 @@ pub struct MkfsOptions {
     pub root_gid: u32,
     /// Retention policy of automatic points of history (none: only named
     /// snapshots are kept).
-    pub history: crate::history::Policy,
+    pub history: crate::retention::Policy,
     /// On two devices, files larger than this keep their own chunks on
     /// the bulk one.
     pub small_max: u64,
@@ -42,7 +42,7 @@ impl Default for MkfsOptions {
             codec: CodecSpec::new(CodecId::Zstd, 2),
             root_uid: 0,
             root_gid: 0,
-            history: crate::history::Policy::NONE,
+            history: crate::retention::Policy::NONE,
             small_max: crate::keys::DEFAULT_SMALL_MAX,
         }
     }

@@ -10,7 +10,7 @@ impl<'a> Checker<'a> {
     /// there when any is.
     pub(super) fn change_records(&mut self) -> Result<()> {
         let (lo, hi) = changes_range();
-        let from = match crate::changes::records_from(self.st) {
+        let from = match crate::history::feed::records_from(self.st) {
             Ok(f) => f,
             Err(e) => {
                 self.bad(format!("{e}"));

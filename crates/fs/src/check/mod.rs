@@ -8,12 +8,13 @@ use zlogfs_engine::BlockAddr;
 
 use crate::error::Result;
 use crate::keys::*;
-use crate::namespace::name_str;
+use crate::ops::namespace::name_str;
 use crate::state::State;
 use crate::Fs;
 
 mod blocks;
 mod history;
+pub(crate) mod scrub;
 mod tree;
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::error::Result;
-use crate::namespace::{check_name, name_str};
+use crate::ops::namespace::{check_name, name_str};
 
 impl<'a> Checker<'a> {
     /// Which directories are reachable from the root, through the entries

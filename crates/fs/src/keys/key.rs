@@ -311,7 +311,7 @@ pub fn changes_range() -> (Vec<u8>, Vec<u8>) {
     (vec![T_CHANGE], vec![T_CHANGE + 1])
 }
 /// The retention policy of automatic points (record version 8): its text
-/// (`crate::history::Policy`'s form). Absent: none.
+/// (`crate::retention::Policy`'s form). Absent: none.
 pub fn policy_key() -> Vec<u8> {
     vec![T_POLICY]
 }

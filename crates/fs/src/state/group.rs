@@ -15,9 +15,9 @@ use zlogfs_engine::BlockAddr;
 
 use crate::error::{Error, Result};
 use crate::event::{Event, Record, RECORD_HEADER_MAX};
-use crate::history::Policy;
 use crate::keys::*;
-use crate::pending::{Pending, FREE_BYTES, HELD_BYTES};
+use crate::retention::Policy;
+use crate::state::pending::{Pending, FREE_BYTES, HELD_BYTES};
 use crate::time::now;
 
 /// The snapshots (named and automatic) whose records are committed, by

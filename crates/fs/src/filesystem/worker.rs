@@ -7,7 +7,7 @@ use std::time::Duration;
 use zlogfs_engine::engine::{Engine, EngineStats};
 
 use crate::clean::{demote_marks, CLEAN_BURST};
-use crate::handle::Inner;
+use crate::state::handle::Inner;
 use crate::{lock, CleanOptions, CleanReport};
 
 pub(crate) fn commit_loop(w: Weak<Inner>, eng: Arc<Engine>, iv: Duration) {

@@ -5,9 +5,10 @@
 use crate::error::{Error, Result};
 use crate::event::What;
 use crate::keys::*;
+use crate::ops::acl;
 use crate::state::State;
 use crate::time::now;
-use crate::{acl, Attr, DirEntry, Fs, RENAME_EXCHANGE, RENAME_NOREPLACE};
+use crate::{Attr, DirEntry, Fs, RENAME_EXCHANGE, RENAME_NOREPLACE};
 
 /// Longest symlink target.
 pub const MAX_SYMLINK: usize = 4095;

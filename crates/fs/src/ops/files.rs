@@ -14,9 +14,10 @@ use zlogfs_engine::BlockAddr;
 use crate::error::{Error, Result};
 use crate::event::What;
 use crate::keys::*;
+use crate::ops::acl;
 use crate::state::State;
 use crate::time::now;
-use crate::{acl, Atime, Attr, Caller, Fs, SetAttr, StatFs};
+use crate::{Atime, Attr, Caller, Fs, SetAttr, StatFs};
 use crate::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
 
 /// Largest file size (a chunk index must fit the key, and sizes fit i64).
@@ -181,7 +182,7 @@ impl Fs {
         self.synced(self.write_now(ino, off, data, None), false)
     }
 
-    /// [`Fs::write`] by `by`, which clears set-ID bits as [`Caller`] says.
+    /// [`Fs::write`](crate::Fs::write) by `by`, which clears set-ID bits as [`Caller`] says.
     pub fn write_by(&self, ino: Ino, off: u64, data: &[u8], by: &Caller) -> Result<usize> {
         self.synced(self.write_now(ino, off, data, Some(by)), false)
     }
@@ -297,7 +298,7 @@ impl Fs {
         self.synced(self.fallocate_now(ino, mode, off, len, None), false)
     }
 
-    /// [`Fs::fallocate`] by `by`, which clears set-ID bits as [`Caller`]
+    /// [`Fs::fallocate`](crate::Fs::fallocate) by `by`, which clears set-ID bits as [`Caller`]
     /// says.
     pub fn fallocate_by(&self, ino: Ino, mode: u32, off: u64, len: u64, by: &Caller) -> Result<()> {
         self.synced(self.fallocate_now(ino, mode, off, len, Some(by)), false)
@@ -357,7 +358,7 @@ impl Fs {
         self.copy_file_range_by(src, off_in, dst, off_out, len, None)
     }
 
-    /// [`Fs::copy_file_range`] by `by`, which clears set-ID bits of the
+    /// [`Fs::copy_file_range`](crate::Fs::copy_file_range) by `by`, which clears set-ID bits of the
     /// destination as [`Caller`] says.
     pub fn copy_file_range_by(
         &self,
@@ -413,7 +414,7 @@ impl Fs {
         // what only automatic points of history hold is free (a writer
         // short of room drops them).
         let purgeable = st.purgeable_by_segment()?;
-        let free = self.eng.writable_bytes_freeing(crate::commit::WRITER_MAX_LIVE, &purgeable);
+        let free = self.eng.writable_bytes_freeing(crate::ops::commit::WRITER_MAX_LIVE, &purgeable);
         let free = free.saturating_sub(st.group.counters().reserved).min(usable);
         let (total, free) = (usable / bsize, free / bsize);
         let used_inodes = st.group.cfg().next_ino - 1;

@@ -1,8 +1,8 @@
 //! The state behind the file system's lock, and the records it reads
 //! and writes: the parts, each owning its fields ([`Group`], [`Buffers`],
 //! [`BlockCache`]), and the policy and counters the operations share. The
-//! operations' code lies by job in [`crate::namespace`], [`crate::files`],
-//! [`crate::xattr`], [`crate::data`], [`crate::commit`] and
+//! operations' code lies by job in [`crate::ops::namespace`], [`crate::ops::files`],
+//! [`crate::ops::xattr`], [`crate::ops::data`], [`crate::ops::commit`] and
 //! [`crate::clean`], each an `impl State` over these parts.
 
 use std::collections::HashMap;
@@ -11,12 +11,18 @@ use std::sync::Arc;
 
 use zlogfs_engine::engine::Engine;
 
-use crate::buffers::Buffers;
-use crate::cache::BlockCache;
 use crate::error::{Error, Result};
-use crate::group::Group;
 use crate::keys::*;
-use crate::{pending, Atime, Attr, FsStats};
+use crate::state::buffers::Buffers;
+use crate::state::cache::BlockCache;
+use crate::state::group::Group;
+use crate::{Atime, Attr, FsStats};
+
+pub(crate) mod buffers;
+pub(crate) mod cache;
+pub(crate) mod group;
+pub(crate) mod handle;
+pub(crate) mod pending;
 
 /// Mutable state, behind one lock.
 /// Entries a walk of a key range reads from the index at a time.

@@ -1,7 +1,7 @@
 //! Storing a group's buffers at commit, in three steps:
 //!
 //! 1. load ([`State::load_for_store`]): read each buffer's inode and stored
-//!    chunk, plan patches ([`crate::patch::plan`]), and make whole the
+//!    chunk, plan patches ([`crate::ops::patch::plan`]), and make whole the
 //!    partial buffers that will not be patches. Nothing changes; a failure
 //!    hands every buffer back.
 //! 2. plan ([`plan_store`], pure): all-zero chunks become holes, a small
@@ -41,10 +41,10 @@ use zlogfs_engine::codec::CodecSpec;
 use zlogfs_engine::engine::{BlockWrite, Room};
 use zlogfs_engine::{BlockAddr, Tier};
 
-use crate::buffers::{Buf, Chunks};
 use crate::error::{Error, Result};
 use crate::keys::*;
-use crate::patch::{self, replaced_share, visible};
+use crate::ops::patch::{self, replaced_share, visible};
+use crate::state::buffers::{Buf, Chunks};
 use crate::state::State;
 
 /// A chunk (or the patch of one) about to be stored.
@@ -62,7 +62,7 @@ struct Piece {
     /// For a patch: the chunk's runs of patch blocks it replaces.
     patch: Option<Vec<(u32, u32)>>,
     /// For a whole chunk: its buffer's stamp (see
-    /// [`crate::buffers::Buffers::take_ahead`]).
+    /// [`crate::state::buffers::Buffers::take_ahead`]).
     stamp: Option<u64>,
     /// The file's chunk size.
     chunk: u32,

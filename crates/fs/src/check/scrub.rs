@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 use zlogfs_engine::BlockAddr;
 
 use crate::check::path_of;
-use crate::data::extent_blocks;
 use crate::error::Result;
 use crate::keys::{
     all_extents_range, all_held_range, held_range_in, parse_extent_key, parse_held_key, Extent, Ino,
 };
+use crate::ops::data::extent_blocks;
 use crate::Fs;
 
 /// Chunks listed per page (the file system is held while it is listed).

@@ -4,10 +4,10 @@
 
 use zlogfs_engine::metrics::{self, Metrics};
 
-use crate::buffers::Buf;
 use crate::error::{Error, Result};
 use crate::keys::*;
-use crate::patch::{is_marked, mark, runs_of};
+use crate::ops::patch::{is_marked, mark, runs_of};
+use crate::state::buffers::Buf;
 use crate::state::State;
 
 /// A chunk's size, and how many of its bytes lie within its file's size.
@@ -286,7 +286,7 @@ impl State {
     }
 
     /// Compress chunk `idx` of `i` on the pool now, with the file's codec
-    /// ([`crate::buffers::Buffers::compress_ahead`]), unless the cleaner
+    /// ([`crate::state::buffers::Buffers::compress_ahead`]), unless the cleaner
     /// runs or the chunk is likely stored with its neighbours (a file
     /// with a compression unit larger than its chunks).
     fn compress_ahead(&mut self, i: &Inode, idx: u64) {

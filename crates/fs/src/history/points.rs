@@ -8,8 +8,8 @@
 //! dropped.
 
 use crate::error::{Error, Result};
-use crate::history::Policy;
 use crate::keys::*;
+use crate::retention::Policy;
 use crate::state::State;
 use crate::time::now;
 use crate::Fs;

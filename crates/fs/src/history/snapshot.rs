@@ -59,9 +59,9 @@ pub fn parse_time(spec: &str) -> Result<Time> {
 /// it). Kept points are the named snapshots.
 pub(crate) fn find_at(eng: &Engine, spec: &str) -> Result<Snapshot> {
     let kept: Vec<Snapshot> =
-        crate::group::committed_snapshot_records(eng)?.into_iter().map(|(_, s)| s).collect();
+        crate::state::group::committed_snapshot_records(eng)?.into_iter().map(|(_, s)| s).collect();
     if spec.starts_with("zlogfs:") {
-        let seq = crate::changes::parse_clock(eng, spec)?
+        let seq = crate::history::feed::parse_clock(eng, spec)?
             .ok_or_else(|| Error::invalid(format!("{spec:?} is a clock token of another image")))?;
         return kept.into_iter().find(|s| s.seq == seq).ok_or_else(|| {
             Error::not_found(format!("point {seq} is not kept: only snapshots are (zlogfs snapshot list)"))
@@ -221,7 +221,7 @@ impl State {
     /// delete not committed yet keeps its snapshot, a point taken but not
     /// committed is one), for the group and the engine.
     pub(crate) fn reload_snapshots(&mut self) -> Result<()> {
-        let mut seqs = crate::group::committed_snapshots(&self.eng)?;
+        let mut seqs = crate::state::group::committed_snapshots(&self.eng)?;
         let (lo, hi) = snapshots_range();
         for (k, v) in self.scan(&lo, &hi, usize::MAX)? {
             seqs.push(Snapshot::decode(&v, &describe_key(&k))?.seq);

@@ -1,7 +1,7 @@
 //! Making a file system ([`mkfs`]), opening one (recovery, orphans, the
 //! commit thread), a view of its past, and closing it. The handle itself
-//! is [`crate::handle`]; the operations are in [`crate::namespace`],
-//! [`crate::files`] and [`crate::xattr`].
+//! is [`crate::state::handle`]; the operations are in [`crate::ops::namespace`],
+//! [`crate::ops::files`] and [`crate::ops::xattr`].
 
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -10,12 +10,15 @@ use zlogfs_engine::max_block_raw;
 use zlogfs_engine::store::Store;
 
 use crate::error::{Error, Result};
-use crate::group::Group;
-use crate::handle::{Fs, Inner};
 use crate::keys::*;
+use crate::state::group::Group;
+use crate::state::handle::{Fs, Inner};
 use crate::state::State;
 use crate::time::now;
-use crate::{lock, worker, FsOptions, MkfsOptions};
+use crate::{lock, FsOptions, MkfsOptions};
+
+pub(crate) mod live;
+pub(crate) mod worker;
 
 /// Make an empty file system on `store`: the engine's format plus the
 /// config record and the root directory.
@@ -105,8 +108,8 @@ impl Fs {
         let group = Group::open(&eng)?;
         eng.set_retained(group.snapshots().to_vec());
         let at = match (&opts.snapshot, &opts.at) {
-            (Some(name), _) => Some(crate::snapshot::find(&eng, name)?.seq),
-            (None, Some(spec)) => Some(crate::snapshot::find_at(&eng, spec)?.seq),
+            (Some(name), _) => Some(crate::history::snapshot::find(&eng, name)?.seq),
+            (None, Some(spec)) => Some(crate::history::snapshot::find_at(&eng, spec)?.seq),
             (None, None) => None,
         };
         let st = State::new(eng.clone(), group, &opts, at);
@@ -140,7 +143,7 @@ impl Fs {
     /// (the cleaner moved no block it reads; when that count moved, drop
     /// the view's cache and read again).
     pub fn view(&self, name: &str, cache_bytes: usize) -> Result<(Fs, u64)> {
-        let seq = crate::snapshot::find(&self.eng, name)?.seq;
+        let seq = crate::history::snapshot::find(&self.eng, name)?.seq;
         let group = Group::open(&self.eng)?;
         let opts = FsOptions { read_only: true, cache_bytes, dirty_bytes: 0, ..FsOptions::default() };
         let mut st = State::new(self.eng.clone(), group, &opts, Some(seq));

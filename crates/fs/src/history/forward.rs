@@ -12,7 +12,7 @@ use zlogfs_engine::BlockAddr;
 
 use crate::error::{Error, Result};
 use crate::keys::*;
-use crate::pending::{del_bytes, put_bytes, FREE_BYTES};
+use crate::state::pending::{del_bytes, put_bytes, FREE_BYTES};
 use crate::state::State;
 
 /// Forward records followed at most for one read (a block moved this many

@@ -8,12 +8,13 @@ use zlogfs_engine::codec::CodecSpec;
 use crate::error::{Error, Result};
 use crate::event::What;
 use crate::keys::*;
-use crate::namespace::name_str;
+use crate::ops::acl;
+use crate::ops::namespace::name_str;
 use crate::state::State;
 use crate::time::now;
 use crate::{
-    acl, Fs, XATTR_CHUNK, XATTR_CODEC, XATTR_COLD, XATTR_CREATE, XATTR_KILL_SGID, XATTR_PHYSICAL,
-    XATTR_REPLACE, XATTR_TIER, XATTR_UNIT,
+    Fs, XATTR_CHUNK, XATTR_CODEC, XATTR_COLD, XATTR_CREATE, XATTR_KILL_SGID, XATTR_PHYSICAL, XATTR_REPLACE,
+    XATTR_TIER, XATTR_UNIT,
 };
 
 fn check_xattr_name(name: &[u8]) -> Result<()> {
