@@ -93,7 +93,7 @@ pub struct FsOptions {
     /// What is synced as soon as it is done.
     pub sync: SyncMode,
     /// Store small overwrites of stored chunks as patches beside them
-    /// (crates/fs/src/patch.rs). On by default; off, every
+    /// (crates/fs/src/ops/patch.rs). On by default; off, every
     /// overwrite rewrites its whole chunk.
     pub patches: bool,
     /// Open for reading only (a store opened read-only): nothing is
