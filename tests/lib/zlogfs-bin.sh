@@ -9,6 +9,10 @@ if [ -n "${ZLOGFS_BIN:-}" ]; then
     zlogfs=$ZLOGFS_BIN
     [ -x "$zlogfs" ] || { echo "ZLOGFS_BIN=$zlogfs is not an executable" >&2; exit 1; }
 else
-    cargo build --profile "${ZLOGFS_PROFILE:-release}" --quiet --bin zlogfs || exit 1
-    zlogfs=$PWD/target/${ZLOGFS_PROFILE:-release}/zlogfs
+    profile=${ZLOGFS_PROFILE:-release}
+    cargo build --profile "$profile" --quiet --bin zlogfs || exit 1
+    case $profile in dev | test) profile=debug ;; esac
+    zlogfs=$(cargo metadata --no-deps --format-version 1 |
+        python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/$profile/zlogfs
 fi
+echo "binary under test: $zlogfs ($(stat -c %y "$zlogfs" | cut -d. -f1))"

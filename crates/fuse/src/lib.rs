@@ -21,7 +21,7 @@
 //! unmounted), [`serve`] (a request's [`Reply`], the handler it goes to,
 //! the workers), [`adapter`] (the requests as [`Fs`](zlogfs_fs::Fs) calls), [`past`]
 //! (the `.snapshots` directory), [`dirlist`] (directory listings),
-//! [`errno`] (errors as errnos), [`kmount`] (the kernel mount).
+//! [`kmount`] (the kernel mount).
 //!
 //! What the adapter decides, and nothing else:
 //! - permission checks are the kernel's (`default_permissions` is always
@@ -34,9 +34,10 @@
 //! - directory offsets: a hash of the entry's name, directories listed in
 //!   hash order ([`crate::dirlist`]), so that no state is kept per open
 //!   directory and the kernel need not send OPENDIR and RELEASEDIR;
-//! - errors: the file system's typed [`Error`](zlogfs_fs::Error) becomes an errno here, in
-//!   [`errno()`], and nowhere else; anything that is not a refused
-//!   operation (an I/O failure, damage) is also logged.
+//! - errors: the file system's typed [`Error`](zlogfs_fs::Error) is
+//!   answered with its errno, decided once in the file system layer
+//!   ([`zlogfs_fs::errno()`]); anything that is not a refused operation (an
+//!   I/O failure, damage) is also logged.
 
 mod abi;
 mod adapter;

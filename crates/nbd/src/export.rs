@@ -17,15 +17,16 @@ pub struct Export {
 }
 
 /// Find the export called `name`: a regular file; None when there is none.
-/// A lookup that fails for another reason than a missing name (damage, an
-/// I/O error, a latched image) is logged: the client hears only "no such
-/// export".
+/// A lookup that fails underneath (damage, an I/O error, a latched image)
+/// is logged, since the client hears only "no such export"; a refused one
+/// (no such name, a name through a file) is the client's to know.
 pub fn find(fs: &Fs, name: &str) -> Option<Export> {
     match resolve(fs, name) {
         Ok(x) => x,
-        Err(Error::NotFound(_)) => None,
         Err(e) => {
-            tracing::warn!("nbd: export {name:?}: {e}");
+            if zlogfs_fs::is_failure(&e) {
+                tracing::warn!("nbd: export {name:?}: {e}");
+            }
             None
         }
     }

@@ -280,27 +280,55 @@ fn reply<W: Write>(w: &Mutex<W>, sess: &Session, req: &Request, out: Outcome) ->
 mod tests {
     use super::*;
 
-    /// Every kind of the file system's errors reaches an NBD code: the
-    /// refused ones by their errno, a failure underneath as EIO (even one
-    /// whose device errno is ENOSPC or EROFS).
+    /// Every kind of the file system's errors gets the NBD code the table
+    /// before the errno was decided in one place gave it: the refused ones
+    /// by their errno, a failure underneath as EIO (even one whose device
+    /// errno is ENOSPC or EROFS).
     #[test]
     fn errors_narrow_to_the_protocols_codes() {
         use zlogfs_engine::error::Error as EngineError;
         let req = Request { flags: 0, kind: cmd::READ, cookie: 1, offset: 0, length: 1 };
-        let code = |e: Error| match failed(&e, "t", &req) {
+        let code = |e: &Error| match failed(e, "t", &req) {
             Outcome::Failed(c, _) => c,
             _ => unreachable!("failed always fails"),
         };
-        assert_eq!(code(Error::NoSpace("full".into())), err::ENOSPC);
-        assert_eq!(code(Error::ReadOnly("ro".into())), err::EPERM);
-        assert_eq!(code(Error::NotPermitted("no".into())), err::EPERM);
-        assert_eq!(code(Error::Invalid("bad".into())), err::EINVAL);
-        assert_eq!(code(Error::PastEnd("end".into())), err::EINVAL);
-        assert_eq!(code(Error::FileTooBig("big".into())), err::EOVERFLOW);
-        assert_eq!(code(Error::NotSupported("no".into())), err::ENOTSUP);
-        assert_eq!(code(Error::NotFound("gone".into())), err::EIO);
-        let full = std::io::Error::from_raw_os_error(libc::ENOSPC);
-        assert_eq!(code(Error::Engine(EngineError::io("writing", full))), err::EIO);
-        assert_eq!(code(Error::Engine(EngineError::Failed)), err::EIO);
+        let old_table = |e: &Error| match e {
+            Error::NoSpace(_) => err::ENOSPC,
+            Error::ReadOnly(_) | Error::NotPermitted(_) => err::EPERM,
+            Error::Invalid(_) | Error::OutOfRange(_) | Error::PastEnd(_) => err::EINVAL,
+            Error::FileTooBig(_) => err::EOVERFLOW,
+            Error::NotSupported(_) => err::ENOTSUP,
+            _ => err::EIO,
+        };
+        let m = String::new;
+        let io = |n| EngineError::io("writing", std::io::Error::from_raw_os_error(n));
+        let all = [
+            Error::NotFound(m()),
+            Error::Exists(m()),
+            Error::NotEmpty(m()),
+            Error::NotDir(m()),
+            Error::IsDir(m()),
+            Error::NameTooLong(m()),
+            Error::Invalid(m()),
+            Error::FileTooBig(m()),
+            Error::TooManyLinks(m()),
+            Error::NoAttr(m()),
+            Error::OutOfRange(m()),
+            Error::ValueTooBig(m()),
+            Error::PastEnd(m()),
+            Error::NotSupported(m()),
+            Error::NotPermitted(m()),
+            Error::ReadOnly(m()),
+            Error::NoSpace(m()),
+            Error::Engine(io(libc::ENOSPC)),
+            Error::Engine(io(libc::EROFS)),
+            Error::Engine(EngineError::Failed),
+            Error::Engine(EngineError::corrupt("a block", "bad")),
+        ];
+        for e in &all {
+            assert_eq!(code(e), old_table(e), "{e:?}");
+        }
+        assert_eq!(code(&Error::NoSpace(m())), err::ENOSPC);
+        assert_eq!(code(&Error::Engine(io(libc::ENOSPC))), err::EIO);
     }
 }

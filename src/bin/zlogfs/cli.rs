@@ -276,9 +276,9 @@ pub(crate) enum Cmd {
     },
     /// Serve the image's regular files as NBD block devices.
     ///
-    /// Exports are named by their path: nbd+unix:///vm/disk.raw?socket=PATH), until SIGTERM
-    /// or Ctrl-C. A mounted image serves them from its daemon instead
-    /// (mount -o nbd=PATH).
+    /// Exports are named by their path (nbd+unix:///vm/disk.raw?socket=PATH);
+    /// served until SIGTERM or Ctrl-C. A mounted image serves them from
+    /// its daemon instead (mount -o nbd=PATH).
     #[command(group(clap::ArgGroup::new("at").required(true).args(["socket", "listen"])))]
     Nbd {
         /// The image.

@@ -303,6 +303,20 @@ fn preflight(dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// The global flags (--fast, --cache, --s3-sync, --cache-size) over the
+/// `-o` options: a flag given wins, as `zlogfs mount` passes the flags to
+/// its daemon after the user's options (the last of an option wins).
+pub fn with_flags(p: &mut Parsed, parts: &super::Parts) {
+    if let Some(f) = &parts.fast {
+        p.fast = Some(f.clone());
+    }
+    if let Some(c) = &parts.s3.cache {
+        p.s3.cache = Some(super::absolute(c));
+    }
+    p.s3.sync = parts.s3.sync.or(p.s3.sync);
+    p.s3.cache_size = parts.s3.cache_size.or(p.s3.cache_size);
+}
+
 pub fn open_for_mount(image: &Path, p: &Parsed) -> Result<Fs, String> {
     // Read-only, the image is opened so (with a shared lock): it may be
     // read-only to the caller, and other read-only users may share it.
@@ -646,6 +660,26 @@ pub fn helper_args(args: &[String]) -> Result<(PathBuf, PathBuf, Vec<String>, bo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A global flag wins over its -o option; an option without a flag
+    /// stays (zlogfs nbd, as zlogfs mount).
+    #[test]
+    fn flags_win_over_options_they_name() {
+        let opts = ["cache=/o/cache,cache_size=5M,fast=/o/fast".to_string()];
+        let mut p = parse_options(&opts, Path::new("i")).unwrap();
+        with_flags(&mut p, &super::super::Parts::default());
+        assert_eq!(p.s3.cache.as_deref(), Some(Path::new("/o/cache")));
+        assert_eq!(p.s3.cache_size, Some(5 << 20));
+        assert_eq!(p.fast.as_deref(), Some(Path::new("/o/fast")));
+        let flags = super::super::Parts {
+            fast: Some("/f/fast".into()),
+            s3: super::super::S3Flags { cache: Some("/f/cache".into()), cache_size: Some(7), sync: None },
+        };
+        with_flags(&mut p, &flags);
+        assert_eq!(p.s3.cache.as_deref(), Some(Path::new("/f/cache")));
+        assert_eq!(p.s3.cache_size, Some(7));
+        assert_eq!(p.fast.as_deref(), Some(Path::new("/f/fast")));
+    }
 
     #[test]
     fn options_parse_and_reject() {

@@ -300,12 +300,7 @@ pub fn nbd(
     opts: &[String],
 ) -> Res {
     let mut parsed = super::mount::parse_options(opts, image)?;
-    // The global flags, where -o gives no option of its own.
-    parsed.fast = parsed.fast.take().or_else(|| parts.fast.clone());
-    let s3 = &mut parsed.s3;
-    s3.cache = s3.cache.take().or_else(|| parts.s3.cache.clone());
-    s3.sync = s3.sync.or(parts.s3.sync);
-    s3.cache_size = s3.cache_size.or(parts.s3.cache_size);
+    super::mount::with_flags(&mut parsed, parts);
     parsed.block_cache = parsed.block_cache.or_else(nbd_block_cache);
     let fs = Arc::new(super::mount::open_for_mount(image, &parsed)?);
     for c in create {

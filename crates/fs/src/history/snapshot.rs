@@ -3,7 +3,7 @@
 //! at (`Engine::set_retained`), and, while any snapshot exists, the blocks
 //! a commit stops using are held ([`crate::keys::held_key`]) instead of
 //! freed; the cleaner copies held blocks it moves and leaves a forward
-//! behind (crate::forward). `Group::seal` turns the group's frees of blocks
+//! behind (`crate::history::forward`). `Group::seal` turns the group's frees of blocks
 //! a snapshot reads into held records, the one place every free of file
 //! data passes. A block is read by the snapshots at or after its born
 //! (kept per segment by `Group::placed`) and before its free. Deleting a

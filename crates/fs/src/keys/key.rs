@@ -296,7 +296,7 @@ pub fn snapshots_range() -> (Vec<u8>, Vec<u8>) {
 }
 
 /// The change record of the commit group whose first sequence number is
-/// `seq` (record version 8); its value is `changes::Record::encode`.
+/// `seq` (record version 8); its value is `event::Record::encode`.
 pub fn change_key(seq: u64) -> Vec<u8> {
     let mut k = vec![T_CHANGE];
     k.extend_from_slice(&seq.to_be_bytes());
