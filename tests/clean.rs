@@ -63,10 +63,7 @@ fn fsck_crashed(f: &Fs, what: &str) -> zlogfs::fs::CheckReport {
 
 /// A fresh file system on a [`SMALL`] memory store.
 fn small_fs() -> (Arc<dyn Store>, Fs) {
-    let s: Arc<dyn Store> = Arc::new(MemStore::new(SMALL));
-    fs::mkfs(s.clone(), &MkfsOptions::default()).expect("mkfs");
-    let f = Fs::open(s.clone(), fs_opts()).expect("open");
-    (s, f)
+    fs::testing::fresh_on(Arc::new(MemStore::new(SMALL)), &MkfsOptions::default(), fs_opts())
 }
 
 fn live_bytes(f: &Fs) -> u64 {

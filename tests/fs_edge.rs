@@ -41,10 +41,7 @@ fn store() -> Arc<dyn Store> {
 
 /// A fresh file system made with `o`.
 fn mkfs_with(o: &MkfsOptions) -> (Arc<dyn Store>, Fs) {
-    let s = store();
-    fs::mkfs(s.clone(), o).expect("mkfs");
-    let f = Fs::open(s.clone(), fs_opts()).expect("open");
-    (s, f)
+    fs::testing::fresh_on(store(), o, fs_opts())
 }
 
 fn fresh() -> (Arc<dyn Store>, Fs) {

@@ -30,10 +30,7 @@ fn opts(atime: Atime) -> FsOptions {
 }
 
 fn fresh(atime: Atime) -> (Arc<dyn Store>, Fs) {
-    let s: Arc<dyn Store> = Arc::new(MemStore::new(IMAGE_64M));
-    fs::mkfs(s.clone(), &MkfsOptions::default()).expect("mkfs");
-    let f = Fs::open(s.clone(), opts(atime)).expect("open");
-    (s, f)
+    fs::testing::fresh_on(Arc::new(MemStore::new(IMAGE_64M)), &MkfsOptions::default(), opts(atime))
 }
 
 fn errno<T>(r: fs::Result<T>) -> Option<i32> {

@@ -58,6 +58,9 @@ mod state;
 mod stats;
 mod time;
 
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
+
 use std::sync::{Mutex, MutexGuard};
 
 pub use attr::{Attr, Caller, DirEntry, SetAttr, StatFs};
@@ -126,6 +129,7 @@ mod layers {
         "clean",
         "check",
         "filesystem",
+        "testing",
     ];
 
     fn layer(unit: &str) -> Option<usize> {

@@ -125,17 +125,14 @@ mod tests {
     use std::sync::Arc;
 
     use rand::{Rng, SeedableRng};
-    use zlogfs_engine::store::{Geometry, MemStore, Store};
-    use zlogfs_fs::{mkfs, Fs, FsOptions, MkfsOptions, SetAttr, ROOT};
+    use zlogfs_engine::store::Geometry;
+    use zlogfs_fs::{Fs, SetAttr, ROOT};
 
     use super::proto::*;
     use super::replay::{handshake, Duplex};
 
     fn fs_with_volume() -> Arc<Fs> {
-        let store: Arc<dyn Store> =
-            Arc::new(MemStore::new(Geometry { segment_size: 1 << 20, segment_count: 32 }));
-        mkfs(store.clone(), &MkfsOptions::default()).expect("mkfs");
-        let fs = Fs::open(store, FsOptions { commit_interval: None, ..FsOptions::default() }).expect("open");
+        let (_, fs) = zlogfs_fs::testing::fresh(Geometry { segment_size: 1 << 20, segment_count: 32 });
         let f = fs.create(ROOT, b"disk", 0o600, 0, 0).expect("create");
         fs.setattr(f.ino, &SetAttr { size: Some(1 << 20), ..SetAttr::default() }).expect("size");
         Arc::new(fs)

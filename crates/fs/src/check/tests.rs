@@ -2,10 +2,10 @@
 
 use std::sync::Arc;
 
-use zlogfs_engine::store::{Geometry, MemStore, Store};
+use zlogfs_engine::store::{Geometry, MemStore};
 
 use super::*;
-use crate::{mkfs, FsOptions, MkfsOptions};
+use crate::{FsOptions, MkfsOptions};
 
 /// Bytes of no pattern a codec finds much in (each file its own).
 fn bytes(n: usize, seed: u64) -> Vec<u8> {
@@ -24,14 +24,11 @@ fn bytes(n: usize, seed: u64) -> Vec<u8> {
 /// files (owned blocks over several segments), empty files, hard links
 /// and xattrs.
 fn tree() -> Fs {
-    let store: Arc<dyn Store> =
-        Arc::new(MemStore::new(Geometry { segment_size: 256 << 10, segment_count: 64 }));
-    mkfs(
-        store.clone(),
+    let (_, fs) = crate::testing::fresh_on(
+        Arc::new(MemStore::new(Geometry { segment_size: 256 << 10, segment_count: 64 })),
         &MkfsOptions { pack_bytes: 32 << 10, chunk_size: 32 << 10, ..MkfsOptions::default() },
-    )
-    .unwrap();
-    let fs = Fs::open(store, FsOptions { commit_interval: None, ..FsOptions::default() }).unwrap();
+        crate::testing::quiet(FsOptions::default()),
+    );
     for d in 0..4u64 {
         let dir = fs.mkdir(ROOT, format!("d{d}").as_bytes(), 0o755, 0, 0).unwrap().ino;
         let sub = fs.mkdir(dir, b"sub", 0o755, 0, 0).unwrap().ino;

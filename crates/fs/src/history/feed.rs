@@ -508,14 +508,14 @@ fn feed(st: &State, since: u64, until: u64, groups: &[(u64, Vec<Event>)]) -> Res
 mod tests {
     use std::sync::Arc;
 
-    use zlogfs_engine::store::{Geometry, MemStore, Store};
+    use zlogfs_engine::store::{Geometry, Store};
 
     use super::*;
     use crate::event::RECORD_MAX;
-    use crate::{mkfs, FsOptions, MkfsOptions, SetAttr};
+    use crate::{FsOptions, SetAttr};
 
     fn open(store: &Arc<dyn Store>) -> Fs {
-        Fs::open(store.clone(), FsOptions { commit_interval: None, ..FsOptions::default() }).unwrap()
+        crate::testing::open(store, crate::testing::quiet(FsOptions::default()))
     }
 
     /// (op, path, old path, data, metadata) of a feed, as text.
@@ -547,10 +547,7 @@ mod tests {
     /// delete; renames of long names to long names likewise.
     #[test]
     fn a_group_closes_before_its_change_record_outgrows_a_value() {
-        let store: Arc<dyn Store> =
-            Arc::new(MemStore::new(Geometry { segment_size: 4 << 20, segment_count: 32 }));
-        mkfs(store.clone(), &MkfsOptions::default()).unwrap();
-        let fs = open(&store);
+        let (store, fs) = crate::testing::fresh(Geometry { segment_size: 4 << 20, segment_count: 32 });
         let name = |i: usize, c: u8| {
             let mut n = format!("{i:05}").into_bytes();
             n.resize(250, c);
@@ -592,10 +589,7 @@ mod tests {
     /// the root directory is listed as "/".
     #[test]
     fn a_removed_hard_link_does_not_hide_a_data_change() {
-        let store: Arc<dyn Store> =
-            Arc::new(MemStore::new(Geometry { segment_size: 1 << 20, segment_count: 16 }));
-        mkfs(store.clone(), &MkfsOptions::default()).unwrap();
-        let fs = open(&store);
+        let (_, fs) = crate::testing::fresh(Geometry { segment_size: 1 << 20, segment_count: 16 });
         let b = fs.create(ROOT, b"b", 0o644, 0, 0).unwrap().ino;
         fs.write(b, 0, &vec![7u8; 200_000]).unwrap();
         fs.link(b, ROOT, b"b2").unwrap();
@@ -635,10 +629,7 @@ mod tests {
     /// across a reopen; a start before the records is a fresh instance.
     #[test]
     fn the_feed_lists_what_changed_between_two_points() {
-        let store: Arc<dyn Store> =
-            Arc::new(MemStore::new(Geometry { segment_size: 1 << 20, segment_count: 16 }));
-        mkfs(store.clone(), &MkfsOptions::default()).unwrap();
-        let fs = open(&store);
+        let (store, fs) = crate::testing::fresh(Geometry { segment_size: 1 << 20, segment_count: 16 });
         let mk = |p, n: &[u8]| fs.create(p, n, 0o644, 0, 0).unwrap().ino;
         let a = mk(ROOT, b"a");
         let d = fs.mkdir(ROOT, b"d", 0o755, 0, 0).unwrap().ino;
@@ -696,10 +687,7 @@ mod tests {
     /// (not a fresh instance).
     #[test]
     fn pruning_keeps_later_times_answerable() {
-        let store: Arc<dyn Store> =
-            Arc::new(MemStore::new(Geometry { segment_size: 1 << 20, segment_count: 16 }));
-        mkfs(store.clone(), &MkfsOptions::default()).unwrap();
-        let fs = open(&store);
+        let (_, fs) = crate::testing::fresh(Geometry { segment_size: 1 << 20, segment_count: 16 });
         fs.create(ROOT, b"a", 0o644, 0, 0).unwrap();
         fs.sync().unwrap();
         let old = Time { sec: now().sec - KEEP_CHANGES_SECS - 86_400, nsec: 0 };

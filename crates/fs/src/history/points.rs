@@ -172,10 +172,10 @@ impl Fs {
 mod tests {
     use std::sync::Arc;
 
-    use zlogfs_engine::store::{Geometry, MemStore, Store};
+    use zlogfs_engine::store::{Geometry, MemStore};
 
     use super::*;
-    use crate::{mkfs, FsOptions, MkfsOptions, ROOT};
+    use crate::{FsOptions, MkfsOptions, ROOT};
 
     /// Under "every commit for an hour", each commit of changes is a
     /// point that reads as the tree was; thinning three days later keeps
@@ -183,12 +183,12 @@ mod tests {
     /// stays clean and what only dropped points held is freed.
     #[test]
     fn every_commit_is_a_point_until_thinned() {
-        let store: Arc<dyn Store> =
-            Arc::new(MemStore::new(Geometry { segment_size: 1 << 20, segment_count: 32 }));
         let policy: Policy = "all:1h,hourly:2d,daily:31d".parse().unwrap();
-        mkfs(store.clone(), &MkfsOptions { history: policy, ..MkfsOptions::default() }).unwrap();
-        let fs =
-            Fs::open(store.clone(), FsOptions { commit_interval: None, ..FsOptions::default() }).unwrap();
+        let (store, fs) = crate::testing::fresh_on(
+            Arc::new(MemStore::new(Geometry { segment_size: 1 << 20, segment_count: 32 })),
+            &MkfsOptions { history: policy, ..MkfsOptions::default() },
+            crate::testing::quiet(FsOptions::default()),
+        );
         assert_eq!(fs.history_policy(), policy);
         let a = fs.create(ROOT, b"a", 0o644, 0, 0).unwrap();
         let data = |n: u32| -> Vec<u8> {

@@ -405,13 +405,13 @@ impl Fs {
 mod tests {
     use std::sync::Arc;
 
-    use zlogfs_engine::store::{Geometry, MemStore, Store};
+    use zlogfs_engine::store::{Geometry, Store};
 
     use crate::keys::{all_held_range, parse_held_key, seg_borns_range, snapshot_key};
-    use crate::{mkfs, Fs, FsOptions, MkfsOptions, ROOT};
+    use crate::{Fs, FsOptions, ROOT};
 
     fn open(store: &Arc<dyn Store>) -> Fs {
-        Fs::open(store.clone(), FsOptions { commit_interval: None, ..FsOptions::default() }).unwrap()
+        crate::testing::open(store, crate::testing::quiet(FsOptions::default()))
     }
 
     /// A segment that holds blocks but has no born record (an image from
@@ -420,10 +420,7 @@ mod tests {
     /// freed, and the snapshot reads it.
     #[test]
     fn segments_without_a_born_record_hold_for_every_snapshot() {
-        let store: Arc<dyn Store> =
-            Arc::new(MemStore::new(Geometry { segment_size: 1 << 20, segment_count: 16 }));
-        mkfs(store.clone(), &MkfsOptions::default()).unwrap();
-        let fs = open(&store);
+        let (store, fs) = crate::testing::fresh(Geometry { segment_size: 1 << 20, segment_count: 16 });
         let a = fs.create(ROOT, b"a", 0o644, 0, 0).unwrap();
         let old: Vec<u8> = (0..100_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
         fs.write(a.ino, 0, &old).unwrap();
@@ -461,10 +458,7 @@ mod tests {
     /// is damaged.
     #[test]
     fn scrub_verifies_the_blocks_snapshots_read() {
-        let store: Arc<dyn Store> =
-            Arc::new(MemStore::new(Geometry { segment_size: 1 << 20, segment_count: 16 }));
-        mkfs(store.clone(), &MkfsOptions::default()).unwrap();
-        let fs = open(&store);
+        let (store, fs) = crate::testing::fresh(Geometry { segment_size: 1 << 20, segment_count: 16 });
         let a = fs.create(ROOT, b"a", 0o644, 0, 0).unwrap();
         let noise: Vec<u8> = (0..200_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
         fs.write(a.ino, 0, &noise).unwrap();
@@ -494,10 +488,7 @@ mod tests {
     /// gone, held frees left) is finished by the next open.
     #[test]
     fn the_next_open_finishes_an_interrupted_delete() {
-        let store: Arc<dyn Store> =
-            Arc::new(MemStore::new(Geometry { segment_size: 1 << 20, segment_count: 16 }));
-        mkfs(store.clone(), &MkfsOptions::default()).unwrap();
-        let fs = open(&store);
+        let (store, fs) = crate::testing::fresh(Geometry { segment_size: 1 << 20, segment_count: 16 });
         let a = fs.create(ROOT, b"a", 0o644, 0, 0).unwrap();
         fs.write(a.ino, 0, &vec![7u8; 200_000]).unwrap();
         fs.snapshot_create("s").unwrap();

@@ -342,13 +342,13 @@ impl Fs {
 mod tests {
     use std::sync::Arc;
 
-    use zlogfs_engine::store::{Geometry, MemStore, Store};
+    use zlogfs_engine::store::{Geometry, Store};
 
     use crate::keys::extents_from;
-    use crate::{mkfs, Error, Fs, FsOptions, MkfsOptions, ROOT, XATTR_CHUNK, XATTR_COLD, XATTR_UNIT};
+    use crate::{Error, Fs, FsOptions, ROOT, XATTR_CHUNK, XATTR_COLD, XATTR_UNIT};
 
     fn open(store: &Arc<dyn Store>) -> Fs {
-        Fs::open(store.clone(), FsOptions { commit_interval: None, ..FsOptions::default() }).unwrap()
+        crate::testing::open(store, crate::testing::quiet(FsOptions::default()))
     }
 
     /// How many chunks of `ino` share each shared block it uses, in
@@ -373,10 +373,7 @@ mod tests {
 
     #[test]
     fn a_file_of_its_own_chunk_size_stores_chunks_of_that_size() {
-        let store: Arc<dyn Store> =
-            Arc::new(MemStore::new(Geometry { segment_size: 1 << 20, segment_count: 32 }));
-        mkfs(store.clone(), &MkfsOptions::default()).unwrap();
-        let fs = open(&store);
+        let (store, fs) = crate::testing::fresh(Geometry { segment_size: 1 << 20, segment_count: 32 });
         let a = fs.create(ROOT, b"vol", 0o644, 0, 0).unwrap();
         fs.setxattr(a.ino, XATTR_CHUNK, b"16K", 0).unwrap();
         assert_eq!(fs.getxattr(a.ino, XATTR_CHUNK).unwrap(), b"16K");
@@ -412,10 +409,7 @@ mod tests {
     /// and a reopen; the setting is checked and inherited.
     #[test]
     fn chunks_of_a_compression_unit_share_blocks() {
-        let store: Arc<dyn Store> =
-            Arc::new(MemStore::new(Geometry { segment_size: 1 << 20, segment_count: 32 }));
-        mkfs(store.clone(), &MkfsOptions::default()).unwrap();
-        let fs = open(&store);
+        let (store, fs) = crate::testing::fresh(Geometry { segment_size: 1 << 20, segment_count: 32 });
         let d = fs.mkdir(ROOT, b"vols", 0o755, 0, 0).unwrap();
         for bad in [&b"3K"[..], b"2K", b"2M", b"abc", b""] {
             assert!(invalid(fs.setxattr(d.ino, XATTR_UNIT, bad, 0)).contains("compression unit"), "{bad:?}");
@@ -462,10 +456,7 @@ mod tests {
     /// checked, inherited and marks the image.
     #[test]
     fn the_cleaner_stores_a_file_in_its_cold_form() {
-        let store: Arc<dyn Store> =
-            Arc::new(MemStore::new(Geometry { segment_size: 1 << 20, segment_count: 128 }));
-        mkfs(store.clone(), &MkfsOptions::default()).unwrap();
-        let fs = open(&store);
+        let (store, fs) = crate::testing::fresh(Geometry { segment_size: 1 << 20, segment_count: 128 });
         let d = fs.mkdir(ROOT, b"vols", 0o755, 0, 0).unwrap();
         for (bad, says) in [
             (&b"64K"[..], "give a unit and a codec"),
@@ -537,10 +528,7 @@ mod tests {
 
     #[test]
     fn chunk_sizes_are_checked_and_inherited() {
-        let store: Arc<dyn Store> =
-            Arc::new(MemStore::new(Geometry { segment_size: 1 << 20, segment_count: 16 }));
-        mkfs(store.clone(), &MkfsOptions::default()).unwrap();
-        let fs = open(&store);
+        let (_, fs) = crate::testing::fresh(Geometry { segment_size: 1 << 20, segment_count: 16 });
         let d = fs.mkdir(ROOT, b"vols", 0o755, 0, 0).unwrap();
         for bad in [&b"3K"[..], b"2K", b"128K", b"1M", b"abc", b"16Q", b""] {
             assert!(invalid(fs.setxattr(d.ino, XATTR_CHUNK, bad, 0)).contains("chunk size"), "{bad:?}");

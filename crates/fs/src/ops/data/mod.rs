@@ -91,18 +91,14 @@ impl State {
 
 #[cfg(all(test, debug_assertions))]
 mod tests {
-    use std::sync::Arc;
 
-    use zlogfs_engine::store::{Geometry, MemStore, Store};
+    use zlogfs_engine::store::Geometry;
 
-    use crate::{mkfs, Fs, FsOptions, MkfsOptions, ROOT};
+    use crate::ROOT;
 
     #[test]
     fn the_file_check_finds_a_wrong_count_and_bytes_past_the_size() {
-        let store: Arc<dyn Store> =
-            Arc::new(MemStore::new(Geometry { segment_size: 1 << 20, segment_count: 16 }));
-        mkfs(store.clone(), &MkfsOptions::default()).unwrap();
-        let fs = Fs::open(store, FsOptions { commit_interval: None, ..FsOptions::default() }).unwrap();
+        let (_, fs) = crate::testing::fresh(Geometry { segment_size: 1 << 20, segment_count: 16 });
         let a = fs.create(ROOT, b"f", 0o644, 0, 0).unwrap();
         fs.write(a.ino, 0, b"hello").unwrap();
         let st = fs.st();
