@@ -170,16 +170,10 @@ fn export_salvages_a_damaged_image() {
     let src = w.join("src");
     std::fs::create_dir_all(src.join("raw")).expect("mkdir");
     // Incompressible bytes are stored raw: they can be found in the image.
-    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
     let mut noise = |n: usize| -> Vec<u8> {
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
+        seed += 1;
+        common::noise(seed, n)
     };
     let victim = noise(300_000);
     std::fs::write(src.join("raw/victim"), &victim).expect("write");
