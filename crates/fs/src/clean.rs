@@ -322,7 +322,7 @@ impl State {
         }
         let fit = CleanOptions { max_live: WRITER_MAX_LIVE, cold: false, ..CleanOptions::default() };
         let (mut rep, mut tried) = (CleanReport::default(), HashSet::new());
-        while need > self.space_hint && self.clean_round(&fit, &mut rep, &mut tried)? {}
+        while need > self.space_hint && self.gaining_round(&fit, &mut rep, &mut tried)? {}
         if need <= self.space_hint {
             // A burst more (CLEAN_BURST), only from segments that give back
             // more than they cost, and only while each round gains room.
@@ -337,10 +337,26 @@ impl State {
             }
             // A burst's last round may have cost room after all: the write
             // it was cleaning for must still fit.
-            while need > self.space_hint && self.clean_round(&fit, &mut rep, &mut tried)? {}
+            while need > self.space_hint && self.gaining_round(&fit, &mut rep, &mut tried)? {}
         }
         self.futile_at = (need > self.space_hint).then_some(self.stats.commits);
         Ok(())
+    }
+
+    /// A round of a writer's cleaning, true when it left the cleaner
+    /// more room than it found. Near full, a round's cost (moving what
+    /// is live, the records of the move, the index flush that lets its
+    /// victims go) can pass what it gives back: rounds that went on
+    /// regardless took the reserve, and the cleaner, the deletes and the
+    /// create after them had no room left (tests/full.rs).
+    fn gaining_round(
+        &mut self,
+        opts: &CleanOptions,
+        rep: &mut CleanReport,
+        tried: &mut HashSet<u32>,
+    ) -> Result<bool> {
+        let before = self.eng.room_bytes(Room::Relieve);
+        Ok(self.clean_round(opts, rep, tried)? && self.eng.room_bytes(Room::Relieve) > before)
     }
 
     /// Short of room for history, or with free segments about gone, automatic

@@ -192,10 +192,29 @@ impl Engine {
         (self.sh.opts.level0_runs.max(1) * self.sh.opts.memtable_bytes / 2) as u64
     }
 
-    /// The merge due in `ver`, if any.
+    /// The merge due in `ver`, if any, and if the log has room for it.
     fn plan(&self, ver: &Version) -> Option<Plan> {
         let metas: Vec<&RunMeta> = ver.runs.iter().map(|r| &r.meta).collect();
-        levels::plan(&metas, self.sh.opts.level0_runs, self.level1_bytes())
+        let p = levels::plan(&metas, self.sh.opts.level0_runs, self.level1_bytes())?;
+        let bytes: u64 = p.inputs.iter().map(|&i| metas[i].bytes).sum();
+        self.merge_fits(bytes).then_some(p)
+    }
+
+    /// Whether a merge writing about `bytes` of runs leaves the log's
+    /// reserve whole. A merge is not needed to make room (it frees its
+    /// inputs only as dead bytes among live ones, for the cleaner), but
+    /// its output takes free segments first: run on a full log, merges
+    /// took the reserve the cleaner needs, and a full image stopped
+    /// taking deletes and the create after them (tests/full.rs). So a
+    /// merge waits while the free segments outside the reserve cannot
+    /// hold its output; level 0 grows meanwhile (reads look at more
+    /// runs), and the merge runs once cleaning or deletes made room.
+    fn merge_fits(&self, bytes: u64) -> bool {
+        let core = lock(&self.sh.core);
+        let usable = core.log.usable_per_segment().max(1) as u64;
+        let need = bytes.div_ceil(usable) + 1;
+        let spare = u64::from(core.log.free_segments().saturating_sub(core.log.reserve_segments));
+        spare >= need
     }
 
     /// Whether a merge is due (the background thread's wake-up test).

@@ -415,7 +415,7 @@ impl Engine {
             core.next_seq = seq;
             last = seq - 1;
             self.sh.visible.store(last, AtOrd::Release);
-            need_flush = ver.active.bytes() >= self.sh.opts.memtable_bytes;
+            need_flush = ver.active.bytes() >= self.flush_at(&core);
             if need_flush {
                 self.freeze(&mut core)?;
             }
@@ -441,6 +441,20 @@ impl Engine {
             }
         }
         Ok(last)
+    }
+
+    /// Memtable bytes at which a write freezes the memtable for a flush:
+    /// [`Options::memtable_bytes`], or less on a log short of room. A
+    /// flush is needed to make room (it lets the segments the cleaner
+    /// emptied go), and it writes first: its run, at most about its
+    /// memtable's bytes, may take half the free segments outside the
+    /// reserve, and at least a quarter segment. (Flushed whole at 32 MiB
+    /// on a full 64 MiB image, a run took the reserve the cleaner needs,
+    /// and the image stopped taking deletes and the create after them.)
+    fn flush_at(&self, core: &Core) -> usize {
+        let usable = core.log.usable_per_segment();
+        let spare = core.log.free_segments().saturating_sub(core.log.reserve_segments) as usize;
+        self.sh.opts.memtable_bytes.min((spare * usable / 2).max(usable / 4))
     }
 
     fn latch<T>(&self, core: &Core, r: Result<T>) -> Result<T> {
@@ -670,14 +684,13 @@ impl Engine {
     }
 
     /// Bytes that user data may still take in the log, uncompressed
-    /// accounting: free segments (with those a flush frees) less the
-    /// reserve, times the segment size.
+    /// accounting: what the writer's room check grants ordinary writes
+    /// ([`LogWriter::room_for`]: the free segments outside the reserve
+    /// and the rest of the current one, nothing while the reserve is not
+    /// whole), counting the segments a flush frees as free.
     pub fn free_bytes(&self) -> u64 {
         let core = lock(&self.sh.core);
-        let free =
-            (core.log.free_segments() + core.log.pinned_segments()).saturating_sub(core.log.reserve_segments);
-        // Counted as the writer's room check counts a segment.
-        u64::from(free) * core.log.usable_per_segment() as u64
+        core.log.room_counting(Room::User, core.log.pinned_segments()) as u64
     }
 
     /// Space as if nothing compressed: `(capacity, free)` in bytes, the
@@ -698,10 +711,9 @@ impl Engine {
     /// [`Engine::free_bytes`] counts, and the dead bytes of the segments a
     /// writer short of room cleans (at most `max_live` of them live, as
     /// the cleaner's victims are picked), net of moving what is live.
-    /// Neither the current segments' unwritten rest (a writer's room check
-    /// does not count it) nor the dead bytes of fuller segments count:
-    /// counted, a full image showed free space while every write got
-    /// ENOSPC. What statfs reports.
+    /// The dead bytes of fuller segments do not count: counted, a full
+    /// image showed free space while every write got ENOSPC. What statfs
+    /// reports.
     pub fn writable_bytes(&self, max_live: f64) -> u64 {
         self.writable_bytes_freeing(max_live, &BTreeMap::new())
     }

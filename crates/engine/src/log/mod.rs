@@ -297,7 +297,7 @@ impl LogWriter {
             usage,
             durable_batch: pos.batch_seq.saturating_sub(1),
             keep_from_batch: 0,
-            reserve_segments: 2,
+            reserve_segments: 4,
             failed: false,
             device_bytes: 0,
             kind_bytes: [0; 16],
@@ -466,14 +466,24 @@ impl LogWriter {
     /// may take, less one for the other head if that one has no successor
     /// named yet (writing its batch first, it may take one).
     pub fn room_for(&self, room: Room) -> usize {
+        self.room_counting(room, 0)
+    }
+
+    /// [`LogWriter::room_for`], counting `more` segments free besides
+    /// those that are (the pinned ones a flush frees, for statfs).
+    pub fn room_counting(&self, room: Room, more: u32) -> usize {
         let usable = self.usable_per_segment();
-        let free = self.free_segments() as usize;
+        let free = (self.free_segments() + more) as usize;
         let keep = room.need(self.reserve_segments) as usize - 1;
         (0..self.heads.len())
             .map(|h| {
                 let head = &self.heads[h];
-                let here =
-                    self.seg_room(h).saturating_sub(head.pending.projected(0, 0) + 2 * BATCH_ALIGN as usize);
+                // Counted as a free segment is at most: the current one
+                // freshly taken must not count more than before.
+                let here = self
+                    .seg_room(h)
+                    .saturating_sub(head.pending.projected(0, 0) + 2 * BATCH_ALIGN as usize)
+                    .min(usable);
                 let named = usize::from(head.next_seg != NO_SEGMENT);
                 let others = self
                     .heads
@@ -483,7 +493,17 @@ impl LogWriter {
                     .count();
                 // As with one head: its named successor is one of the
                 // segments, the reserve kept whole.
-                here + (free + named).saturating_sub(others + keep) * usable
+                let have = free + named;
+                if room == Room::User && have < others + keep {
+                    // The reserve is not whole (the cleaner, the index or
+                    // deletes took some): the rest of the current segment
+                    // is theirs until cleaning gives it back. Filled by
+                    // creates instead, 512 bytes a commit, it left the
+                    // cleaner no room, and a full image took no create
+                    // after its deletes.
+                    return 0;
+                }
+                here + have.saturating_sub(others + keep) * usable
             })
             .min()
             .unwrap_or(0)
@@ -709,7 +729,17 @@ impl LogWriter {
         // The block's header, alignment padding and summary entry are
         // always reserved: make_room may write the batch out, leaving this
         // record the first of a new journal block.
-        self.make_room(0, 0, record.len() + BLOCK_HEADER_SIZE + 8 + SUMMARY_ENTRY_SIZE, room)?;
+        let need = record.len() + BLOCK_HEADER_SIZE + 8 + SUMMARY_ENTRY_SIZE;
+        if room == Room::User && need > self.room_for(Room::User) {
+            return Err(Error::NoSpace(format!(
+                "a journal record of {} bytes does not fit outside the log's reserve ({} free segments of {}, {} reserved)",
+                record.len(),
+                self.free_segments(),
+                self.geometry.segment_count,
+                self.reserve_segments
+            )));
+        }
+        self.make_room(0, 0, need, room)?;
         let p = &mut self.heads[0].pending;
         if p.journal.is_empty() {
             p.journal_owner = first_seq;
@@ -1167,7 +1197,7 @@ mod tests {
     /// log full part way: NoSpace, and none of its blocks stays counted.
     #[test]
     fn blocks_that_fill_the_log_part_way_stay_uncounted() {
-        let mut w = writer_of(8, None);
+        let mut w = writer_of(10, None);
         let none = CodecSpec::new(codec::CodecId::None, 0);
         let max = max_block_raw(w.geometry());
         let room = w.room_for(Room::User);

@@ -120,7 +120,12 @@ impl State {
     fn store_buffers_or_clean(&mut self, room: Room) -> Result<()> {
         match self.store_dirty(room) {
             Err(Error::NoSpace(_)) if !self.cleaning => {
-                self.make_room(self.bufs.bytes() as u64)?;
+                match self.make_room(self.bufs.bytes() as u64) {
+                    // Cleaning found no room: the part of the reserve
+                    // below may still hold what was accepted.
+                    Ok(()) | Err(Error::NoSpace(_)) => {}
+                    Err(e) => return Err(e),
+                }
                 match self.store_dirty(room) {
                     Err(Error::NoSpace(_)) if room == Room::User => self.store_dirty(Room::Relieve),
                     r => r,
