@@ -1858,6 +1858,8 @@ fn long_names_in_one_interval_and_a_full_image_keep_their_word() {
         fs::remove_file(p).unwrap_or_else(|e| panic!("a delete on a full image, {}: {e}", p.display()));
         gone.push(p.clone());
     }
+    let sv = statvfs(&m);
+    assert!(sv.f_bavail * sv.f_frsize >= 1 << 20, "df shows no room after {} deletes", gone.len());
     fs::create_dir(m.join("room")).unwrap_or_else(|e| panic!("mkdir after {} deletes: {e}", gone.len()));
     ok(&["sync", m.to_str().expect("utf8")]);
     unmount(&d);

@@ -348,15 +348,20 @@ impl State {
     /// is live, the records of the move, the index flush that lets its
     /// victims go) can pass what it gives back: rounds that went on
     /// regardless took the reserve, and the cleaner, the deletes and the
-    /// create after them had no room left (tests/full.rs).
+    /// create after them had no room left (tests/full.rs). Room counts
+    /// the segments a flush frees too: a round whose victims go free at
+    /// the next checkpoint gained.
     fn gaining_round(
         &mut self,
         opts: &CleanOptions,
         rep: &mut CleanReport,
         tried: &mut HashSet<u32>,
     ) -> Result<bool> {
-        let before = self.eng.room_bytes(Room::Relieve);
-        Ok(self.clean_round(opts, rep, tried)? && self.eng.room_bytes(Room::Relieve) > before)
+        let room = |st: &State| (st.eng.room_bytes(Room::Relieve), st.eng.free_bytes());
+        let before = room(self);
+        let went = self.clean_round(opts, rep, tried)?;
+        let after = room(self);
+        Ok(went && (after.0 > before.0 || after.1 > before.1))
     }
 
     /// Short of room for history, or with free segments about gone, automatic

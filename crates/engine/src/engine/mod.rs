@@ -92,6 +92,11 @@ impl Default for Options {
     }
 }
 
+/// The least memtable a short log flushes ([`Engine::flush_at`]): on
+/// images of small segments a quarter segment would flush at about every
+/// commit.
+const FLUSH_FLOOR: usize = 256 << 10;
+
 /// What cleaning a segment of `seg` bytes, `usable` of them for blocks,
 /// gives a writer short of room, when it holds `live` bytes now and
 /// `after` once the caller's frees are done: its usable bytes less what
@@ -416,31 +421,47 @@ impl Engine {
             last = seq - 1;
             self.sh.visible.store(last, AtOrd::Release);
             need_flush = ver.active.bytes() >= self.flush_at(&core);
-            if need_flush {
-                self.freeze(&mut core)?;
-            }
         }
         if need_flush {
-            if self.sh.opts.background && self.version().frozen.len() < 2 {
-                self.kick();
-            } else if self.sh.opts.background {
-                // Two memtables wait: the writer flushes one (a merge under
-                // way does not hold it up), and merges only once level 0
-                // is past its stop ([`levels::LEVEL0_STOP`]): then it waits
-                // for the merge under way and does at most one more.
-                self.flush_frozen()?;
-                if self.level0_stopped() {
-                    self.merge_step()?;
+            // The batch is applied: what its flush meets is the write's
+            // error only once the engine latched (then nothing is taken
+            // again). Returned otherwise, a caller that retried (a commit
+            // meeting ENOSPC tries the deletes' part of the reserve) would
+            // apply the batch twice, its frees too.
+            match self.flush_after_write() {
+                Err(e) if self.failed() => return Err(e),
+                Err(e) => {
+                    tracing::warn!("flushing the index after a write failed; the next write retries: {e}")
                 }
-                self.kick();
-            } else {
-                // No background thread: the writer does the merges due, a
-                // series that ends (bytes only move down).
-                self.flush_frozen()?;
-                self.maybe_merge()?;
+                Ok(()) => {}
             }
         }
         Ok(last)
+    }
+
+    /// Freeze the memtable and flush it (or have the background thread
+    /// do it), merging where due.
+    fn flush_after_write(&self) -> Result<()> {
+        self.freeze(&mut lock(&self.sh.core))?;
+        if self.sh.opts.background && self.version().frozen.len() < 2 {
+            self.kick();
+        } else if self.sh.opts.background {
+            // Two memtables wait: the writer flushes one (a merge under
+            // way does not hold it up), and merges only once level 0
+            // is past its stop ([`levels::LEVEL0_STOP`]): then it waits
+            // for the merge under way and does at most one more.
+            self.flush_frozen()?;
+            if self.level0_stopped() {
+                self.merge_step()?;
+            }
+            self.kick();
+        } else {
+            // No background thread: the writer does the merges due, a
+            // series that ends (bytes only move down).
+            self.flush_frozen()?;
+            self.maybe_merge()?;
+        }
+        Ok(())
     }
 
     /// Memtable bytes at which a write freezes the memtable for a flush:
@@ -448,13 +469,14 @@ impl Engine {
     /// flush is needed to make room (it lets the segments the cleaner
     /// emptied go), and it writes first: its run, at most about its
     /// memtable's bytes, may take half the free segments outside the
-    /// reserve, and at least a quarter segment. (Flushed whole at 32 MiB
-    /// on a full 64 MiB image, a run took the reserve the cleaner needs,
-    /// and the image stopped taking deletes and the create after them.)
+    /// reserve, and at least a quarter segment ([`FLUSH_FLOOR`] at the
+    /// least). (Flushed whole at 32 MiB on a full 64 MiB image, a run
+    /// took the reserve the cleaner needs, and the image stopped taking
+    /// deletes and the create after them.)
     fn flush_at(&self, core: &Core) -> usize {
         let usable = core.log.usable_per_segment();
         let spare = core.log.free_segments().saturating_sub(core.log.reserve_segments) as usize;
-        self.sh.opts.memtable_bytes.min((spare * usable / 2).max(usable / 4))
+        self.sh.opts.memtable_bytes.min((spare * usable / 2).max(usable / 4).max(FLUSH_FLOOR))
     }
 
     fn latch<T>(&self, core: &Core, r: Result<T>) -> Result<T> {

@@ -225,6 +225,25 @@ pub struct LogWriter {
     told_freed: Vec<bool>,
 }
 
+/// Free segments ordinary writes leave for deletes, the cleaner and the
+/// index: enough for the cleaner to move the fullest victim a writer's
+/// cleaning picks (95% live) with its margin, and one segment more for
+/// the index writes that let its victims go
+/// (docs/decisions/2026-12-03-a-reserve-kept-whole.md).
+pub const RESERVE_SEGMENTS: u32 = 4;
+
+/// Images of fewer segments (test images) keep 2, as before 2026-12-03.
+const RESERVE_FULL_FROM: u32 = 32;
+
+/// The reserve of a log of `count` segments.
+pub fn reserve_for(count: u32) -> u32 {
+    if count >= RESERVE_FULL_FROM {
+        RESERVE_SEGMENTS
+    } else {
+        2
+    }
+}
+
 /// How much of the reserve of free segments a write may use.
 ///
 /// User data stops when only the reserve is left. Commits that free more
@@ -237,7 +256,7 @@ pub enum Room {
     /// Ordinary writes: stop at the reserve.
     #[default]
     User,
-    /// Deletes and the cleaner: may use half the reserve.
+    /// Deletes and the cleaner: may use the reserve but one segment.
     Relieve,
     /// The engine's own index and checkpoint writes.
     System,
@@ -248,7 +267,7 @@ impl Room {
     pub fn need(self, reserve: u32) -> u32 {
         match self {
             Room::User => reserve + 1,
-            Room::Relieve => reserve / 2 + 1,
+            Room::Relieve => reserve.min(2),
             Room::System => 1,
         }
     }
@@ -297,7 +316,7 @@ impl LogWriter {
             usage,
             durable_batch: pos.batch_seq.saturating_sub(1),
             keep_from_batch: 0,
-            reserve_segments: 4,
+            reserve_segments: reserve_for(geometry.segment_count),
             failed: false,
             device_bytes: 0,
             kind_bytes: [0; 16],
@@ -465,6 +484,10 @@ impl LogWriter {
     /// segment's rest, its own named successor, and the free segments it
     /// may take, less one for the other head if that one has no successor
     /// named yet (writing its batch first, it may take one).
+    ///
+    /// Ordinary writes get nothing, not even the segment's rest, while
+    /// fewer segments than the reserve are free: its rest is then the
+    /// reserve classes' until cleaning makes the reserve whole.
     pub fn room_for(&self, room: Room) -> usize {
         self.room_counting(room, 0)
     }
@@ -1314,6 +1337,39 @@ mod tests {
                 n += 1;
             }
         }
+    }
+
+    /// Once a delete's records took a segment of the reserve, users get
+    /// no room, not even the rest of that segment (filled by creates, it
+    /// once left the cleaner nothing): `room_for` says 0 and a user's
+    /// journal record is refused, while deletes go on; the reserve is
+    /// [`RESERVE_SEGMENTS`] from 32 segments, 2 below, and deletes may
+    /// take all of it but one segment.
+    #[test]
+    fn users_wait_while_the_reserve_is_not_whole() {
+        assert_eq!((reserve_for(31), reserve_for(32)), (2, RESERVE_SEGMENTS));
+        let mut w = writer_of(40, None);
+        assert_eq!(w.reserve_segments, RESERVE_SEGMENTS);
+        let rec = vec![0x5a; 700];
+        let mut n = 0;
+        while w.add_journal(&rec, n, Room::User).is_ok() {
+            n += 1;
+            w.write_pending(Room::User).expect("write");
+        }
+        assert_eq!(w.free_segments(), RESERVE_SEGMENTS, "users stop at the reserve");
+        let seg = w.pos().seg;
+        while w.pos().seg == seg {
+            w.add_journal(&rec, n, Room::Relieve).expect("a delete on a full log");
+            w.write_pending(Room::Relieve).expect("write");
+            n += 1;
+        }
+        assert!(w.free_segments() < RESERVE_SEGMENTS);
+        assert_eq!(w.room_for(Room::User), 0, "the new segment's rest is the reserve's");
+        assert!(matches!(w.add_journal(&rec, n, Room::User), Err(Error::NoSpace(_))));
+        while w.add_journal(&rec, n, Room::Relieve).and_then(|()| w.write_pending(Room::Relieve)).is_ok() {
+            n += 1;
+        }
+        assert_eq!(w.free_segments(), 1, "deletes took the reserve but the index's segment");
     }
 
     #[test]

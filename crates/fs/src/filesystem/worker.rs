@@ -64,9 +64,10 @@ fn clean_if_low(inner: &Inner, eng: &Engine) {
     // bytes per byte against 3.8 with 6 segments
     // (docs/decisions/2026-11-23-few-free-segments-kept.md).
     // A writer that finds no room cleans for itself (`clean_for`).
-    // Both clean in bursts (`CLEAN_BURST`).
-    let low = (g.segment_count / 64).max(6);
+    // Both clean in bursts (`CLEAN_BURST`). Four above the reserve, as
+    // with the reserve of 2 that measurement had.
     let es = eng.stats();
+    let low = (g.segment_count / 64).max(es.reserve_segments + 4);
     demote_if_fast_low(inner, eng, &es);
     if es.free_segments + es.pinned_segments >= low {
         return;
