@@ -489,12 +489,13 @@ impl LogWriter {
     /// fewer segments than the reserve are free: its rest is then the
     /// reserve classes' until cleaning makes the reserve whole.
     pub fn room_for(&self, room: Room) -> usize {
-        self.room_counting(room, 0)
+        self.room_counting(room, 0, true)
     }
 
     /// [`LogWriter::room_for`], counting `more` segments free besides
-    /// those that are (the pinned ones a flush frees, for statfs).
-    pub fn room_counting(&self, room: Room, more: u32) -> usize {
+    /// those that are (the pinned ones a flush frees, for statfs), and the
+    /// current segment's rest only when `here`.
+    pub fn room_counting(&self, room: Room, more: u32, with_here: bool) -> usize {
         let usable = self.usable_per_segment();
         let free = (self.free_segments() + more) as usize;
         let keep = room.need(self.reserve_segments) as usize - 1;
@@ -506,7 +507,8 @@ impl LogWriter {
                 let here = self
                     .seg_room(h)
                     .saturating_sub(head.pending.projected(0, 0) + 2 * BATCH_ALIGN as usize)
-                    .min(usable);
+                    .min(usable)
+                    * usize::from(with_here);
                 let named = usize::from(head.next_seg != NO_SEGMENT);
                 let others = self
                     .heads
