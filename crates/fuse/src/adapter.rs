@@ -90,6 +90,10 @@ fn setid_cleared(fs: &Fs, ino: Ino) {
 pub(crate) fn reply_errno(e: Error) -> i32 {
     if is_failure(&e) {
         tracing::error!("{e}");
+    } else {
+        // What the caller was told, with its reason (ENOSPC: how much
+        // room there was), for `log=debug`.
+        tracing::debug!("answered {}: {e}", errno(&e));
     }
     errno(&e)
 }

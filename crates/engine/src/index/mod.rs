@@ -40,6 +40,15 @@ pub struct Entry {
 /// Memtable order: key ascending, then sequence number descending.
 type MemKey = (Vec<u8>, Reverse<u64>);
 
+/// Memory a memtable counts per version besides its key and value.
+const MEM_ENTRY_OVERHEAD: usize = 64;
+
+/// A run's bytes per entry besides its key and value, at most: the
+/// varints of the shared prefix, suffix length, sequence number and value
+/// length, and the type byte (FORMAT.md 3.2), and the entry's share of
+/// its block's index entry, filter bits and headers.
+const RUN_ENTRY_OVERHEAD: usize = 32;
+
 /// The in-memory sorted buffer of recent versions.
 #[derive(Default)]
 pub struct Memtable {
@@ -55,7 +64,7 @@ impl Memtable {
 
     /// Insert one version.
     pub fn insert(&self, key: Vec<u8>, seq: u64, value: Option<Vec<u8>>) {
-        let sz = key.len() + value.as_ref().map_or(0, |v| v.len()) + 64;
+        let sz = key.len() + value.as_ref().map_or(0, |v| v.len()) + MEM_ENTRY_OVERHEAD;
         self.bytes.fetch_add(sz, AtOrd::Relaxed);
         let mut m = self.map.write().unwrap_or_else(|p| p.into_inner());
         m.insert((key, Reverse(seq)), value);
@@ -64,6 +73,12 @@ impl Memtable {
     /// Approximate memory used.
     pub fn bytes(&self) -> usize {
         self.bytes.load(AtOrd::Relaxed)
+    }
+
+    /// At most the bytes its run takes in the log, before compression:
+    /// each version's key and value and [`RUN_ENTRY_OVERHEAD`].
+    pub fn run_bytes_bound(&self) -> usize {
+        self.bytes().saturating_sub(self.len() * (MEM_ENTRY_OVERHEAD - RUN_ENTRY_OVERHEAD))
     }
 
     /// Number of versions.

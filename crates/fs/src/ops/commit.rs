@@ -170,6 +170,17 @@ impl State {
         self.eng.free_bytes().saturating_sub(self.group.counters().reserved)
     }
 
+    /// All the room a writer could make (what statfs shows): what its
+    /// room check would grant (free segments, and what cleaning for room
+    /// gives back), less what fallocate reserved, with what only automatic
+    /// points of history hold counted free (a writer short of room drops
+    /// them).
+    pub(crate) fn room_with_history(&mut self) -> Result<u64> {
+        let purgeable = self.purgeable_by_segment()?;
+        let free = self.eng.writable_bytes_freeing(WRITER_MAX_LIVE, &purgeable);
+        Ok(free.saturating_sub(self.group.counters().reserved))
+    }
+
     /// Before an operation that adds about `len` bytes of records (a new
     /// inode, name or xattr): the group must still fit outside the
     /// reserve once it holds them, so that it can always be committed. A

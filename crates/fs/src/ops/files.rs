@@ -409,13 +409,7 @@ impl Fs {
             st.purgeable_at = None;
         }
         let (usable, _) = self.eng.capacity();
-        // What a writer's room check would grant (free segments, and what
-        // cleaning for room gives back); what fallocate reserved is taken;
-        // what only automatic points of history hold is free (a writer
-        // short of room drops them).
-        let purgeable = st.purgeable_by_segment()?;
-        let free = self.eng.writable_bytes_freeing(crate::ops::commit::WRITER_MAX_LIVE, &purgeable);
-        let free = free.saturating_sub(st.group.counters().reserved).min(usable);
+        let free = st.room_with_history()?.min(usable);
         let (total, free) = (usable / bsize, free / bsize);
         let used_inodes = st.group.cfg().next_ino - 1;
         let ffree = (1u64 << 32).saturating_sub(used_inodes);

@@ -8,6 +8,10 @@ use crate::error::{Error, Result};
 use crate::keys::*;
 use crate::state::State;
 
+/// A chunk fallocate reserves: `(index, bytes reserved already, bytes to
+/// reserve)`.
+type Reservation = (u64, u32, u32);
+
 impl State {
     /// Release a stored chunk's hold on its blocks.
     pub(crate) fn release(&mut self, ino: Ino, idx: u64, e: &Extent) -> Result<()> {
@@ -149,9 +153,46 @@ impl State {
     /// nothing reserved. A chunk stored already is not reserved again: in
     /// a log, its overwrites need room as any write does.
     pub(crate) fn reserve(&mut self, i: &mut Inode, off: u64, end: u64) -> Result<()> {
+        let (plan, need) = self.reserve_plan(i, off, end)?;
+        if plan.is_empty() {
+            return Ok(());
+        }
+        // Room for all of it at once, so that the room is made knowing
+        // what it is for (asked for in parts, cleaning for the first part
+        // copied blocks only points of history held, points dropped for
+        // the next part, and the copies took room df had counted free).
+        // What the caller changed in `i` (ZERO_RANGE's punch lowered its
+        // count) is saved first; the commit may change the file too, so
+        // `i` is read back after it.
+        if need > self.space_hint.saturating_sub(self.bufs.bytes() as u64) {
+            self.save(i);
+            if self.pre_write(need as usize)? {
+                *i = self.inode(i.ino)?;
+            }
+        }
+        self.group.mark_version(8);
+        for (idx, have, want) in plan {
+            self.put(extent_key(i.ino, idx), Extent::Reserved(want).encode());
+            let more = u64::from(want - have);
+            self.group.counters_mut().reserved += more;
+            i.alloc += more;
+            if self.group_full() {
+                self.commit_midway(i)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The chunks [`State::reserve`] reserves, and the bytes they need.
+    /// ENOSPC, with nothing changed, as soon as they need more than all
+    /// the room a writer could make ([`State::room_with_history`]): a range larger
+    /// than the log is not listed chunk by chunk. A commit does not
+    /// change the plan: it stores buffered chunks, which the plan leaves
+    /// out (as stored ones), and cleaning only moves stored ones.
+    fn reserve_plan(&mut self, i: &mut Inode, off: u64, end: u64) -> Result<(Vec<Reservation>, u64)> {
         let cs = self.cs(i);
-        let mut plan: Vec<(u64, u32, u32)> = Vec::new();
-        let mut need = 0u64;
+        let mut plan: Vec<Reservation> = Vec::new();
+        let (mut need, mut most) = (0u64, None);
         for idx in off / cs..end.div_ceil(cs) {
             if self.bufs.get(i.ino, idx).is_some() {
                 continue;
@@ -165,30 +206,31 @@ impl State {
             plan.push((idx, have, want));
             need += u64::from(want - have);
             if need > self.space_hint.saturating_sub(self.bufs.bytes() as u64) {
-                // Commits, cleans, or says ENOSPC, before anything changed
-                // here. What the caller changed in `i` (ZERO_RANGE's punch
-                // lowered its count) is saved first; the commit may change
-                // the file too, so `i` is read back after it.
-                self.save(i);
-                if self.pre_write(need as usize)? {
-                    *i = self.inode(i.ino)?;
+                let most = match most {
+                    Some(m) => m,
+                    None => *most.insert(self.room_after_commit(i)?),
+                };
+                if need > most {
+                    return Err(Error::NoSpace(format!(
+                        "fallocate of {} bytes at {off}: at most {most} bytes of the log can be made free",
+                        end - off
+                    )));
                 }
             }
         }
-        if plan.is_empty() {
-            return Ok(());
-        }
-        self.group.mark_version(8);
-        for (idx, have, want) in plan {
-            self.put(extent_key(i.ino, idx), Extent::Reserved(want).encode());
-            let more = u64::from(want - have);
-            self.group.counters_mut().reserved += more;
-            i.alloc += more;
-            if self.group_full() {
-                self.commit_midway(i)?;
-            }
-        }
-        Ok(())
+        Ok((plan, need))
+    }
+
+    /// [`State::room_with_history`] once what is pending is durable (what
+    /// the group frees counts then: ZERO_RANGE's punch), less what stays
+    /// buffered. What the caller changed in `i` is saved first, and `i`
+    /// read back after the commit, which may change the file too.
+    fn room_after_commit(&mut self, i: &mut Inode) -> Result<u64> {
+        self.save(i);
+        self.commit()?;
+        self.eng.sync()?;
+        *i = self.inode(i.ino)?;
+        Ok(self.room_with_history()?.saturating_sub(self.bufs.bytes() as u64))
     }
 
     /// Release the reservations of chunks in `[off, end)` past the size
