@@ -29,10 +29,10 @@ use rand::rngs::StdRng;
 use rayon::prelude::*;
 
 use common::*;
-use zlogfs::codec;
-use zlogfs::engine::{BlockWrite, Room};
-use zlogfs::store::{Geometry, MemStore, Store};
-use zlogfs::{mkfs, Engine, Options, WriteBatch};
+use zlogfs_engine::codec;
+use zlogfs_engine::engine::{BlockWrite, Room};
+use zlogfs_engine::store::{Geometry, MemStore, Store};
+use zlogfs_engine::{mkfs, Engine, Options, WriteBatch};
 
 /// "MB/s" in the tables is MiB/s of uncompressed input.
 const SEGMENT: u32 = 4 << 20;

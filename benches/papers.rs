@@ -61,18 +61,18 @@ use std::time::{Duration, Instant};
 use rayon::prelude::*;
 
 use common::*;
-use zlogfs::codec::{self, CodecId, CodecSpec};
-use zlogfs::fs::{
-    decode_triple, inode_key, inodes_range, parse_inode_key, triple_id, triple_key, triples_end, Inode,
-};
-use zlogfs::fs::{Atime, Fs, FsOptions, MkfsOptions, ROOT};
-use zlogfs::store::{Geometry, MemStore, Store};
 use zlogfs::tools::import::import;
-use zlogfs::Options;
+use zlogfs_engine::codec::{self, CodecId, CodecSpec};
 use zlogfs_engine::index::run::{decode_data_block, encode_data_block};
 use zlogfs_engine::index::Entry;
 use zlogfs_engine::log::format::{BlockAddr, BlockKind, BLOCK_HEADER_SIZE};
 use zlogfs_engine::log::{decode_block, NewBlock};
+use zlogfs_engine::store::{Geometry, MemStore, Store};
+use zlogfs_engine::Options;
+use zlogfs_fs::{
+    decode_triple, inode_key, inodes_range, parse_inode_key, triple_id, triple_key, triples_end, Inode,
+};
+use zlogfs_fs::{Atime, Fs, FsOptions, MkfsOptions, ROOT};
 
 /// Segment size of every image made here: the CLI's default for images of
 /// 1 GiB and more.
@@ -287,7 +287,7 @@ fn build_image(
     let store: Arc<dyn Store> =
         Arc::new(MemStore::new(Geometry { segment_size: SEGMENT, segment_count: count }));
     let mo = MkfsOptions { chunk_size: chunk, codec, ..MkfsOptions::default() };
-    zlogfs::fs::mkfs(store.clone(), &mo).map_err(err)?;
+    zlogfs_fs::mkfs(store.clone(), &mo).map_err(err)?;
     let fs = Fs::open(store.clone(), fs_options()).map_err(err)?;
     let t = Instant::now();
     for (src, dest) in sources {
@@ -397,7 +397,7 @@ fn sec_units(t: &Trees, linux: &Path) {
     println!(
         "**Codec only.** Each input is cut into units of the given size (the last unit of an input may be \
          shorter; units larger than the input are the whole input), each unit is compressed on its own \
-         with the codec's own `compress` (`zlogfs::codec::codec(id).compress`: no raw-storage policy, \
+         with the codec's own `compress` (`zlogfs_engine::codec::codec(id).compress`: no raw-storage policy, \
          no block header), and the outputs are summed. Size = output as % of input (the paper's \
          \"compression ratio\"); ratio = input / output. zstd:3 is the file system's default codec, \
          pred2 the paper's Algorithm 2. Inputs: {}.\n",

@@ -11,22 +11,13 @@
 //!   [`control`], the channel through which the commands reach a mounted
 //!   image's daemon.
 //!
-//! The names below give the tests, benchmarks and fuzz targets, which
-//! exercise the whole stack, one path to each layer.
+//! The layers' own crates are the way to them: tests, benchmarks and
+//! the binary name `zlogfs_engine`, `zlogfs_fs` and the front ends'
+//! crates, not re-exports here (docs/ARCHITECTURE.md, "Crates").
 
 // serde_json's json! macro recurses once per field: the stats report has
 // about fifty.
 #![recursion_limit = "256"]
-
-pub use zlogfs_engine::{bytes, codec, engine, error, metrics, store};
-pub use zlogfs_engine::{mkfs, Engine, Error, Op, Options, Result, Snapshot, WriteBatch};
-pub use zlogfs_engine::{validate_geometry, BlockAddr, BlockKind, Role, Tier, DEFAULT_SEGMENT_SIZE};
-pub use zlogfs_fs as fs;
-
-/// The front ends over the file system.
-pub mod frontends {
-    pub use zlogfs_fuse as fuse;
-}
 
 pub mod control;
 pub mod tools;

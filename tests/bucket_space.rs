@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use zlogfs::fs::{self, Fs, FsOptions, MkfsOptions, ROOT};
-use zlogfs::store::{Geometry, Store};
+use zlogfs_engine::store::{Geometry, Store};
+use zlogfs_fs::{self as fs, Fs, FsOptions, MkfsOptions, ROOT};
 use zlogfs_s3::{S3Options, S3Store, S3Url, SyncMode};
 
 struct Cache(std::path::PathBuf);

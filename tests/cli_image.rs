@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use zlogfs::store::FileStore;
+use zlogfs_engine::store::FileStore;
 
 /// The tests here run one at a time: a child process spawned by one (the
 /// CLI test) inherits, between fork and exec, every descriptor the other has

@@ -1803,7 +1803,7 @@ fn ext4_on_a_volume_checks_clean_and_trims() {
 /// a 64 MiB image filled with small files past 3,000 ENOSPCs still
 /// deletes, makes a directory once df shows the room the deletes made,
 /// unmounts cleanly and keeps the deletes. (Once flaky under load: the
-/// index and the cleaner had taken the log's reserve; tests/full.rs has
+/// index and the cleaner had taken the log's reserve; crates/fs/tests/full.rs has
 /// the case without the kernel, many times over.)
 #[test]
 fn long_names_in_one_interval_and_a_full_image_keep_their_word() {
@@ -2112,11 +2112,11 @@ fn strictatime_reads_move_the_atime_every_time() {
 /// byte flipped), with the number of entries then unreadable. None when no
 /// block does.
 fn damage_attributes_of(img: &Path, dir: &[u8]) -> Option<usize> {
-    use zlogfs::fs::{Fs, FsOptions, ROOT};
-    use zlogfs::store::{FileStore, Store, META_AREA_SIZE};
+    use zlogfs_engine::store::{FileStore, Store, META_AREA_SIZE};
+    use zlogfs_fs::{Fs, FsOptions, ROOT};
     let open = || {
         let f = FileStore::open_read_only(img).expect("open the image");
-        let sb = zlogfs::engine::read_superblock(&f).expect("superblock");
+        let sb = zlogfs_engine::engine::read_superblock(&f).expect("superblock");
         let s: std::sync::Arc<dyn Store> =
             std::sync::Arc::new(f.with_geometry(sb.geometry).expect("geometry"));
         Fs::open(s, FsOptions { read_only: true, ..FsOptions::default() })

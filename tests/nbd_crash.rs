@@ -9,8 +9,8 @@
 use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
-use zlogfs::fs::{self, Fs, FsOptions, MkfsOptions, SetAttr, ROOT};
-use zlogfs::store::{CrashMode, FaultConfig, FaultStore, Geometry, Store};
+use zlogfs_engine::store::{CrashMode, FaultConfig, FaultStore, Geometry, Store};
+use zlogfs_fs::{self as fs, Fs, FsOptions, MkfsOptions, SetAttr, ROOT};
 use zlogfs_nbd::replay::{cf, cmd, encode_request, handshake, Duplex, Request, SIMPLE_REPLY_MAGIC};
 
 const VOLUME: u64 = 256 << 10;

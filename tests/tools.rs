@@ -235,8 +235,8 @@ fn export_salvages_a_damaged_image() {
 #[test]
 fn a_damaged_file_is_named_by_its_remaining_link() {
     use std::sync::Arc;
-    use zlogfs::fs::{Fs, FsOptions, ROOT};
-    use zlogfs::store::{FileStore, Store};
+    use zlogfs_engine::store::{FileStore, Store};
+    use zlogfs_fs::{Fs, FsOptions, ROOT};
     let w = work("linked");
     let img = w.join("img");
     ok(&[OsStr::new("mkfs"), s(&img), OsStr::new("--size"), OsStr::new("64M")]);
@@ -244,7 +244,7 @@ fn a_damaged_file_is_named_by_its_remaining_link() {
     let victim = common::noise(0x9e37_79b9_7f4a_7c15, 200_000);
     {
         let file = FileStore::open(&img).expect("open the image");
-        let sb = zlogfs::engine::read_superblock(&file).expect("superblock");
+        let sb = zlogfs_engine::engine::read_superblock(&file).expect("superblock");
         let st: Arc<dyn Store> = Arc::new(file.with_geometry(sb.geometry).expect("geometry"));
         let f = Fs::open(st, FsOptions::default()).expect("open");
         let a = f.mkdir(ROOT, b"a", 0o755, 0, 0).expect("mkdir").ino;

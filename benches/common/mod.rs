@@ -9,7 +9,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use zlogfs::codec::CodecSpec;
+use zlogfs_engine::codec::CodecSpec;
 
 pub const MIB: f64 = 1024.0 * 1024.0;
 

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 
 use super::{Handler, VERSION};
-use crate::fs::{CleanOptions, Fs, Live, ScrubOptions, CHECK_MEMORY};
 use crate::tools::report;
+use zlogfs_fs::{CleanOptions, Fs, Live, ScrubOptions, CHECK_MEMORY};
 
 /// What the daemon serves.
 #[derive(Debug, Clone)]

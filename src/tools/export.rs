@@ -24,7 +24,7 @@ use nix::unistd::{fchownat, linkat, symlinkat, Gid, Uid};
 
 use super::walk;
 use super::{Error, Result};
-use crate::fs::{self, Attr, DirEntry, Fs, Ino, Kind, ROOT};
+use zlogfs_fs::{self as fs, Attr, DirEntry, Fs, Ino, Kind, ROOT};
 
 /// What an export did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -354,7 +354,7 @@ impl Export<'_> {
     }
 }
 
-fn ts(t: crate::fs::Time) -> TimeSpec {
+fn ts(t: zlogfs_fs::Time) -> TimeSpec {
     TimeSpec::new(t.sec, i64::from(t.nsec))
 }
 

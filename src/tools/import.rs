@@ -31,7 +31,7 @@ use nix::unistd::Whence;
 use rayon::prelude::*;
 
 use super::{Error, Result};
-use crate::fs::{self, Fs, Ino, SetAttr, Time, ROOT};
+use zlogfs_fs::{self as fs, Fs, Ino, SetAttr, Time, ROOT};
 
 /// What an import did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -578,7 +578,7 @@ fn set_xattrs(fs: &Fs, ino: Ino, xattrs: &[(OsString, Vec<u8>)]) -> Result<u64> 
     let mut n = 0;
     for (name, v) in xattrs {
         let nb = name.as_bytes();
-        if nb == crate::fs::XATTR_PHYSICAL {
+        if nb == zlogfs_fs::XATTR_PHYSICAL {
             continue;
         }
         fs.setxattr(ino, nb, v, 0)?;

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use serde_json::{json, Map, Value};
 
-use crate::metrics::{global, HistogramSnapshot, Snapshot};
+use zlogfs_engine::metrics::{global, HistogramSnapshot, Snapshot};
 
 /// Percentiles reported, as (label, fraction).
 pub const PERCENTILES: [(&str, f64); 4] = [("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999)];

@@ -1,4 +1,4 @@
-//! Whole-tree tools over [`Fs`](crate::fs::Fs) used by the command-line
+//! Whole-tree tools over [`Fs`](zlogfs_fs::Fs) used by the command-line
 //! front end: import a directory, export a tree, check an image (fsck),
 //! and measure usage (du, stats).
 
@@ -7,7 +7,7 @@ pub mod import;
 pub mod metrics;
 pub mod report;
 
-use crate::fs::{self, Fs, Ino, Kind, ROOT};
+use zlogfs_fs::{self as fs, Fs, Ino, Kind, ROOT};
 
 /// Result of a tool.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -33,8 +33,8 @@ pub enum Error {
     Invalid(String),
 }
 
-impl From<crate::Error> for Error {
-    fn from(e: crate::Error) -> Self {
+impl From<zlogfs_engine::Error> for Error {
+    fn from(e: zlogfs_engine::Error) -> Self {
         Error::Image(e.into())
     }
 }
@@ -67,7 +67,7 @@ pub fn walk(
     fs: &Fs,
     dir: Ino,
     prefix: &[u8],
-    f: &mut dyn FnMut(&[u8], &crate::fs::DirEntry) -> Result<()>,
+    f: &mut dyn FnMut(&[u8], &zlogfs_fs::DirEntry) -> Result<()>,
 ) -> Result<()> {
     let mut after: Option<Vec<u8>> = None;
     loop {

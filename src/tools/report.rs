@@ -7,7 +7,7 @@
 use serde_json::{json, Map, Value};
 
 use super::{resolve, Result};
-use crate::fs::{CheckReport, Fs, Kind, ScrubReport, TreeUsage, ROOT, XATTR_CHUNK, XATTR_COLD, XATTR_UNIT};
+use zlogfs_fs::{CheckReport, Fs, Kind, ScrubReport, TreeUsage, ROOT, XATTR_CHUNK, XATTR_COLD, XATTR_UNIT};
 
 /// What `zlogfs stats` reports: the image's space, tree, codecs, index,
 /// lifetime writes, and this process's errors of background work.
@@ -125,7 +125,7 @@ fn volumes(fs: &Fs) -> Result<Vec<Value>> {
                     Kind::File => {
                         let chunk = match fs.getxattr(e.ino, XATTR_CHUNK) {
                             Ok(c) => String::from_utf8_lossy(&c).into_owned(),
-                            Err(crate::fs::Error::NoAttr(_)) => continue,
+                            Err(zlogfs_fs::Error::NoAttr(_)) => continue,
                             Err(e) => return Err(e.into()),
                         };
                         let mut row = usage_row(&path, &fs.du(e.ino)?);
@@ -147,7 +147,7 @@ fn volumes(fs: &Fs) -> Result<Vec<Value>> {
 fn setting_or_empty(fs: &Fs, ino: u64, name: &[u8]) -> Result<String> {
     match fs.getxattr(ino, name) {
         Ok(u) => Ok(String::from_utf8_lossy(&u).into_owned()),
-        Err(crate::fs::Error::NoAttr(_)) => Ok(String::new()),
+        Err(zlogfs_fs::Error::NoAttr(_)) => Ok(String::new()),
         Err(e) => Err(e.into()),
     }
 }
@@ -180,8 +180,8 @@ pub fn du(fs: &Fs, path: &str) -> Result<Value> {
 /// snapshot `name`, or `list` them (oldest first, with when they were
 /// taken and what deleting each alone frees now).
 pub fn snapshot(fs: &Fs, action: &str, name: Option<&str>) -> Result<Value> {
-    let named = || name.ok_or_else(|| crate::fs::Error::Invalid(format!("snapshot {action} needs a name")));
-    let time = |t: crate::fs::Time| humantime::format_rfc3339_seconds(t.to_system()).to_string();
+    let named = || name.ok_or_else(|| zlogfs_fs::Error::Invalid(format!("snapshot {action} needs a name")));
+    let time = |t: zlogfs_fs::Time| humantime::format_rfc3339_seconds(t.to_system()).to_string();
     Ok(match action {
         "create" => {
             let s = fs.snapshot_create(named()?)?;
@@ -209,7 +209,7 @@ pub fn snapshot(fs: &Fs, action: &str, name: Option<&str>) -> Result<Value> {
             json!({"snapshots": rows})
         }
         a => {
-            return Err(crate::fs::Error::Invalid(format!(
+            return Err(zlogfs_fs::Error::Invalid(format!(
                 "unknown snapshot action {a:?} (create, list, delete, policy)"
             ))
             .into())
@@ -227,8 +227,8 @@ fn point(fs: &Fs, spec: &str) -> Result<Option<u64>> {
     if let Some((_, s)) = fs.snapshots()?.into_iter().find(|(n, _)| n == spec) {
         return Ok(Some(s.seq));
     }
-    let t = crate::fs::parse_time(spec).map_err(|_| {
-        crate::fs::Error::Invalid(format!(
+    let t = zlogfs_fs::parse_time(spec).map_err(|_| {
+        zlogfs_fs::Error::Invalid(format!(
             "{spec:?} is not a clock token, a snapshot, an ISO 8601 time (2026-11-26T10:00:00Z, 2026-11-26) \
              or a duration (2h, 3days)"
         ))
@@ -242,7 +242,7 @@ fn time_of(fs: &Fs, spec: &str) -> Result<Option<std::time::SystemTime>> {
     if spec.starts_with("zlogfs:") || fs.snapshots()?.iter().any(|(n, _)| n == spec) {
         return Ok(None);
     }
-    Ok(crate::fs::parse_time(spec).ok().map(|t| t.to_system()))
+    Ok(zlogfs_fs::parse_time(spec).ok().map(|t| t.to_system()))
 }
 
 /// A window of times the records can never answer is an error, not an
@@ -252,17 +252,17 @@ fn check_window(fs: &Fs, since: &str, until: Option<&str>) -> Result<()> {
     let now = std::time::SystemTime::now();
     let s = time_of(fs, since)?;
     if s.is_some_and(|t| t > now) {
-        return Err(crate::fs::Error::Invalid(format!("--since {since:?} is in the future")).into());
+        return Err(zlogfs_fs::Error::Invalid(format!("--since {since:?} is in the future")).into());
     }
     let Some(until) = until else { return Ok(()) };
     let u = time_of(fs, until)?;
     if u.is_some_and(|t| t > now) {
-        return Err(crate::fs::Error::Invalid(format!("--until {until:?} is in the future")).into());
+        return Err(zlogfs_fs::Error::Invalid(format!("--until {until:?} is in the future")).into());
     }
     if let (Some(s), Some(u)) = (s, u) {
         if u < s {
             return Err(
-                crate::fs::Error::Invalid(format!("--until {until:?} is before --since {since:?}")).into()
+                zlogfs_fs::Error::Invalid(format!("--until {until:?} is before --since {since:?}")).into()
             );
         }
     }

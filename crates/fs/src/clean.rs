@@ -348,7 +348,7 @@ impl State {
     /// is live, the records of the move, the index flush that lets its
     /// victims go) can pass what it gives back: rounds that went on
     /// regardless took the reserve, and the cleaner, the deletes and the
-    /// create after them had no room left (tests/full.rs). Room counts
+    /// create after them had no room left (crates/fs/tests/full.rs). Room counts
     /// the segments a flush frees too: a round whose victims go free at
     /// the next checkpoint gained.
     fn gaining_round(

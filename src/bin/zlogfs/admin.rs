@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use serde_json::{json, Map, Value};
-use zlogfs::fs::{self as zfs, Fs};
+use zlogfs::control;
 use zlogfs::tools::{self, report};
-use zlogfs::{control, Options};
+use zlogfs_engine::Options;
+use zlogfs_fs::{self as zfs, Fs};
 
 use super::{close, open_fs, open_fs_ro, Parts, Res};
 
@@ -529,7 +530,7 @@ pub fn clean(
 fn fsck_engine(image: &Path, parts: &Parts) -> Option<Vec<String>> {
     let f = super::open_image(image, true, parts).ok()?;
     let opts = Options { background: false, read_only: true, ..Options::default() };
-    let eng = zlogfs::Engine::open(f, opts).ok()?;
+    let eng = zlogfs_engine::Engine::open(f, opts).ok()?;
     let bad = eng.verify_runs();
     (!bad.is_empty()).then(|| {
         bad.into_iter()

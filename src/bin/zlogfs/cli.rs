@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use zlogfs::codec::CodecSpec;
-use zlogfs::fs::{self as zfs};
+use zlogfs_engine::codec::CodecSpec;
+use zlogfs_fs::{self as zfs};
 
 use super::*;
 

@@ -4,10 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use zlogfs::fs::{self as zfs, Fs, FsOptions};
-use zlogfs::store::{self, FileStore, Geometry, Store, TwoStore};
-use zlogfs::Role;
-use zlogfs::{engine, Options};
+use zlogfs_engine::store::{self, FileStore, Geometry, Store, TwoStore};
+use zlogfs_engine::Role;
+use zlogfs_engine::{engine, Options};
+use zlogfs_fs::{self as zfs, Fs, FsOptions};
 
 /// How to open an image in an object store (the global flags, or the
 /// mount options).

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use zlogfs::fs::{Fs, Live};
 use zlogfs::tools::metrics::prometheus;
+use zlogfs_fs::{Fs, Live};
 
 /// The endpoint while it serves; dropping it stops it.
 pub struct Endpoint {

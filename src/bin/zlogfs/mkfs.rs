@@ -4,10 +4,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use zlogfs::engine;
-use zlogfs::fs::{self as zfs, MkfsOptions};
-use zlogfs::store::{FileStore, Geometry, Store, TwoStore, META_AREA_SIZE};
-use zlogfs::{validate_geometry, DEFAULT_SEGMENT_SIZE};
+use zlogfs_engine::engine;
+use zlogfs_engine::store::{FileStore, Geometry, Store, TwoStore, META_AREA_SIZE};
+use zlogfs_engine::{validate_geometry, DEFAULT_SEGMENT_SIZE};
+use zlogfs_fs::{self as zfs, MkfsOptions};
 
 use super::*;
 

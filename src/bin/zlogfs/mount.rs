@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use zlogfs::control;
-use zlogfs::engine::Options;
-use zlogfs::frontends::fuse::{self, MountOptions, Snapdir, Uring};
-use zlogfs::fs::{Atime, Fs, FsOptions, Live, SyncMode};
+use zlogfs_engine::engine::Options;
+use zlogfs_fs::{Atime, Fs, FsOptions, Live, SyncMode};
+use zlogfs_fuse::{self as fuse, MountOptions, Snapdir, Uring};
 
 use super::logging::{self, Sink};
 use super::Res;
@@ -217,7 +217,7 @@ impl Parsed {
             "at" => {
                 let t = v.ok_or("option at needs a time (2026-11-26T10:00:00Z, 2h) or a clock token")?;
                 if !t.starts_with("zlogfs:") {
-                    zlogfs::fs::parse_time(t).map_err(|e| format!("option at: {e}"))?;
+                    zlogfs_fs::parse_time(t).map_err(|e| format!("option at: {e}"))?;
                 }
                 self.at = Some(t.into());
             }
@@ -322,7 +322,7 @@ pub fn open_for_mount(image: &Path, p: &Parsed) -> Result<Fs, String> {
     // read-only to the caller, and other read-only users may share it.
     let parts = super::Parts { fast: p.fast.clone(), s3: p.s3.clone() };
     let f = super::open_image(image, p.mount.read_only, &parts)?;
-    Fs::open(f, fs_options(p)).map_err(|e: zlogfs::fs::Error| format!("{}: {e}", image.display()))
+    Fs::open(f, fs_options(p)).map_err(|e: zlogfs_fs::Error| format!("{}: {e}", image.display()))
 }
 
 /// The file system's options a mount's `-o` list gives.
@@ -448,7 +448,7 @@ pub fn mount(image: &Path, dir: &Path, opts: &[String], foreground: bool) -> Res
         return spawn_daemon(image, dir, opts);
     }
     // The figures of `stats --latency` count from here.
-    zlogfs::metrics::global();
+    zlogfs_engine::metrics::global();
     let refresh = refresh_interval(image, &parsed).map_err(|e| ready_fail(daemon_child, e))?;
     let fs = Arc::new(open_for_mount(image, &parsed).map_err(|e| ready_fail(daemon_child, e))?);
     let live = Arc::new(match refresh {

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use zlogfs::fs::{Fs, SetAttr, ROOT};
+use zlogfs_fs::{Fs, SetAttr, ROOT};
 
 use super::Res;
 
@@ -249,11 +249,11 @@ pub fn create_volume(fs: &Fs, spec: &str, layout: &VolumeLayout) -> Result<(), S
     let unit = layout.unit.as_deref().unwrap_or(VOLUME_UNIT);
     let cold = layout.cold.as_deref().unwrap_or(VOLUME_COLD);
     for (name_, opt, value) in [
-        (zlogfs::fs::XATTR_CHUNK, "--chunk-size", chunk.as_str()),
-        (zlogfs::fs::XATTR_UNIT, "--unit", unit),
-        (zlogfs::fs::XATTR_COLD, "--cold", cold),
+        (zlogfs_fs::XATTR_CHUNK, "--chunk-size", chunk.as_str()),
+        (zlogfs_fs::XATTR_UNIT, "--unit", unit),
+        (zlogfs_fs::XATTR_COLD, "--cold", cold),
     ] {
-        if name_ == zlogfs::fs::XATTR_COLD && value == "none" {
+        if name_ == zlogfs_fs::XATTR_COLD && value == "none" {
             continue;
         }
         if let Err(e) = fs.setxattr(f.ino, name_, value.as_bytes(), 0) {
@@ -311,7 +311,7 @@ pub fn nbd(
         .map_err(|e| format!("cannot install signal handlers: {e}"))?;
     let server = Server::start(at.clone(), Arc::clone(&fs), ro)?;
     // The admin commands reach the image through it while it is served.
-    let live = Arc::new(zlogfs::fs::Live::fixed(Arc::clone(&fs)));
+    let live = Arc::new(zlogfs_fs::Live::fixed(Arc::clone(&fs)));
     let control = super::mount::start_control(&live, image, image)?;
     eprintln!(
         "zlogfs: serving the files of {} at {at}{}; stop with Ctrl-C or SIGTERM",

@@ -3,8 +3,8 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use zlogfs::fs::{self as zfs, Fs, Kind};
 use zlogfs::tools;
+use zlogfs_fs::{self as zfs, Fs, Kind};
 
 use super::*;
 

@@ -205,7 +205,7 @@ impl Engine {
     /// inputs only as dead bytes among live ones, for the cleaner), but
     /// its output takes free segments first: run on a full log, merges
     /// took the reserve the cleaner needs, and a full image stopped
-    /// taking deletes and the create after them (tests/full.rs). So a
+    /// taking deletes and the create after them (crates/fs/tests/full.rs). So a
     /// merge waits while the free segments outside the reserve cannot
     /// hold its output; level 0 grows meanwhile (reads look at more
     /// runs), and the merge runs once cleaning or deletes made room.

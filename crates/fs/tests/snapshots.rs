@@ -9,8 +9,8 @@ mod common;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use zlogfs::fs::{self, CleanOptions, Fs, FsOptions, Kind, MkfsOptions, SetAttr, ROOT};
-use zlogfs::store::{CrashMode, FaultConfig, FaultStore, Geometry, Store};
+use zlogfs_engine::store::{CrashMode, FaultConfig, FaultStore, Geometry, Store};
+use zlogfs_fs::{self as fs, CleanOptions, Fs, FsOptions, Kind, MkfsOptions, SetAttr, ROOT};
 
 type Tree = BTreeMap<String, Vec<u8>>;
 

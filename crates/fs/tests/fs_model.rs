@@ -17,10 +17,10 @@ use std::sync::{Arc, Mutex};
 
 use rand::rngs::StdRng;
 use rand::Rng;
-use zlogfs::codec::{CodecId, CodecSpec};
-use zlogfs::fs::errno as fuse_errno;
-use zlogfs::fs::{self, Fs, FsOptions, Ino, Kind, MkfsOptions, SetAttr, ROOT};
-use zlogfs::store::{CrashMode, FaultConfig, FaultStore, Geometry, Store, TwoStore};
+use zlogfs_engine::codec::{CodecId, CodecSpec};
+use zlogfs_engine::store::{CrashMode, FaultConfig, FaultStore, Geometry, Store, TwoStore};
+use zlogfs_fs::errno as fuse_errno;
+use zlogfs_fs::{self as fs, Fs, FsOptions, Ino, Kind, MkfsOptions, SetAttr, ROOT};
 use zlogfs_s3::{S3Options, S3Store, S3Url, SyncMode as BucketSync};
 
 fn mkfs_opts(chunk: u32, history: bool) -> MkfsOptions {
@@ -476,7 +476,7 @@ fn errno<T>(r: fs::Result<T>) -> Result<T, i32> {
     r.map_err(|e| match e {
         // Device errors (injected ones, in the I/O-error run) are EIO;
         // the model never expects EIO, so an unexpected one still fails.
-        e @ fs::Error::Engine(zlogfs::Error::Io { .. } | zlogfs::Error::Failed) => {
+        e @ fs::Error::Engine(zlogfs_engine::Error::Io { .. } | zlogfs_engine::Error::Failed) => {
             assert_eq!(fuse_errno(&e), libc::EIO, "{e}");
             libc::EIO
         }

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use zlogfs::fs::{ChangeFeed, ChangeOp};
+use zlogfs_fs::{ChangeFeed, ChangeOp};
 
 use super::Model;
 
@@ -64,7 +64,7 @@ pub fn check(feed: &ChangeFeed, a: &Model, b: &Model, now: &Model, ctx: &str) {
 /// `f`'s change feed says: after a power cut, an operation that left the
 /// tree as it was (a write of the same bytes, a chmod to the same mode)
 /// may or may not have been kept, and only the feed tells.
-pub fn settle(f: &zlogfs::fs::Fs, history: &[Model], m: Model, snaps: &[(String, Model, u64)]) -> Model {
+pub fn settle(f: &zlogfs_fs::Fs, history: &[Model], m: Model, snaps: &[(String, Model, u64)]) -> Model {
     let dump = m.dump();
     let fits = |h: &Model| {
         snaps

@@ -12,14 +12,14 @@ use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use zlogfs::engine::Options;
-use zlogfs::fs::{
-    self, Fs, FsOptions, Ino, Kind, MkfsOptions, SetAttr, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE,
+use zlogfs_engine::engine::Options;
+use zlogfs_engine::store::{Geometry, MemStore, Store};
+use zlogfs_fs::{
+    self as fs, Fs, FsOptions, Ino, Kind, MkfsOptions, SetAttr, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE,
     FALLOC_FL_ZERO_RANGE, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT, XATTR_CODEC, XATTR_CREATE, XATTR_PHYSICAL,
     XATTR_REPLACE,
 };
-use zlogfs::fs::{errno as fuse_errno, is_failure};
-use zlogfs::store::{Geometry, MemStore, Store};
+use zlogfs_fs::{errno as fuse_errno, is_failure};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -64,7 +64,7 @@ fn fsck(f: &Fs) {
 
 /// The errno of a call that must fail with a POSIX error.
 #[track_caller]
-fn errno<T: std::fmt::Debug>(r: zlogfs::fs::Result<T>) -> i32 {
+fn errno<T: std::fmt::Debug>(r: zlogfs_fs::Result<T>) -> i32 {
     match r {
         Ok(v) => panic!("expected an error, got Ok({:.200})", format!("{v:?}")),
         Err(e) if !is_failure(&e) => fuse_errno(&e),

@@ -16,9 +16,9 @@ use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use zlogfs::fs::{self, Fs, FsOptions, MkfsOptions, ROOT};
-use zlogfs::store::{CrashMode, FaultConfig, FaultStore, Geometry, OpKind, Store, TwoStore};
-use zlogfs::BlockKind;
+use zlogfs_engine::store::{CrashMode, FaultConfig, FaultStore, Geometry, OpKind, Store, TwoStore};
+use zlogfs_engine::BlockKind;
+use zlogfs_fs::{self as fs, Fs, FsOptions, MkfsOptions, ROOT};
 
 const SEG: u32 = 256 << 10;
 
@@ -375,7 +375,7 @@ fn a_full_fast_store_spills_to_the_bulk_store() {
     // data spilled (before, the metadata went down with it).
     let es = f.engine().stats();
     let bulk = es.bulk.clone().expect("two stores");
-    let meta = |d: &zlogfs::engine::DeviceStats| (d.index_bytes, d.journal_bytes, d.checkpoint_bytes);
+    let meta = |d: &zlogfs_engine::engine::DeviceStats| (d.index_bytes, d.journal_bytes, d.checkpoint_bytes);
     assert_eq!(meta(&bulk), (0, 0, 0), "no live metadata on the bulk store: {bulk:?}");
     assert!(es.fast.index_bytes > 0 && es.fast.checkpoint_bytes > 0, "{:?}", es.fast);
     let not_data = |(k, b): (usize, &u64)| if k == BlockKind::Data as usize { 0 } else { *b };

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, RngCore, SeedableRng};
-use zlogfs::engine::Options;
-use zlogfs::fs::errno as fuse_errno;
-use zlogfs::fs::{self, CleanOptions, Fs, FsOptions, Ino, MkfsOptions, ROOT};
-use zlogfs::store::{CrashMode, FaultConfig, FaultStore, Geometry, MemStore, OpKind, Store};
+use zlogfs_engine::engine::Options;
+use zlogfs_engine::store::{CrashMode, FaultConfig, FaultStore, Geometry, MemStore, OpKind, Store};
+use zlogfs_fs::errno as fuse_errno;
+use zlogfs_fs::{self as fs, CleanOptions, Fs, FsOptions, Ino, MkfsOptions, ROOT};
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -55,7 +55,7 @@ fn fsck(f: &Fs, what: &str) {
 /// fsck after a crash: no problem, but usage may count blocks whose commit
 /// the crash lost (FORMAT.md §7, known leaks).
 #[track_caller]
-fn fsck_crashed(f: &Fs, what: &str) -> zlogfs::fs::CheckReport {
+fn fsck_crashed(f: &Fs, what: &str) -> zlogfs_fs::CheckReport {
     let rep = f.check(&|_, _| {}).unwrap_or_else(|e| panic!("{what}: fsck: {e}"));
     assert!(rep.problems.is_empty(), "{what}: fsck found problems: {:#?}", rep.problems);
     rep
@@ -817,7 +817,7 @@ fn stress_round(seed: u64, secs: u64, patches: bool) {
                             6..=7 => {
                                 // Down, or up (a hole), or down and up again.
                                 let len = r.gen_range(0..=model.len() + 64 * KIB);
-                                let sa = zlogfs::fs::SetAttr { size: Some(len as u64), ..Default::default() };
+                                let sa = zlogfs_fs::SetAttr { size: Some(len as u64), ..Default::default() };
                                 f.setattr(*ino, &sa).unwrap_or_else(|e| panic!("{what}: truncate: {e}"));
                                 model.resize(len, 0);
                             }
@@ -835,7 +835,7 @@ fn stress_round(seed: u64, secs: u64, patches: bool) {
                     }
                     if let Some((ino, model)) = files.get_mut(&k) {
                         if model.len() > max_len {
-                            let sa = zlogfs::fs::SetAttr { size: Some(0), ..Default::default() };
+                            let sa = zlogfs_fs::SetAttr { size: Some(0), ..Default::default() };
                             f.setattr(*ino, &sa).unwrap_or_else(|e| panic!("{what}: truncate to 0: {e}"));
                             model.clear();
                         }

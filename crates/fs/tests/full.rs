@@ -13,10 +13,10 @@ use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
-use zlogfs::engine::Options;
-use zlogfs::fs::errno as fuse_errno;
-use zlogfs::fs::{self, Atime, Fs, FsOptions, Ino, MkfsOptions, ROOT};
-use zlogfs::store::{Geometry, MemStore, Store};
+use zlogfs_engine::engine::Options;
+use zlogfs_engine::store::{Geometry, MemStore, Store};
+use zlogfs_fs::errno as fuse_errno;
+use zlogfs_fs::{self as fs, Atime, Fs, FsOptions, Ino, MkfsOptions, ROOT};
 
 /// What `zlogfs mkfs --size 64M` makes: 1 MiB segments.
 const IMAGE_64M: Geometry = Geometry { segment_size: 1 << 20, segment_count: 63 };
