@@ -185,30 +185,35 @@ impl State {
 
     /// The chunks [`State::reserve`] reserves, and the bytes they need.
     /// ENOSPC, with nothing changed, as soon as they need more than all
-    /// the room a writer could make ([`State::room_with_history`]): a range larger
-    /// than the log is not listed chunk by chunk. A commit does not
-    /// change the plan: it stores buffered chunks, which the plan leaves
-    /// out (as stored ones), and cleaning only moves stored ones.
+    /// the room a writer could make ([`State::room_with_history`]): a
+    /// range larger than the log is not listed chunk by chunk. Past the
+    /// room counted first, what is pending is committed, and the list
+    /// made again: the commit stores the buffered chunks it left out (an
+    /// all-zero one as a hole, to be reserved after all).
     fn reserve_plan(&mut self, i: &mut Inode, off: u64, end: u64) -> Result<(Vec<Reservation>, u64)> {
         let cs = self.cs(i);
-        let mut plan: Vec<Reservation> = Vec::new();
-        let (mut need, mut most) = (0u64, None);
-        for idx in off / cs..end.div_ceil(cs) {
-            if self.bufs.get(i.ino, idx).is_some() {
-                continue;
-            }
-            let want = (end - idx * cs).min(cs) as u32;
-            let have = match self.stored_extent(i.ino, idx)? {
-                None => 0,
-                Some(Extent::Reserved(have)) if have < want => have,
-                Some(_) => continue,
-            };
-            plan.push((idx, have, want));
-            need += u64::from(want - have);
-            if need > self.space_hint.saturating_sub(self.bufs.bytes() as u64) {
-                let most = match most {
-                    Some(m) => m,
-                    None => *most.insert(self.room_after_commit(i)?),
+        let mut most = None;
+        'again: loop {
+            let mut plan: Vec<Reservation> = Vec::new();
+            let mut need = 0u64;
+            for idx in off / cs..end.div_ceil(cs) {
+                if self.bufs.get(i.ino, idx).is_some() {
+                    continue;
+                }
+                let want = (end - idx * cs).min(cs) as u32;
+                let have = match self.stored_extent(i.ino, idx)? {
+                    None => 0,
+                    Some(Extent::Reserved(have)) if have < want => have,
+                    Some(_) => continue,
+                };
+                plan.push((idx, have, want));
+                need += u64::from(want - have);
+                if need <= self.space_hint.saturating_sub(self.bufs.bytes() as u64) {
+                    continue;
+                }
+                let Some(most) = most else {
+                    most = Some(self.room_after_commit(i)?);
+                    continue 'again;
                 };
                 if need > most {
                     return Err(Error::NoSpace(format!(
@@ -217,19 +222,27 @@ impl State {
                     )));
                 }
             }
+            return Ok((plan, need));
         }
-        Ok((plan, need))
     }
 
-    /// [`State::room_with_history`] once what is pending is durable (what
-    /// the group frees counts then: ZERO_RANGE's punch), less what stays
-    /// buffered. What the caller changed in `i` is saved first, and `i`
-    /// read back after the commit, which may change the file too.
+    /// [`State::room_with_history`] once what is pending is committed,
+    /// and durable where it frees blocks (what the group frees counts
+    /// then: ZERO_RANGE's punch), counted afresh, less what stays
+    /// buffered. What the
+    /// caller changed in `i` is saved first, and `i` read back after the
+    /// commit, which may change the file too.
     fn room_after_commit(&mut self, i: &mut Inode) -> Result<u64> {
         self.save(i);
+        let frees = !self.group.pending().frees.is_empty();
         self.commit()?;
-        self.eng.sync()?;
         *i = self.inode(i.ino)?;
+        if frees {
+            self.eng.sync()?;
+        }
+        // What points of history hold may have been counted before
+        // deletes (committed or not) that they hold.
+        self.purgeable_at = None;
         Ok(self.room_with_history()?.saturating_sub(self.bufs.bytes() as u64))
     }
 
