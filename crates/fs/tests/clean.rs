@@ -535,7 +535,7 @@ fn small_overwrites_are_patches() {
 }
 
 /// Not a check but a measurement (ignored; run it with
-/// `cargo test --release --test clean -- --ignored overwrite_breakdown --nocapture`):
+/// `cargo test --release -p zlogfs-fs --test clean -- --ignored overwrite_breakdown --nocapture`):
 /// write amplification of 4 KiB random overwrites of incompressible data
 /// on an image kept 70% full (1 GiB in 4 MiB segments, as `zlogfs mkfs`
 /// makes one), split into what writers stored whole, what they stored as

@@ -6,7 +6,7 @@
 //! the last sync (prefix semantics).
 //!
 //! Replay a failure with the seed it prints: `ZLOGFS_SEED=n cargo test
-//! --test fs_model`.
+//! -p zlogfs-fs --test fs_model`.
 
 mod common;
 #[path = "fs_model/feed.rs"]

@@ -7,7 +7,7 @@
 //! refused with a message that says which.
 //!
 //! Replay a failure with the seed it prints: `ZLOGFS_SEED=n cargo test
-//! --test two_devices`.
+//! -p zlogfs-fs --test two_devices`.
 
 mod common;
 
