@@ -363,14 +363,7 @@ impl State {
         if !self.clean_round(opts, rep, tried)? {
             return Ok(false);
         }
-        let mut after = room(self);
-        if !gained(before, after) {
-            // Room counts the index records of the moves at most what
-            // they take unflushed (near full, with patches, as much as
-            // the round gave back): judged once they are flushed.
-            self.flush_index_for_room()?;
-            after = room(self);
-        }
+        let after = room(self);
         Ok(gained(before, after))
     }
 
@@ -387,20 +380,6 @@ impl State {
             self.space_hint = self.free_now();
             self.futile_at = None;
         }
-        Ok(())
-    }
-
-    /// Flush the index changes not yet flushed, and checkpoint: free
-    /// space counts them at most what they could take (uncompressed), and
-    /// flushed they take what they compress to, and let go the segments
-    /// they pin. Before anything is dropped or cleaned for room.
-    fn flush_index_for_room(&mut self) -> Result<()> {
-        if self.eng.unflushed_run_bytes() == 0 {
-            return Ok(());
-        }
-        self.eng.flush()?;
-        self.eng.checkpoint()?;
-        self.space_hint = self.free_now();
         Ok(())
     }
 
@@ -429,11 +408,6 @@ impl State {
     /// ENOSPC. Named snapshots never do. Short of room, points go
     /// first ([`State::relieve_history`]).
     pub(crate) fn make_room(&mut self, need: u64) -> Result<()> {
-        let short = need.saturating_sub(self.space_hint);
-        if short > 0 && short <= self.eng.unflushed_run_bytes() as u64 && !self.group.snapshots().is_empty() {
-            // Points of history do not go for room a flush may give.
-            self.flush_index_for_room()?;
-        }
         if need > self.space_hint {
             self.relieve_history()?;
             self.drop_points_cleaning_needs(need)?;
