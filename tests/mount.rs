@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 mod common;
-use common::proc::{fresh_dir, run_ok, wait_for};
+use common::proc::{fresh_dir, is_mounted, run_ok, wait_for};
 
 const ZLOGFS: &str = env!("CARGO_BIN_EXE_zlogfs");
 
@@ -81,12 +81,6 @@ fn ok(args: &[&str]) -> String {
     let o = zlogfs(args);
     assert!(o.status.success(), "zlogfs {args:?}: {}", String::from_utf8_lossy(&o.stderr));
     String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn is_mounted(dir: &Path) -> bool {
-    let dir = fs::canonicalize(dir).unwrap_or(dir.to_path_buf());
-    let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-    mounts.lines().any(|l| l.split(' ').nth(1) == Some(dir.to_str().unwrap_or("")))
 }
 
 /// Mount in the foreground as a child process; returns when mounted.

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::proc::{fresh_dir, run_ok as ok, wait_for};
+use common::proc::{fresh_dir, is_mounted, run_ok as ok, wait_for};
 
 const ZLOGFS: &str = env!("CARGO_BIN_EXE_zlogfs");
 
@@ -298,7 +298,10 @@ fn a_mount_serves_its_files_over_nbd() {
     // Unmounted even when an assertion fails (the daemon holds the test's
     // output open, and cargo would wait for it).
     let mut mount = Mounted(Some(child), d.p("mnt"));
+    // The socket is bound before the kernel mount is made: wait for
+    // both, or the file below lands in the bare directory.
     wait_for("the NBD socket", || UnixStream::connect(d.p("sock")).is_ok());
+    wait_for("the mount", || is_mounted(&d.p("mnt")));
     let vol = fs::File::create(d.p("mnt/vol")).expect("create");
     vol.set_len(16 << 20).expect("size");
     vol.sync_all().expect("fsync");

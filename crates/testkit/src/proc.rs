@@ -2,7 +2,7 @@
 //! mounts, NBD clients).
 
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -34,4 +34,11 @@ pub fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
         assert!(t.elapsed() < Duration::from_secs(30), "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Whether `dir` is a mount point now (a line of /proc/self/mounts).
+pub fn is_mounted(dir: &Path) -> bool {
+    let dir = fs::canonicalize(dir).unwrap_or(dir.to_path_buf());
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    mounts.lines().any(|l| l.split(' ').nth(1) == Some(dir.to_str().unwrap_or("")))
 }
