@@ -272,6 +272,11 @@ fn print_stats(v: &Value) {
         f("metadata_bytes_per_file"),
         n("memtable_entries")
     );
+    outln!(
+        "index memory:     {} bytes of memtables (as their budget counts them), {} bytes of cached run blocks",
+        n("memtable_bytes"),
+        n("index_cache_bytes")
+    );
     let written: Vec<u64> = v["index_bytes_written_by_level_since_open"]
         .as_array()
         .into_iter()

@@ -247,6 +247,11 @@ pub struct EngineStats {
     pub index_written_by_level: Vec<u64>,
     /// Versions in memtables.
     pub memtable_entries: usize,
+    /// Bytes of the memtables as their budget counts them (keys, values
+    /// and a fixed overhead an entry; [`Options::memtable_bytes`]).
+    pub memtable_bytes: usize,
+    /// Bytes of decoded run blocks cached ([`Options::cache_bytes`]).
+    pub index_cache_bytes: usize,
     /// Last checkpoint number.
     pub checkpoint: u64,
     /// Highest visible sequence number.
@@ -840,6 +845,8 @@ impl Engine {
             run_bytes: ver.runs.iter().map(|r| r.meta.bytes).sum(),
             index_written_by_level: core.index_written.clone(),
             memtable_entries: ver.active.len() + ver.frozen.iter().map(|f| f.mem.len()).sum::<usize>(),
+            memtable_bytes: ver.active.bytes() + ver.frozen.iter().map(|f| f.mem.bytes()).sum::<usize>(),
+            index_cache_bytes: self.sh.cache.bytes(),
             checkpoint: core.ckpt.number,
             seq: self.seq(),
             fast: device_stats(&core, &ver, Tier::Fast),

@@ -22,11 +22,16 @@ fn mix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The line (byte offset) and the `k` bit positions within it of a key:
-/// the line from one 64-bit hash, the positions from 9-bit slices of a
-/// second, so the two choices are independent.
-fn bloom_probe(bits_len: usize, k: u8, key: &[u8]) -> (usize, impl Iterator<Item = usize>) {
-    let h = mix64(u64::from(crc32c::crc32c(key)) << 32 | u64::from(crc32c::crc32c_append(0x9e37_79b9, key)));
+/// A key's 64-bit filter hash: all a filter needs of it (a run being
+/// written keeps these, 8 bytes a key, instead of the keys).
+pub fn key_hash(key: &[u8]) -> u64 {
+    mix64(u64::from(crc32c::crc32c(key)) << 32 | u64::from(crc32c::crc32c_append(0x9e37_79b9, key)))
+}
+
+/// The line (byte offset) and the `k` bit positions within it of a key
+/// hash `h`: the line from its high half, the positions from 9-bit
+/// slices of a second hash of it, so the two choices are independent.
+fn bloom_probe(bits_len: usize, k: u8, h: u64) -> (usize, impl Iterator<Item = usize>) {
     let lines = (bits_len / BLOOM_LINE).max(1) as u64;
     let line = (((h >> 32) * lines) >> 32) as usize;
     let g = mix64(h ^ 0x2545_f491_4f6c_dd1d);
@@ -38,10 +43,15 @@ impl Bloom {
     /// A filter for `n` keys at about 10 bits per key (about 1% false
     /// positives).
     pub fn build<'a>(n: usize, keys: impl Iterator<Item = &'a [u8]>) -> Bloom {
+        Bloom::from_hashes(n, keys.map(key_hash))
+    }
+
+    /// [`Bloom::build`] from the keys' [`key_hash`]es.
+    pub fn from_hashes(n: usize, hashes: impl Iterator<Item = u64>) -> Bloom {
         let nbytes = (n * 10).div_ceil(8).clamp(BLOOM_LINE, 1 << 27).next_multiple_of(BLOOM_LINE);
         let mut b = Bloom { k: 7, bits: vec![0u8; nbytes] };
-        for key in keys {
-            let (base, probes) = bloom_probe(b.bits.len(), b.k, key);
+        for h in hashes {
+            let (base, probes) = bloom_probe(b.bits.len(), b.k, h);
             for bit in probes {
                 b.bits[base + bit / 8] |= 1 << (bit % 8);
             }
@@ -58,7 +68,7 @@ impl Bloom {
         if self.bits.len() < BLOOM_LINE {
             return true;
         }
-        let (base, mut probes) = bloom_probe(self.bits.len(), self.k, key);
+        let (base, mut probes) = bloom_probe(self.bits.len(), self.k, key_hash(key));
         let line = &self.bits[base..base + BLOOM_LINE];
         probes.all(|bit| line[bit / 8] & (1 << (bit % 8)) != 0)
     }

@@ -70,6 +70,11 @@ impl BlockCache {
         }
     }
 
+    /// Bytes of the blocks it holds.
+    pub fn bytes(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).used).sum()
+    }
+
     /// Drop every block of run `id`.
     pub fn forget_run(&self, id: u64) {
         for s in &self.shards {

@@ -27,7 +27,7 @@ mod sparse;
 #[cfg(feature = "fuzzing")]
 pub use block::decode_data_block;
 pub use block::{cmp_internal, encode_data_block, Block};
-pub use bloom::Bloom;
+pub use bloom::{key_hash, Bloom};
 pub use cache::BlockCache;
 use flat::FlatIndex;
 pub use sparse::{decode_index_block, encode_index_block, IndexEntry};
@@ -214,6 +214,18 @@ impl Run {
 
     /// Data block `i`, through the cache.
     pub fn block(&self, store: &dyn Store, cache: &BlockCache, i: usize) -> Result<Arc<Block>> {
+        self.block_filling(store, cache, i, true)
+    }
+
+    /// Data block `i`: from the cache if it holds it, else from the
+    /// store, and then cached only if `fill`.
+    fn block_filling(
+        &self,
+        store: &dyn Store,
+        cache: &BlockCache,
+        i: usize,
+        fill: bool,
+    ) -> Result<Arc<Block>> {
         let key = (self.meta.id, i as u32);
         if let Some(b) = cache.get(key) {
             return Ok(b);
@@ -231,7 +243,9 @@ impl Run {
             return Err(Error::corrupt(what, "does not end with the key its index entry names"));
         }
         let b = Arc::new(b);
-        cache.insert(key, b.clone());
+        if fill {
+            cache.insert(key, b.clone());
+        }
         Ok(b)
     }
 
@@ -267,7 +281,25 @@ impl Run {
         start: &[u8],
     ) -> RunCursor {
         let bi = self.flat.search(start, u64::MAX);
-        RunCursor { run: self.clone(), store, cache, bi, block: None, ei: 0, start: start.to_vec() }
+        RunCursor {
+            run: self.clone(),
+            store,
+            cache,
+            fill: true,
+            bi,
+            block: None,
+            ei: 0,
+            start: start.to_vec(),
+        }
+    }
+
+    /// A cursor over all its entries for a merge: it reads the blocks the
+    /// cache holds but adds none, since the run goes when the merge is
+    /// installed (as RocksDB's compactions read with `fill_cache` off).
+    /// Otherwise every merge would fill the cache to its bound with blocks
+    /// no reader asked for, evicting the ones readers did.
+    pub fn merge_cursor(self: &Arc<Self>, store: Arc<dyn Store>, cache: Arc<BlockCache>) -> RunCursor {
+        RunCursor { fill: false, ..self.cursor(store, cache, &[]) }
     }
 }
 
@@ -276,6 +308,8 @@ pub struct RunCursor {
     run: Arc<Run>,
     store: Arc<dyn Store>,
     cache: Arc<BlockCache>,
+    /// Whether blocks read from the store are added to the cache.
+    fill: bool,
     bi: usize,
     block: Option<Arc<Block>>,
     ei: usize,
@@ -297,7 +331,7 @@ impl Iterator for RunCursor {
             if self.bi >= self.run.index.len() {
                 return None;
             }
-            match self.run.block(self.store.as_ref(), &self.cache, self.bi) {
+            match self.run.block_filling(self.store.as_ref(), &self.cache, self.bi, self.fill) {
                 Ok(b) => {
                     self.ei = b.search(&self.start, u64::MAX);
                     self.block = Some(b);
