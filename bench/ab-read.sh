@@ -11,8 +11,11 @@
 # (default 5) pairs. Prints each measurement, then medians with min-max
 # and after / before. Needs root and /dev/fuse.
 set -euo pipefail
+# A failing mount or read inside $(cold ...) stops the run, not a 0.00 s.
+shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
 . bench/lib.sh
+need_tools bc:bc
 [ $# -ge 2 ] || { echo "usage: bash bench/ab-read.sh BEFORE_BIN AFTER_BIN [ROUNDS] [TREE]" >&2; exit 2; }
 declare -A bin=([before]=$(realpath "$1") [after]=$(realpath "$2"))
 rounds=${3:-5}
@@ -31,6 +34,7 @@ cold() {
     local b=$1
     shift
     "$b" mount "$work/img" "$work/mnt"
+    findmnt -M "$work/mnt" >/dev/null || { echo "$b did not mount $work/img" >&2; exit 1; }
     sync
     echo 3 >/proc/sys/vm/drop_caches
     local t0 t1
@@ -38,13 +42,16 @@ cold() {
     "$@" >/dev/null
     t1=$(date +%s.%N)
     fusermount3 -u "$work/mnt"
+    # The daemon closes the image after the unmount returns: wait until
+    # the image opens (as bench/fuse.sh does).
+    for _ in $(seq 300); do "$b" stats "$work/img" >/dev/null 2>&1 && break; sleep 0.1; done
     printf '%.2f\n' "$(echo "$t1 - $t0" | bc)"
 }
 declare -A finds tars
 for i in $(seq "$rounds"); do
     for l in before after; do
         f=$(cold "${bin[$l]}" find "$work/mnt")
-        t=$(cold "${bin[$l]}" sh -c "tar -C '$work/mnt' -cf - . | cat")
+        t=$(cold "${bin[$l]}" bash -o pipefail -c "tar -C '$work/mnt' -cf - . | cat")
         echo "round $i $l: find $f s, tar $t s"
         finds[$l]+="$f "
         tars[$l]+="$t "

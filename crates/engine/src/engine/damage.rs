@@ -40,15 +40,16 @@ impl Engine {
             .collect()
     }
 
-    /// Read every data block of every index run, checking its checksum
-    /// and that it ends with the key its index entry names: the damaged
-    /// ones. The records they held cannot be read.
+    /// Read every data block of every index run from the store (not the
+    /// cache: neither served from it nor added to it), checking its
+    /// checksum and that it ends with the key its index entry names: the
+    /// damaged ones. The records they held cannot be read.
     pub fn verify_runs(&self) -> Vec<DamagedBlock> {
         let ver = self.version();
         let mut bad = Vec::new();
         for r in &ver.runs {
             for i in 0..r.index.len() {
-                if let Err(error) = r.block(self.sh.store.as_ref(), &self.sh.cache, i) {
+                if let Err(error) = r.read_block(self.sh.store.as_ref(), i) {
                     let from = if i == 0 { r.meta.min_key.clone() } else { r.index[i - 1].last_key.clone() };
                     let to = r.index[i].last_key.clone();
                     bad.push(DamagedBlock { run: r.meta.id, addr: r.index[i].addr, from, to, error });

@@ -846,7 +846,7 @@ impl Engine {
             index_written_by_level: core.index_written.clone(),
             memtable_entries: ver.active.len() + ver.frozen.iter().map(|f| f.mem.len()).sum::<usize>(),
             memtable_bytes: ver.active.bytes() + ver.frozen.iter().map(|f| f.mem.bytes()).sum::<usize>(),
-            index_cache_bytes: self.sh.cache.bytes(),
+            index_cache_bytes: self.index_cache_bytes(),
             checkpoint: core.ckpt.number,
             seq: self.seq(),
             fast: device_stats(&core, &ver, Tier::Fast),
@@ -854,6 +854,11 @@ impl Engine {
                 .then(|| device_stats(&core, &ver, Tier::Bulk)),
             remote: self.sh.store.remote_stats(),
         }
+    }
+
+    /// Bytes of decoded run blocks cached now.
+    pub fn index_cache_bytes(&self) -> usize {
+        self.sh.cache.bytes()
     }
 
     /// Per-segment usage.

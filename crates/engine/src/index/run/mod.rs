@@ -214,12 +214,12 @@ impl Run {
 
     /// Data block `i`, through the cache.
     pub fn block(&self, store: &dyn Store, cache: &BlockCache, i: usize) -> Result<Arc<Block>> {
-        self.block_filling(store, cache, i, true)
+        self.block_via_cache(store, cache, i, true)
     }
 
     /// Data block `i`: from the cache if it holds it, else from the
     /// store, and then cached only if `fill`.
-    fn block_filling(
+    fn block_via_cache(
         &self,
         store: &dyn Store,
         cache: &BlockCache,
@@ -230,6 +230,16 @@ impl Run {
         if let Some(b) = cache.get(key) {
             return Ok(b);
         }
+        let b = Arc::new(self.read_block(store, i)?);
+        if fill {
+            cache.insert(key, b.clone());
+        }
+        Ok(b)
+    }
+
+    /// Data block `i` read from the store and checked, past the cache
+    /// (scrub and fsck verify what the device holds).
+    pub fn read_block(&self, store: &dyn Store, i: usize) -> Result<Block> {
         let addr = self.index[i].addr;
         let raw = read_block(store, addr, BlockKind::RunData)?;
         let what = format!("data block {i} of run {} at {addr}", self.meta.id);
@@ -241,10 +251,6 @@ impl Run {
             || b.seq(n - 1) != self.index[i].last_seq
         {
             return Err(Error::corrupt(what, "does not end with the key its index entry names"));
-        }
-        let b = Arc::new(b);
-        if fill {
-            cache.insert(key, b.clone());
         }
         Ok(b)
     }
@@ -331,7 +337,7 @@ impl Iterator for RunCursor {
             if self.bi >= self.run.index.len() {
                 return None;
             }
-            match self.run.block_filling(self.store.as_ref(), &self.cache, self.bi, self.fill) {
+            match self.run.block_via_cache(self.store.as_ref(), &self.cache, self.bi, self.fill) {
                 Ok(b) => {
                     self.ei = b.search(&self.start, u64::MAX);
                     self.block = Some(b);
@@ -358,6 +364,17 @@ mod tests {
         assert!(fp < 3_000, "{fp} false positives in 100,000 (want about 1-2%)");
         let d = Bloom::decode(&b.encode(), "filter").unwrap();
         assert_eq!(d, b);
+    }
+
+    /// The filter's bytes for fixed keys, pinned (the value the build
+    /// from keys gave at 420beb2): they are on disk
+    /// (FORMAT.md §3.4), so building from key hashes must set the bits
+    /// building from keys did.
+    #[test]
+    fn filter_bytes_are_pinned() {
+        let keys: Vec<Vec<u8>> = (0..1_000u32).map(|i| format!("key {i}").into_bytes()).collect();
+        let b = Bloom::build(keys.len(), keys.iter().map(|k| k.as_slice()));
+        assert_eq!(crc32c::crc32c(&b.encode()), 3_948_178_197, "the filter's bytes changed");
     }
 
     #[test]
