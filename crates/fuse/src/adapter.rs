@@ -471,7 +471,7 @@ impl Handler for ZlogFuse {
                 self.changed(&[ino]);
                 self.entry(r, reply)
             }
-            Op::Open { .. } => self.open(ino, reply),
+            Op::Open { flags } => self.open(ino, flags, reply),
             Op::Read { offset, size } => self.read(ino, offset, size, reply),
             Op::Write { offset, data, kill_setid } => self.write(h, offset, data, kill_setid, reply),
             Op::Statfs => self.statfs(reply),
@@ -561,19 +561,23 @@ impl ZlogFuse {
         empty(r, reply)
     }
 
-    fn open(&self, ino: Ino, reply: Reply) {
+    /// An open keeps the kernel's cached pages; one for reading may move
+    /// the atime (see [`Fs::open_to_read`]), and then the kernel's cached
+    /// attributes go before the reply.
+    fn open(&self, ino: Ino, flags: u32, reply: Reply) {
         let fs = self.fs();
-        match fs.open_file(ino) {
-            Ok(a) => {
-                let mut flags = self.open_flags();
-                if fs.atime_due(&a) {
-                    // The next read must reach us to move the atime: the
-                    // kernel's cached pages go (as at every open of a file
-                    // whose atime is due: rare under relatime).
-                    flags &= !fopen::KEEP_CACHE;
+        let r = if flags & libc::O_ACCMODE as u32 == libc::O_WRONLY as u32 {
+            fs.open_file(ino).map(|_| false)
+        } else {
+            fs.open_to_read(ino)
+        };
+        match r {
+            Ok(moved) => {
+                if moved {
+                    fs.changed_elsewhere(ino, dev::ATTRS_ONLY, 0);
                 }
                 let mut b = Vec::with_capacity(16);
-                abi::put_open(&mut b, flags);
+                abi::put_open(&mut b, self.open_flags());
                 reply.data(&b)
             }
             Err(e) => reply.error(reply_errno(e)),

@@ -108,15 +108,23 @@ impl Fs {
         Ok(st.attr(&i))
     }
 
-    /// Whether a read of a file with these attributes would move its
-    /// atime now, as the mount's atime policy says. A front end whose
-    /// reads may be served from a cache without asking (the kernel's page
-    /// cache) lets that cache go at an open where this holds, so that the
-    /// read reaches the file system (xfstests generic/003: the first read
-    /// of a file just written never moved its atime under relatime).
-    pub fn atime_due(&self, a: &Attr) -> bool {
-        let st = self.st();
-        !st.read_only && atime_due(st.atime, a.atime, a.mtime, a.ctime, now())
+    /// [`Fs::open_file`] for reading: the open moves the atime as a read
+    /// would (when the policy says it is due), and says whether it moved.
+    ///
+    /// A front end whose reads may be served from a cache without asking
+    /// (the kernel's page cache) then keeps that cache at every open, and
+    /// drops only its cached attributes when the atime moved. Letting the
+    /// pages go at an open instead races a write still on its way: the
+    /// kernel may cache the bytes from before the write (the stress run's
+    /// stale read, 2026-12-03).
+    pub fn open_to_read(&self, ino: Ino) -> Result<bool> {
+        let mut st = self.st();
+        let i = st.inode(ino)?;
+        let before = i.atime;
+        st.relatime(i);
+        let moved = st.inode(ino)?.atime != before;
+        *st.open.entry(ino).or_insert(0) += 1;
+        Ok(moved)
     }
 
     /// Drop an open handle.

@@ -6,7 +6,7 @@
 //! cleaner reclaims. Reads that fetch blocks outside the lock (read-ahead
 //! of uncached blocks) insert them only if the epoch did not move while
 //! they read: the epoch moves whenever blocks may be placed or freed (a
-//! commit, storing buffered chunks, a reclaim).
+//! commit, storing buffered chunks, a release, a reclaim).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -58,11 +58,14 @@ impl BlockCache {
         );
     }
 
-    /// Forget the block at `a` (released: its address may hold another).
+    /// Forget the block at `a` (released: its address may hold another
+    /// once the release commits), and move the epoch: a read under way
+    /// that fetched the block before the release must not put it back.
     pub(crate) fn remove(&mut self, a: &BlockAddr) {
         if let Some(old) = self.map.remove(a) {
             self.bytes -= old.len();
         }
+        self.epoch += 1;
     }
 
     /// Forget every block of segments `segs` (freed: their addresses will
@@ -119,5 +122,10 @@ mod tests {
         let e = c.epoch();
         c.moved();
         assert!(c.epoch() > e);
+        // A release moves it too, cached or not: a read that fetched the
+        // block outside the lock must not cache it after its release.
+        let e = c.epoch();
+        c.remove(&addr(9, 0));
+        assert!(c.epoch() > e, "a release moves the epoch");
     }
 }
