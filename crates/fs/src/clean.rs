@@ -51,6 +51,14 @@ pub struct CleanOptions {
     /// in it. Passes that a writer waits for (making room) leave it off:
     /// the cold form's codec is slower than the write path's.
     pub cold: bool,
+    /// Take the segments with the most dead bytes first (greedy), not
+    /// the best by cost and age (Sprite LFS's cost-benefit): a writer
+    /// that waits for room needs the most room per round now. Picked by
+    /// age near full, a round moved a segment 97% live, cost more room
+    /// than it gave back and ended the writer's cleaning with ENOSPC
+    /// while segments 30% dead waited (crates/fs/tests/clean.rs,
+    /// patches_made_early_do_not_fill_the_device, one seed in eight).
+    pub greedy: bool,
 }
 
 impl Default for CleanOptions {
@@ -62,6 +70,7 @@ impl Default for CleanOptions {
             demote: false,
             written_before: None,
             cold: true,
+            greedy: false,
         }
     }
 }
@@ -320,7 +329,8 @@ impl State {
         if self.futile_at == Some(self.stats.commits) {
             return Ok(());
         }
-        let fit = CleanOptions { max_live: WRITER_MAX_LIVE, cold: false, ..CleanOptions::default() };
+        let fit =
+            CleanOptions { max_live: WRITER_MAX_LIVE, cold: false, greedy: true, ..CleanOptions::default() };
         let (mut rep, mut tried) = (CleanReport::default(), HashSet::new());
         while need > self.space_hint && self.gaining_round(&fit, &mut rep, &mut tried)? {}
         if need <= self.space_hint {
@@ -328,7 +338,7 @@ impl State {
             // more than they cost, and only while each round gains room.
             let seg = u64::from(self.eng.superblock().geometry.segment_size);
             let more = need + u64::from(CLEAN_BURST) * seg;
-            let burst = CleanOptions { max_live: 0.6, cold: false, ..CleanOptions::default() };
+            let burst = CleanOptions { max_live: 0.6, cold: false, greedy: true, ..CleanOptions::default() };
             while more > self.space_hint {
                 let before = self.space_hint;
                 if !self.clean_round(&burst, &mut rep, &mut tried)? || self.space_hint <= before {
@@ -430,6 +440,18 @@ impl State {
         }
     }
 
+    /// Up to `n` segments to clean, best first, as `opts` picks them.
+    fn candidates(&self, opts: &CleanOptions, n: usize) -> Vec<zlogfs_engine::engine::Victim> {
+        let on = opts.demote.then_some(Tier::Fast);
+        if !opts.greedy {
+            return self.eng.pick_victims_on(n, opts.max_live, on, opts.written_before);
+        }
+        let mut all = self.eng.pick_victims_on(usize::MAX, opts.max_live, on, opts.written_before);
+        all.sort_by_key(|v| (v.live, v.seg));
+        all.truncate(n);
+        all
+    }
+
     fn clean_round_inner(
         &mut self,
         opts: &CleanOptions,
@@ -455,10 +477,7 @@ impl State {
         let budget = self.eng.room_bytes(Room::Relieve) * 7 / 8;
         let mut victims = Vec::new();
         let mut take = 0u64;
-        let on = opts.demote.then_some(Tier::Fast);
-        for v in
-            self.eng.pick_victims_on(left.min(ROUND) + tried.len(), opts.max_live, on, opts.written_before)
-        {
+        for v in self.candidates(opts, left.min(ROUND) + tried.len()) {
             if tried.contains(&v.seg) || victims.len() == left.min(ROUND) {
                 continue;
             }
