@@ -41,12 +41,15 @@ fn bloom_probe(bits_len: usize, k: u8, h: u64) -> (usize, impl Iterator<Item = u
 
 impl Bloom {
     /// A filter for `n` keys at about 10 bits per key (about 1% false
-    /// positives).
+    /// positives). (Runs build theirs from hashes kept while writing:
+    /// [`Bloom::from_hashes`].)
+    #[cfg(test)]
     pub fn build<'a>(n: usize, keys: impl Iterator<Item = &'a [u8]>) -> Bloom {
         Bloom::from_hashes(n, keys.map(key_hash))
     }
 
-    /// [`Bloom::build`] from the keys' [`key_hash`]es.
+    /// A filter for `n` keys from their [`key_hash`]es (about 10 bits per
+    /// key, about 1% false positives).
     pub fn from_hashes(n: usize, hashes: impl Iterator<Item = u64>) -> Bloom {
         let nbytes = (n * 10).div_ceil(8).clamp(BLOOM_LINE, 1 << 27).next_multiple_of(BLOOM_LINE);
         let mut b = Bloom { k: 7, bits: vec![0u8; nbytes] };
