@@ -54,7 +54,7 @@ pub struct CleanOptions {
     /// Take the segments with the most dead bytes first (greedy), not
     /// the best by cost and age (Sprite LFS's cost-benefit): a writer
     /// that waits for room needs the most room per round now. Picked by
-    /// age near full, a round moved a segment 97% live, cost more room
+    /// age near full, a round moved a segment 92% live, cost more room
     /// than it gave back and ended the writer's cleaning with ENOSPC
     /// while segments 30% dead waited (crates/fs/tests/clean.rs,
     /// patches_made_early_do_not_fill_the_device, one seed in eight).

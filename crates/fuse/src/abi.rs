@@ -348,6 +348,8 @@ pub enum Op<'a> {
     Read {
         offset: u64,
         size: u32,
+        /// The descriptor's open flags (`O_NOATIME`).
+        flags: u32,
     },
     Write {
         offset: u64,
@@ -481,7 +483,11 @@ impl<'a> Op<'a> {
             }
             op::LINK => Op::Link { ino: u64_at(arg, 0)?, newname: name()? },
             op::OPEN => Op::Open { flags: u32_at(arg, 0)? },
-            op::READ => Op::Read { offset: u64_at(arg, 8)?, size: u32_at(arg, 16)? },
+            op::READ => Op::Read {
+                offset: u64_at(arg, 8)?,
+                size: u32_at(arg, 16)?,
+                flags: u32_at(arg, 32).unwrap_or(0),
+            },
             op::WRITE => {
                 let size = u32_at(arg, 16)? as usize;
                 let data = data.get(..size).ok_or(Bad("write shorter than its size"))?;

@@ -472,7 +472,7 @@ impl Handler for ZlogFuse {
                 self.entry(r, reply)
             }
             Op::Open { flags } => self.open(ino, flags, reply),
-            Op::Read { offset, size } => self.read(ino, offset, size, reply),
+            Op::Read { offset, size, flags } => self.read(ino, offset, size, flags, reply),
             Op::Write { offset, data, kill_setid } => self.write(h, offset, data, kill_setid, reply),
             Op::Statfs => self.statfs(reply),
             Op::Release => empty(self.fs().release_file(ino), reply),
@@ -566,7 +566,9 @@ impl ZlogFuse {
     /// attributes go before the reply.
     fn open(&self, ino: Ino, flags: u32, reply: Reply) {
         let fs = self.fs();
-        let r = if flags & libc::O_ACCMODE as u32 == libc::O_WRONLY as u32 {
+        // O_NOATIME (backup tools): the kernel checked the caller may.
+        let no_atime = flags & libc::O_NOATIME as u32 != 0;
+        let r = if no_atime || flags & libc::O_ACCMODE as u32 == libc::O_WRONLY as u32 {
             fs.open_file(ino).map(|_| false)
         } else {
             fs.open_to_read(ino)
@@ -584,10 +586,19 @@ impl ZlogFuse {
         }
     }
 
-    /// A read, large ones on a worker.
-    fn read(&self, ino: Ino, offset: u64, size: u32, reply: Reply) {
+    /// A read, large ones on a worker; one through an `O_NOATIME`
+    /// descriptor leaves the atime alone.
+    fn read(&self, ino: Ino, offset: u64, size: u32, flags: u32, reply: Reply) {
         let fs = self.fs();
-        let serve = move || data(fs.read(ino, offset, size as usize), reply);
+        let no_atime = flags & libc::O_NOATIME as u32 != 0;
+        let serve = move || {
+            let r = if no_atime {
+                fs.read_noatime(ino, offset, size as usize)
+            } else {
+                fs.read(ino, offset, size as usize)
+            };
+            data(r, reply)
+        };
         if size as usize >= LARGE_IO {
             self.workers.run(serve);
         } else {

@@ -449,7 +449,7 @@ impl ZlogFuse {
                 Ok(()) => reply.ok(),
                 Err(err) => reply.error(e(err)),
             },
-            Op::Read { offset, size } => {
+            Op::Read { offset, size, .. } => {
                 let (live, v) = (self.fs(), Arc::clone(v));
                 self.workers.run(move || {
                     let r = read_view(&live, &v, || v.fs.read(ino, offset, size as usize).map_err(e));

@@ -43,12 +43,13 @@ impl State {
     /// deletes need (docs/SEMANTICS.md, atime). Before, 27,000 reads of a
     /// full image made one group too large for the journal, and every
     /// later change failed with it.
-    pub(crate) fn relatime(&mut self, mut i: Inode) {
+    /// True when the atime moved.
+    pub(crate) fn relatime(&mut self, mut i: Inode) -> bool {
         let t = now();
         let due = atime_due(self.atime, i.atime, i.mtime, i.ctime, t);
         // A latched engine stores nothing more: no update to accept.
         if !due || (!self.diratime && i.kind() == Kind::Dir) || self.eng.failed() {
-            return;
+            return false;
         }
         if self.group.bytes() + self.bufs.count() * 64 > self.group.max_bytes() / 2 {
             // The commit may change the file (a buffered chunk of zeros
@@ -60,17 +61,18 @@ impl State {
             }) {
                 // The operation that needs the commit meets this again.
                 self.note_dropped_atime(&e);
-                return;
+                return false;
             }
         }
         // Room for the group's journal record after this one.
         if (self.group.bytes() + 64) as u64 > self.space_hint.saturating_sub(self.bufs.bytes() as u64) {
             self.stats.atime_dropped += 1;
-            return;
+            return false;
         }
         i.atime = t;
         self.save(&i);
         self.group.set_grew();
+        true
     }
 
     fn note_dropped_atime(&mut self, e: &Error) {
@@ -120,9 +122,7 @@ impl Fs {
     pub fn open_to_read(&self, ino: Ino) -> Result<bool> {
         let mut st = self.st();
         let i = st.inode(ino)?;
-        let before = i.atime;
-        st.relatime(i);
-        let moved = st.inode(ino)?.atime != before;
+        let moved = st.relatime(i);
         *st.open.entry(ino).or_insert(0) += 1;
         Ok(moved)
     }
@@ -162,6 +162,16 @@ impl Fs {
     /// cached (or, evicted since, reading them again). A read that needs
     /// nothing uncached takes the lock once.
     pub fn read(&self, ino: Ino, off: u64, len: usize) -> Result<Vec<u8>> {
+        self.read_moving_atime(ino, off, len, true)
+    }
+
+    /// [`Fs::read`] that leaves the atime alone (a descriptor opened with
+    /// `O_NOATIME`).
+    pub fn read_noatime(&self, ino: Ino, off: u64, len: usize) -> Result<Vec<u8>> {
+        self.read_moving_atime(ino, off, len, false)
+    }
+
+    fn read_moving_atime(&self, ino: Ino, off: u64, len: usize, atime: bool) -> Result<Vec<u8>> {
         let mut st = self.st();
         let mut i = st.file(ino)?;
         let need = st.uncached_blocks(&i, off, len)?;
@@ -180,7 +190,9 @@ impl Fs {
             i = st.file(ino)?;
         }
         let v = st.read_data(&i, off, len)?;
-        st.relatime(i);
+        if atime {
+            st.relatime(i);
+        }
         Metrics::add(&metrics::global().counters.user_bytes_read, v.len() as u64);
         Ok(v)
     }

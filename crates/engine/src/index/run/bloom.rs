@@ -42,8 +42,8 @@ fn bloom_probe(bits_len: usize, k: u8, h: u64) -> (usize, impl Iterator<Item = u
 impl Bloom {
     /// A filter for `n` keys at about 10 bits per key (about 1% false
     /// positives). (Runs build theirs from hashes kept while writing:
-    /// [`Bloom::from_hashes`].)
-    #[cfg(test)]
+    /// [`Bloom::from_hashes`]; tests and the fuzz targets use this.)
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn build<'a>(n: usize, keys: impl Iterator<Item = &'a [u8]>) -> Bloom {
         Bloom::from_hashes(n, keys.map(key_hash))
     }
