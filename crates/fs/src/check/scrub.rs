@@ -93,7 +93,7 @@ impl Fs {
         let (mut lo, hi) = all_held_range();
         let mut starts: Vec<(u32, u32)> = Vec::new();
         loop {
-            let page = self.st().scan(&lo, &hi, PAGE)?;
+            let page = self.st_after_requests().scan(&lo, &hi, PAGE)?;
             let Some((last, _)) = page.last() else { break };
             lo = after(last);
             for (a, _, _) in page.iter().filter_map(|(k, _)| parse_held_key(k)) {
@@ -130,7 +130,7 @@ impl Fs {
     /// The blocks of the next page of chunks from `lo`, each with the
     /// chunks that read it; and the key to go on from.
     fn scrub_page(&self, lo: &[u8], hi: &[u8]) -> Result<Page> {
-        let st = self.st();
+        let st = self.st_after_requests();
         let found = st.scan(lo, hi, PAGE)?;
         let next = (found.len() >= PAGE).then(|| found.last().map(|(k, _)| after(k))).flatten();
         let mut blocks: BTreeMap<BlockAddr, Vec<(Ino, u64)>> = BTreeMap::new();

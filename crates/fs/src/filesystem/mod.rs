@@ -3,7 +3,7 @@
 //! is [`crate::state::handle`]; the operations are in [`crate::ops::namespace`],
 //! [`crate::ops::files`] and [`crate::ops::xattr`].
 
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 
 use zlogfs_engine::engine::{self, Engine, Options, WriteBatch};
 use zlogfs_engine::max_block_raw;
@@ -113,7 +113,7 @@ impl Fs {
             (None, None) => None,
         };
         let st = State::new(eng.clone(), group, &opts, at);
-        let inner = Arc::new(Inner { st: Mutex::new(st), stop: Mutex::new(false), wake: Condvar::new() });
+        let inner = Arc::new(Inner::new(st));
         if !opts.read_only {
             let mut st = lock(&inner.st);
             st.finish_orphans()?;
@@ -148,7 +148,7 @@ impl Fs {
         let opts = FsOptions { read_only: true, cache_bytes, dirty_bytes: 0, ..FsOptions::default() };
         let mut st = State::new(self.eng.clone(), group, &opts, Some(seq));
         st.held_gen = self.st().held_gen.clone();
-        let inner = Arc::new(Inner { st: Mutex::new(st), stop: Mutex::new(false), wake: Condvar::new() });
+        let inner = Arc::new(Inner::new(st));
         let fs = Fs {
             inner,
             eng: self.eng.clone(),

@@ -346,12 +346,20 @@ impl Fs {
     pub fn held_bytes(&self) -> Result<u64> {
         // Counted from the keys alone, a damaged one left out: stats must
         // answer on a damaged image (fsck names the damage).
-        let (mut held, st) = (0, self.st());
+        // A page at a time on a mount, as `du` is.
+        let mut held = 0;
         let (lo, hi) = all_held_range();
-        st.for_each(&lo, &hi, |k, _| {
-            held += parse_held_key(k).map_or(0, |(a, _, _)| u64::from(a.len));
-            Ok(())
-        })?;
+        crate::state::for_each_paged(
+            &|| self.st_after_requests(),
+            &lo,
+            &hi,
+            crate::state::WALK_PAGE,
+            &mut || {},
+            |_, k, _| {
+                held += parse_held_key(k).map_or(0, |(a, _, _)| u64::from(a.len));
+                Ok(())
+            },
+        )?;
         Ok(held)
     }
 

@@ -2,8 +2,10 @@
 //! commit thread ([`Inner`]): the state behind its lock, sync and commit.
 //! Opening, closing and making one are in [`crate::filesystem`].
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use zlogfs_engine::engine::Engine;
 
@@ -15,9 +17,28 @@ use crate::{lock, FsStats, SyncMode};
 /// What the file system's handle and its commit thread share.
 pub(crate) struct Inner {
     pub(crate) st: Mutex<State>,
+    /// Requests waiting for `st` ([`Fs::st`]): admin walks give way to
+    /// them ([`Fs::st_after_requests`]).
+    pub(crate) waiting: AtomicUsize,
     pub(crate) stop: Mutex<bool>,
     pub(crate) wake: Condvar,
 }
+
+impl Inner {
+    pub(crate) fn new(st: State) -> Inner {
+        Inner {
+            st: Mutex::new(st),
+            waiting: AtomicUsize::new(0),
+            stop: Mutex::new(false),
+            wake: Condvar::new(),
+        }
+    }
+}
+
+/// How long an admin walk lets requests waiting for the state go first,
+/// at most, before it takes the state for its next page: it gets at least
+/// about half of the lock's time under a steady stream of requests.
+const GIVE_WAY: Duration = Duration::from_millis(10);
 
 /// An open file system.
 pub struct Fs {
@@ -68,6 +89,21 @@ impl Fs {
     }
 
     pub(crate) fn st(&self) -> MutexGuard<'_, State> {
+        self.inner.waiting.fetch_add(1, Ordering::AcqRel);
+        let g = lock(&self.inner.st);
+        self.inner.waiting.fetch_sub(1, Ordering::AcqRel);
+        g
+    }
+
+    /// The state for the next page of an admin walk, once the requests
+    /// waiting for it had their turn (up to [`GIVE_WAY`]): std's lock is
+    /// not fair, and a walk that takes it back as it lets go would hold
+    /// requests up for the whole walk (issue 45).
+    pub(crate) fn st_after_requests(&self) -> MutexGuard<'_, State> {
+        let start = Instant::now();
+        while self.inner.waiting.load(Ordering::Acquire) > 0 && start.elapsed() < GIVE_WAY {
+            std::thread::yield_now();
+        }
         lock(&self.inner.st)
     }
 
