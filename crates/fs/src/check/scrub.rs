@@ -15,7 +15,8 @@ use zlogfs_engine::BlockAddr;
 use crate::check::path_of;
 use crate::error::Result;
 use crate::keys::{
-    all_extents_range, all_held_range, held_range_in, parse_extent_key, parse_held_key, Extent, Ino,
+    all_extents_range, all_held_range, held_range_in, key_after, parse_extent_key, parse_held_key, Extent,
+    Ino,
 };
 use crate::ops::data::extent_blocks;
 use crate::Fs;
@@ -95,7 +96,7 @@ impl Fs {
         loop {
             let page = self.st_after_requests().scan(&lo, &hi, PAGE)?;
             let Some((last, _)) = page.last() else { break };
-            lo = after(last);
+            lo = key_after(last);
             for (a, _, _) in page.iter().filter_map(|(k, _)| parse_held_key(k)) {
                 if starts.last() != Some(&(a.seg, a.offset)) {
                     starts.push((a.seg, a.offset));
@@ -132,7 +133,7 @@ impl Fs {
     fn scrub_page(&self, lo: &[u8], hi: &[u8]) -> Result<Page> {
         let st = self.st_after_requests();
         let found = st.scan(lo, hi, PAGE)?;
-        let next = (found.len() >= PAGE).then(|| found.last().map(|(k, _)| after(k))).flatten();
+        let next = (found.len() >= PAGE).then(|| found.last().map(|(k, _)| key_after(k))).flatten();
         let mut blocks: BTreeMap<BlockAddr, Vec<(Ino, u64)>> = BTreeMap::new();
         let mut out = Vec::new();
         for (k, v) in found {
@@ -197,11 +198,4 @@ impl Fs {
 struct Page {
     blocks: BTreeMap<BlockAddr, Vec<(Ino, u64)>>,
     next: Option<Vec<u8>>,
-}
-
-/// The smallest key after `k`.
-fn after(k: &[u8]) -> Vec<u8> {
-    let mut n = k.to_vec();
-    n.push(0);
-    n
 }

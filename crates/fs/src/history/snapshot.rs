@@ -267,7 +267,7 @@ impl State {
         loop {
             let page = self.held_frees_from(&from, 4096)?;
             let Some(last) = page.last() else { break };
-            from = [last.0.as_slice(), &[0]].concat();
+            from = key_after(&last.0);
             for (k, a, born, died) in page {
                 if !self.group.needed(born, died) {
                     self.group.release(a);

@@ -68,6 +68,11 @@ pub fn shared_span(from: u32, to: Option<u32>) -> (Vec<u8>, Vec<u8>) {
     (lo, to.map_or(vec![T_SHARED + 1], at))
 }
 
+/// The smallest key after `k`: where a walk that has seen `k` goes on.
+pub fn key_after(k: &[u8]) -> Vec<u8> {
+    [k, &[0]].concat()
+}
+
 /// The file system's config record.
 pub fn config_key() -> Vec<u8> {
     vec![T_CONFIG]

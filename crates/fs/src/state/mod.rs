@@ -41,7 +41,7 @@ const WALK_HOLD: std::time::Duration = std::time::Duration::from_millis(10);
 /// lock, and `between` called between pages with the lock let go: on a
 /// mounted file system a walk of the whole image holds other requests up
 /// for a page, not for the walk (issue 45: `zlogfs stats` on a mount of a
-/// million files held every request for 12 s). Entries changed between
+/// million files held every request for 6-7 s). Entries changed between
 /// pages are seen as they were or as they became; with `lock` giving a
 /// state already held, this is [`State::for_each`].
 pub(crate) fn for_each_paged<G: std::ops::Deref<Target = State>>(
@@ -67,7 +67,7 @@ pub(crate) fn for_each_paged<G: std::ops::Deref<Target = State>>(
                 // early, and the next one starts after this entry.
                 if held.elapsed() >= WALK_HOLD {
                     if rest.len() > 0 {
-                        cur = Some([k.as_slice(), &[0]].concat());
+                        cur = Some(key_after(&k));
                     }
                     break;
                 }
@@ -230,11 +230,7 @@ impl State {
             None => self.eng.scan(from, Some(hi), step)?,
         };
         let next = match stored.last() {
-            Some((k, _)) if stored.len() >= step => {
-                let mut k = k.clone();
-                k.push(0);
-                Some(k)
-            }
+            Some((k, _)) if stored.len() >= step => Some(key_after(k)),
             _ => None,
         };
         pending::merge_scan(stored, self.group.pending(), from, Some(next.as_deref().unwrap_or(hi)), out);
