@@ -8,7 +8,8 @@
 #
 # The tree is tests/scale/mktree.py's (directories of 100-1,000 entries,
 # half the files under 4 KiB, the rest up to 4 KiB more; seed 17). For
-# each system, caches dropped before each timed step:
+# each system, caches dropped before each timed step (a zlogfs
+# mount's daemon's caches too):
 #
 #   load      zlogfs import (and its peak RSS); cp -a onto ext4 and
 #             btrfs (CP=1 adds cp -a through a zlogfs mount: hours at ten
@@ -47,7 +48,15 @@ if [ -z "$tree" ]; then
 fi
 n=$(find "$tree" -type f | wc -l)
 
-drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+# The kernel's caches, and a zlogfs mount's daemon's (the kernel's
+# drop_caches does not reach them).
+drop() {
+    sync
+    echo 3 > /proc/sys/vm/drop_caches
+    if findmnt -M "$work/zm" >/dev/null 2>&1; then
+        "$bin" drop-caches "$work/zm" >/dev/null || echo "bench/scale.sh: drop-caches failed" >&2
+    fi
+}
 # secs CMD...: the seconds CMD takes (its output dropped).
 # A step that fails ends the run (set -e sees the assignment fail): its
 # time would mean nothing.

@@ -21,3 +21,15 @@
 
 pub mod control;
 pub mod tools;
+
+/// Ask the allocator to return what is free to the kernel now (after the
+/// caches were dropped): blocks freed by one thread belong to the pages of
+/// the threads that read them, which mimalloc purges only when those
+/// threads next allocate; an idle daemon kept its size for minutes. The
+/// binary's allocator is mimalloc; where it is not (this crate's tests),
+/// mimalloc's own heap is empty and this does nothing.
+pub fn give_back_memory() {
+    // SAFETY: mi_collect has no preconditions: mimalloc's API lets any
+    // thread call it at any time.
+    unsafe { libmimalloc_sys::mi_collect(true) };
+}

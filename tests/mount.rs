@@ -1460,6 +1460,57 @@ fn admin_commands_answer_alike_on_the_mount_and_on_the_image() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("not a zlogfs mount point"));
 }
 
+/// `zlogfs drop-caches MOUNT` empties the daemon's caches, which reads
+/// had filled, and says what they held; an image no daemon serves is
+/// refused with what to give instead.
+#[test]
+fn drop_caches_empties_the_daemon_s_caches() {
+    if !usable() {
+        return;
+    }
+    let d = Dir::new("dropcaches");
+    mkfs(&d, "128M");
+    let mp = d.mnt().to_str().expect("utf8").to_string();
+    let mut child = mount_fg(&d, "");
+    for n in 0..8u8 {
+        fs::write(d.mnt().join(format!("f{n}")), pattern(1 << 20, n)).expect("write");
+    }
+    unmount(&d);
+    child.wait().expect("wait");
+    // A new mount: the kernel's page cache holds none of it, so the
+    // reads reach the daemon and fill its caches. No atime and no commit
+    // interval: no commit reads the index between the drop and the
+    // stats after it.
+    let mut child = mount_fg(&d, "noatime,commit=3600");
+    for n in 0..8u8 {
+        assert_eq!(fs::read(d.mnt().join(format!("f{n}"))).expect("read"), pattern(1 << 20, n));
+    }
+    let before = json_of(&["stats", &mp]);
+    let held = before["block_cache_bytes"].as_u64().expect("block_cache_bytes");
+    assert!(held >= 1 << 20, "reads filled no block cache: {before:#}");
+    let dropped = json_of(&["drop-caches", &mp]);
+    assert!(dropped["block_cache_bytes"].as_u64() >= Some(held), "{dropped:#} after {before:#}");
+    assert!(
+        dropped["index_cache_bytes"].as_u64() > Some(0),
+        "stats' walk filled the index cache: {dropped:#}"
+    );
+    let after = json_of(&["stats", &mp]);
+    assert_eq!(after["block_cache_bytes"], 0, "{after:#}");
+    // stats reads the figure before its own walk fills the index cache.
+    assert_eq!(after["index_cache_bytes"], 0, "{after:#}");
+    // The files read the same from an empty cache.
+    fs::write("/proc/sys/vm/drop_caches", "3").expect("drop the kernel's caches");
+    for n in 0..8u8 {
+        assert_eq!(fs::read(d.mnt().join(format!("f{n}"))).expect("read"), pattern(1 << 20, n));
+    }
+    unmount(&d);
+    child.wait().expect("wait");
+    let img = d.img().to_str().expect("utf8").to_string();
+    let o = zlogfs(&["drop-caches", &img]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("give its mount point"), "{o:?}");
+}
+
 /// Malformed control requests get an error answer and the daemon goes on
 /// serving; --repair is refused on a mount.
 #[test]

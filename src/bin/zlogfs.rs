@@ -46,6 +46,8 @@ mod mkfs;
 mod mount;
 #[path = "zlogfs/nbd.rs"]
 mod nbd;
+#[path = "zlogfs/pressure.rs"]
+mod pressure;
 #[path = "zlogfs/tree.rs"]
 mod tree;
 
@@ -134,6 +136,7 @@ fn main() -> ExitCode {
             admin::clean(&target, &parts, segments, max_live, demote, json)
         }
         Cmd::Sync { target, json } => admin::sync(&target, &parts, json),
+        Cmd::DropCaches { target, json } => admin::drop_caches(&target, json),
         Cmd::Snapshot { action, target, name, json } => {
             admin::snapshot(&target, &parts, &action, name.as_deref(), json)
         }

@@ -51,6 +51,11 @@ pub fn handler(live: Arc<Live>, info: Info) -> Handler {
             Some("scrub") => scrub(&fs, &info, req, progress),
             Some("metrics") => Ok(crate::tools::metrics::metrics()),
             Some("sync") => fs.sync().map(|()| json!({"synced": true})).map_err(|e| e.to_string()),
+            Some("drop_caches") => {
+                let d = fs.drop_caches();
+                crate::give_back_memory();
+                Ok(json!({"block_cache_bytes": d.blocks, "index_cache_bytes": d.index}))
+            }
             Some("snapshot") => {
                 let action = req.get("action").and_then(Value::as_str).unwrap_or("list");
                 let name = req.get("name").and_then(Value::as_str);
@@ -62,8 +67,8 @@ pub fn handler(live: Arc<Live>, info: Info) -> Handler {
                 report::changes(&fs, since, until).map_err(|e| e.to_string())
             }
             Some(op) => Err(format!(
-                "unknown operation {op:?} (known: hello, stats, metrics, du, fsck, scrub, clean, sync, snapshot, \
-                 changes)"
+                "unknown operation {op:?} (known: hello, stats, metrics, du, fsck, scrub, clean, sync, drop_caches, \
+                 snapshot, changes)"
             )),
             None => Err("the request names no operation (\"op\")".into()),
         }

@@ -14,6 +14,7 @@ use zlogfs_fs::{CheckReport, Fs, Kind, ScrubReport, TreeUsage, ROOT, XATTR_CHUNK
 pub fn stats(image: &str, fs: &Fs) -> Result<Value> {
     // Before the walk below, which fills the index cache.
     let index_cache_bytes = fs.engine().index_cache_bytes();
+    let block_cache_bytes = fs.block_cache_bytes();
     let u = fs.usage()?;
     let e = fs.engine();
     let s = e.stats();
@@ -52,6 +53,7 @@ pub fn stats(image: &str, fs: &Fs) -> Result<Value> {
         "index_bytes": s.run_bytes, "metadata_bytes_per_file": s.run_bytes as f64 / files.max(1) as f64,
         "triples": u.triples, "index_runs": s.runs, "index_runs_by_level": s.runs_by_level, "memtable_entries": s.memtable_entries,
         "memtable_bytes": s.memtable_bytes, "index_cache_bytes": index_cache_bytes,
+        "block_cache_bytes": block_cache_bytes,
         "index_bytes_written_by_level_since_open": s.index_written_by_level,
         "checkpoint": s.checkpoint, "pinned_segments": s.pinned_segments,
         "user_bytes_written": u.counters.user_bytes, "device_bytes_written": u.counters.device_bytes,

@@ -81,7 +81,7 @@ pub use keys::{describe_key, Cold, Snapshot, TierPolicy};
 pub use keys::{Config, Counters, Ino, Inode, Kind, Time, DEFAULT_SMALL_MAX, ROOT};
 pub use ops::files::MAX_FILE_SIZE;
 pub use retention::Policy as HistoryPolicy;
-pub use state::handle::{Fs, Invalidator};
+pub use state::handle::{CachesDropped, Fs, Invalidator};
 // The record encodings, public for the benchmark of the seed papers'
 // inode measurements (benches/papers.rs), as zlogfs-engine's `fuzzing`.
 #[cfg(feature = "formats")]

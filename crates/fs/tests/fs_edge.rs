@@ -1378,3 +1378,36 @@ fn chunks_compressed_ahead_are_used_only_for_the_same_bytes() {
     assert_eq!(physical(c), physical(d), "a codec change after the chunks filled is the codec stored");
     fsck(&f);
 }
+
+// ---------------------------------------------------------------- caches
+
+/// Dropping the caches (memory pressure, `zlogfs drop-caches`) frees what
+/// reads put in them and says how much; the files read the same after,
+/// and reads fill the caches again.
+#[test]
+fn dropped_caches_fill_again_and_read_the_same() {
+    let (s, f) = fresh();
+    let files: Vec<(Ino, Vec<u8>)> = (0..8)
+        .map(|n| {
+            let ino = create(&f, ROOT, format!("f{n}").as_bytes());
+            let data = compressible(200_000 + n * 1000);
+            assert_eq!(f.write(ino, 0, &data).expect("write"), data.len());
+            (ino, data)
+        })
+        .collect();
+    f.sync().expect("sync");
+    let f = reopen(&s, f);
+    for (ino, data) in &files {
+        assert!(read_all(&f, *ino) == *data, "inode {ino} before the drop");
+    }
+    let (blocks, index) = (f.block_cache_bytes(), f.engine().index_cache_bytes());
+    assert!(blocks > 0 && index > 0, "reads filled the caches: {blocks} and {index} bytes");
+    let d = f.drop_caches();
+    assert_eq!((d.blocks, d.index), (blocks, index), "what the drop says it freed");
+    assert_eq!((f.block_cache_bytes(), f.engine().index_cache_bytes()), (0, 0));
+    for (ino, data) in &files {
+        assert!(read_all(&f, *ino) == *data, "inode {ino} after the drop");
+    }
+    assert!(f.block_cache_bytes() > 0, "reads fill the cache again");
+    fsck(&f);
+}

@@ -277,6 +277,7 @@ fn print_stats(v: &Value) {
         n("memtable_bytes"),
         n("index_cache_bytes")
     );
+    outln!("block cache:      {} bytes of decompressed blocks", n("block_cache_bytes"));
     let written: Vec<u64> = v["index_bytes_written_by_level_since_open"]
         .as_array()
         .into_iter()
@@ -386,6 +387,36 @@ pub fn sync(target: &Path, parts: &Parts, json: bool) -> Res {
         }
     }
     show(&json!({"target": t.name(), "synced": true}), json, |_| outln!("{}: synced", t.name()));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `zlogfs drop-caches`: empty a mount's caches.
+pub fn drop_caches(target: &Path, json: bool) -> Res {
+    let t = Target::of(target)?;
+    let v = match &t {
+        Target::Image(image) => {
+            return Err(format!(
+                "{} is an image no process serves: only a mount (or a running zlogfs nbd) holds caches; \
+                 give its mount point",
+                image.display()
+            ))
+        }
+        Target::Mount { socket, .. } => ask(socket, "drop_caches", json!({}), &mut |_| {})?,
+    };
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    show(
+        &json!({"target": t.name(), "block_cache_bytes": n("block_cache_bytes"),
+        "index_cache_bytes": n("index_cache_bytes")}),
+        json,
+        |_| {
+            outln!(
+                "{}: dropped {} bytes of decompressed blocks and {} bytes of index blocks",
+                t.name(),
+                n("block_cache_bytes"),
+                n("index_cache_bytes")
+            )
+        },
+    );
     Ok(ExitCode::SUCCESS)
 }
 

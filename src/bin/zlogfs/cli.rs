@@ -328,6 +328,20 @@ pub(crate) enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Empty a mount's caches (decompressed blocks, decoded index blocks).
+    ///
+    /// What `echo 3 > /proc/sys/vm/drop_caches` does for the kernel's
+    /// caches, for the daemon's: they fill again as requests read. For a
+    /// cold measurement, and to give memory back at once; the daemon
+    /// does it by itself under memory pressure. On a mount point, or the
+    /// image of a running `zlogfs nbd`.
+    DropCaches {
+        /// A zlogfs mount point, or the image of a running `zlogfs nbd`.
+        target: PathBuf,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
     /// Create, list and delete named snapshots; set the history policy.
     ///
     /// `create` one of everything written so far, `list` them, `delete`

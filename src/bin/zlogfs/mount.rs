@@ -500,6 +500,7 @@ pub fn mount(image: &Path, dir: &Path, opts: &[String], foreground: bool) -> Res
             session.transport()
         );
     }
+    let pressure = crate::pressure::Watch::start(Arc::clone(&live));
     let follower = match refresh {
         Some(every) => {
             Some(Follower::start(Arc::clone(&live), every).map_err(|e| ready_fail(daemon_child, e))?)
@@ -508,6 +509,7 @@ pub fn mount(image: &Path, dir: &Path, opts: &[String], foreground: bool) -> Res
     };
     let served = session.run();
     drop(follower);
+    drop(pressure);
     drop(control);
     drop(endpoint);
     drop(nbd);

@@ -861,6 +861,12 @@ impl Engine {
         self.sh.cache.bytes()
     }
 
+    /// Drop the decoded run blocks cached (they are read again as
+    /// needed); returns the bytes dropped.
+    pub fn drop_index_cache(&self) -> usize {
+        self.sh.cache.clear()
+    }
+
     /// Per-segment usage.
     pub fn segment_usage(&self) -> Vec<SegUsage> {
         lock(&self.sh.core).log.usage.clone()

@@ -77,13 +77,21 @@ impl BlockCache {
         }
     }
 
-    /// Forget every block, and move the epoch (reads under way do not
-    /// insert what they read).
-    pub(crate) fn clear(&mut self) {
-        self.map.clear();
-        self.order.clear();
+    /// Forget every block, the tables' own memory too. The epoch stays: a
+    /// drop moves no block, so what a read under way fetched is still what
+    /// its address holds (a caller whose blocks moved calls
+    /// [`BlockCache::moved`] as well). Returns the bytes it held and the
+    /// blocks, for the caller to free outside its lock.
+    pub(crate) fn clear(&mut self) -> (usize, HashMap<BlockAddr, Arc<Vec<u8>>>) {
+        let held = self.bytes;
+        self.order = VecDeque::new();
         self.bytes = 0;
-        self.epoch += 1;
+        (held, std::mem::take(&mut self.map))
+    }
+
+    /// Bytes of the blocks it holds.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
     }
 
     /// The epoch: a block read while it stays the same is what its

@@ -40,6 +40,15 @@ impl Inner {
 /// about half of the lock's time under a steady stream of requests.
 const GIVE_WAY: Duration = Duration::from_millis(10);
 
+/// What [`Fs::drop_caches`] gave back, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CachesDropped {
+    /// Decompressed file and metadata blocks.
+    pub blocks: usize,
+    /// Decoded blocks of the index's runs.
+    pub index: usize,
+}
+
 /// An open file system.
 pub struct Fs {
     pub(crate) inner: Arc<Inner>,
@@ -85,7 +94,27 @@ impl Fs {
     /// Forget every cached block (a view does when held blocks moved: an
     /// address it cached may hold another block now).
     pub fn drop_cache(&self) {
-        self.st().cache.clear();
+        let gone = {
+            let mut st = self.st();
+            st.cache.moved();
+            st.cache.clear().1
+        };
+        drop(gone);
+    }
+
+    /// Free both caches, decompressed blocks and decoded index blocks
+    /// (memory pressure, `zlogfs drop-caches`): they fill again as
+    /// requests read. Returns the bytes each held. The blocks are freed
+    /// outside the state's lock (an NBD daemon's cache is up to 4 GiB).
+    pub fn drop_caches(&self) -> CachesDropped {
+        let (blocks, gone) = self.st().cache.clear();
+        drop(gone);
+        CachesDropped { blocks, index: self.eng.drop_index_cache() }
+    }
+
+    /// Bytes of decompressed blocks cached now.
+    pub fn block_cache_bytes(&self) -> usize {
+        self.st().cache.bytes()
     }
 
     pub(crate) fn st(&self) -> MutexGuard<'_, State> {

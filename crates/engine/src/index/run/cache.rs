@@ -75,6 +75,23 @@ impl BlockCache {
         self.shards.iter().map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).used).sum()
     }
 
+    /// Drop every block (memory pressure, `zlogfs drop-caches`): blocks
+    /// in use stay alive in their readers' hands. Returns the bytes
+    /// dropped.
+    pub fn clear(&self) -> usize {
+        let mut dropped = 0;
+        for s in &self.shards {
+            // Freed after the shard's lock is let go.
+            let _gone = {
+                let mut sh = s.lock().unwrap_or_else(|p| p.into_inner());
+                dropped += sh.used;
+                sh.used = 0;
+                std::mem::take(&mut sh.map)
+            };
+        }
+        dropped
+    }
+
     /// Drop every block of run `id`.
     pub fn forget_run(&self, id: u64) {
         for s in &self.shards {
