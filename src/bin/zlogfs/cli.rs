@@ -96,7 +96,8 @@ pub(crate) enum Cmd {
         /// default 5, 0 never), block_cache=SIZE (decompressed blocks the
         /// daemon keeps; default 128M, for `zlogfs nbd` an eighth of
         /// memory), index_cache=SIZE (decoded index blocks the daemon
-        /// keeps; default 256M).
+        /// keeps; default 256M), pressure=on|off (empty both caches when
+        /// the kernel reports memory pressure; default on).
         /// Every generic option of mount(8) is taken as well: nosuid,
         /// nodev, noexec, nosymfollow go to the kernel; sync and dirsync
         /// make each change (each directory change) durable when it

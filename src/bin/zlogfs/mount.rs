@@ -71,6 +71,9 @@ pub struct Parsed {
     /// `-o index_cache=SIZE`: the bound of the engine's cache of decoded
     /// index blocks (None: the engine's default, 256 MiB).
     pub index_cache: Option<usize>,
+    /// `-o pressure=on|off`: free the caches under memory pressure
+    /// (src/bin/zlogfs/pressure.rs; on by default).
+    pub pressure: bool,
 }
 
 /// Parse a `-o` list (several `-o` are joined). Every generic option of
@@ -99,6 +102,7 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
         refresh: None,
         block_cache: None,
         index_cache: None,
+        pressure: true,
     };
     for opt in lists.iter().flat_map(|l| l.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
         let (k, v) = match opt.split_once('=') {
@@ -111,7 +115,7 @@ pub fn parse_options(lists: &[String], image: &Path) -> Result<Parsed, String> {
             return Err(format!(
                 "unknown mount option {opt:?} (known: the generic options of mount(8), and allow_other, \
                  default_permissions, patches, nopatches, uring[=on|off|auto], spin=US, attr_timeout=S, \
-                 entry_timeout=S, negative_timeout=S, threads=N, commit=SECONDS, metrics=HOST:PORT, nbd=PATH, snapshot=NAME, at=TIME, snapdir=hidden|visible|off, log=LEVEL, logfile=PATH, fast=PATH, cache=DIR, sync=local|remote, cache_size=SIZE, refresh=SECONDS, block_cache=SIZE, index_cache=SIZE)"
+                 entry_timeout=S, negative_timeout=S, threads=N, commit=SECONDS, metrics=HOST:PORT, nbd=PATH, snapshot=NAME, at=TIME, snapdir=hidden|visible|off, log=LEVEL, logfile=PATH, fast=PATH, cache=DIR, sync=local|remote, cache_size=SIZE, refresh=SECONDS, block_cache=SIZE, index_cache=SIZE, pressure=on|off)"
             ));
         }
     }
@@ -186,6 +190,17 @@ impl Parsed {
             "refresh" => self.refresh = Some(secs(k, v)?),
             "block_cache" => self.block_cache = Some(cache_size(k, v)?),
             "index_cache" => self.index_cache = Some(cache_size(k, v)?),
+            "pressure" => {
+                self.pressure = match v {
+                    Some("on") => true,
+                    Some("off") => false,
+                    _ => {
+                        return Err(
+                            "option pressure needs on or off (free the caches under memory pressure)".into()
+                        )
+                    }
+                }
+            }
             "sync" => {
                 let v = v.ok_or("option sync=MODE needs local or remote")?;
                 self.s3.sync = Some(v.parse().map_err(|e| format!("option sync: {e}"))?);
@@ -500,7 +515,7 @@ pub fn mount(image: &Path, dir: &Path, opts: &[String], foreground: bool) -> Res
             session.transport()
         );
     }
-    let pressure = crate::pressure::Watch::start(Arc::clone(&live));
+    let pressure = parsed.pressure.then(|| crate::pressure::Watch::start(Arc::clone(&live))).flatten();
     let follower = match refresh {
         Some(every) => {
             Some(Follower::start(Arc::clone(&live), every).map_err(|e| ready_fail(daemon_child, e))?)
@@ -722,6 +737,12 @@ mod tests {
         assert_eq!(caches("block_cache=64M,index_cache=32M"), Ok((Some(64 << 20), Some(32 << 20))));
         assert_eq!(caches("rw"), Ok((None, None)));
         assert!(caches("index_cache").is_err() && caches("index_cache=lots").is_err());
+        let pressure = |o: &str| parse_options(&[o.into()], Path::new("i")).map(|p| p.pressure);
+        assert_eq!(
+            (pressure("rw"), pressure("pressure=off"), pressure("pressure=on")),
+            (Ok(true), Ok(false), Ok(true))
+        );
+        assert!(pressure("pressure").is_err() && pressure("pressure=no").is_err());
         let metrics = |o: &str| parse_options(&[o.into()], Path::new("i")).map(|p| p.metrics);
         assert_eq!(metrics("metrics=127.0.0.1:9184"), Ok(Some("127.0.0.1:9184".into())));
         assert!(metrics("metrics").is_err() && metrics("metrics=nowhere").is_err());

@@ -313,7 +313,7 @@ pub fn nbd(
     // The admin commands reach the image through it while it is served.
     let live = Arc::new(zlogfs_fs::Live::fixed(Arc::clone(&fs)));
     let control = super::mount::start_control(&live, image, image)?;
-    let pressure = crate::pressure::Watch::start(Arc::clone(&live));
+    let pressure = parsed.pressure.then(|| crate::pressure::Watch::start(Arc::clone(&live))).flatten();
     eprintln!(
         "zlogfs: serving the files of {} at {at}{}; stop with Ctrl-C or SIGTERM",
         image.display(),

@@ -45,30 +45,29 @@ fn trigger_files() -> Vec<PathBuf> {
             return files;
         }
     };
-    // In a cgroup namespace of its own (a container) the root it sees is
-    // the container's cgroup, whose limit is the one that matters.
-    let namespaced = || {
-        let ns = |p: &str| std::fs::read_link(p).ok();
-        ns("/proc/self/ns/cgroup").is_some_and(|own| ns("/proc/1/ns/cgroup").is_some_and(|init| own != init))
-    };
-    if let Some(own) = cgroup2_path(&text, namespaced) {
-        for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
-            let p = Path::new(root).join(own.trim_start_matches('/')).join("memory.pressure");
-            if p.exists() {
-                files.push(p);
-                break;
-            }
-        }
+    if let Some(own) = cgroup2_path(&text) {
+        let roots = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"];
+        files.extend(roots.iter().find_map(|root| own_pressure_file(Path::new(root), &own)));
     }
     files
 }
 
-/// The cgroup (version 2) of `/proc/self/cgroup`'s text, unless it is the
-/// machine's root (whose pressure is the machine's): "/" is another
-/// cgroup's root only when `namespaced`.
-fn cgroup2_path(text: &str, namespaced: impl FnOnce() -> bool) -> Option<String> {
+/// The cgroup (version 2) of `/proc/self/cgroup`'s text.
+fn cgroup2_path(text: &str) -> Option<String> {
     let path = text.lines().find_map(|l| l.strip_prefix("0::"))?;
-    (path.starts_with('/') && (path != "/" || namespaced())).then(|| path.to_string())
+    path.starts_with('/').then(|| path.to_string())
+}
+
+/// The `memory.pressure` of cgroup `own` under the cgroup file system
+/// mounted at `root`, unless it is missing or `own` is the machine's root
+/// (whose pressure is /proc's). In a container's cgroup namespace "/" is
+/// the container's cgroup, which, as every cgroup but the machine's root,
+/// has a `cgroup.type`.
+fn own_pressure_file(root: &Path, own: &str) -> Option<PathBuf> {
+    let dir = root.join(own.trim_start_matches('/'));
+    let file = dir.join("memory.pressure");
+    let machine_root = own == "/" && !dir.join("cgroup.type").exists();
+    (file.exists() && !machine_root).then_some(file)
 }
 
 /// A PSI trigger set on `file`.
@@ -199,7 +198,7 @@ fn wait(mut triggers: Vec<(PathBuf, OwnedFd)>, wake: OwnedFd, act: impl Fn()) {
             let (f, _) = triggers.remove(i);
             tracing::warn!("the memory pressure trigger on {} went away", f.display());
         }
-        if step.fire && last.is_none_or(|t| t.elapsed() >= WINDOW) {
+        if step.fire && last.is_none_or(|t| t.elapsed() >= WINDOW - WINDOW / 4) {
             last = Some(Instant::now());
             act();
         }
@@ -238,12 +237,24 @@ mod tests {
     #[test]
     fn the_own_cgroup_is_version_2_s_and_not_the_machine_s_root() {
         let v2 = "0::/system.slice/zlogfs-nbd@a.service\n";
-        let host = || false;
-        assert_eq!(cgroup2_path(v2, host).as_deref(), Some("/system.slice/zlogfs-nbd@a.service"));
-        let hybrid = "4:memory:/user.slice\n0::/\n";
-        assert_eq!(cgroup2_path(hybrid, host), None, "the root's pressure is the machine's");
-        assert_eq!(cgroup2_path(hybrid, || true).as_deref(), Some("/"), "a container's root is its own");
-        assert_eq!(cgroup2_path("4:memory:/user.slice\n", || true), None, "version 1 only");
+        assert_eq!(cgroup2_path(v2).as_deref(), Some("/system.slice/zlogfs-nbd@a.service"));
+        assert_eq!(cgroup2_path("4:memory:/user.slice\n0::/\n").as_deref(), Some("/"));
+        assert_eq!(cgroup2_path("4:memory:/user.slice\n"), None, "version 1 only");
+        let root = std::env::temp_dir().join(format!("zlogfs-pressure-{}", std::process::id()));
+        let service = root.join("system.slice/a.service");
+        std::fs::create_dir_all(&service).expect("mkdir");
+        for f in [root.join("memory.pressure"), service.join("memory.pressure"), service.join("cgroup.type")]
+        {
+            std::fs::write(f, "").expect("write");
+        }
+        let own = |path: &str| own_pressure_file(&root, path);
+        assert_eq!(own("/system.slice/a.service"), Some(service.join("memory.pressure")));
+        assert_eq!(own("/"), None, "the machine's root: no cgroup.type");
+        assert_eq!(own("/system.slice/gone.service"), None, "no such cgroup");
+        // A container's namespace: its root is a cgroup with a type.
+        std::fs::write(root.join("cgroup.type"), "domain\n").expect("write");
+        assert_eq!(own("/"), Some(root.join("memory.pressure")));
+        std::fs::remove_dir_all(&root).expect("clean up");
     }
 
     #[test]
