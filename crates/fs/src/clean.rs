@@ -367,7 +367,7 @@ impl State {
         rep: &mut CleanReport,
         tried: &mut HashSet<u32>,
     ) -> Result<bool> {
-        let room = |st: &State| (st.eng.room_bytes(Room::Relieve), st.eng.free_bytes());
+        let room = |st: &State| (st.eng.room_bytes(Room::Clean), st.eng.free_bytes());
         let gained = |before: (u64, u64), after: (u64, u64)| after.0 > before.0 || after.1 > before.1;
         let before = room(self);
         if !self.clean_round(opts, rep, tried)? {
@@ -474,7 +474,7 @@ impl State {
         // As many victims as the room the cleaner may use can take (their
         // live data may grow a little when repacked); one that does not
         // fit is passed over (moving it would fail half way).
-        let budget = self.eng.room_bytes(Room::Relieve) * 7 / 8;
+        let budget = self.eng.room_bytes(Room::Clean) * 7 / 8;
         let mut victims = Vec::new();
         let mut take = 0u64;
         for v in self.candidates(opts, left.min(ROUND) + tried.len()) {
@@ -509,7 +509,7 @@ impl State {
             .collect();
         let mut ok = Vec::new();
         for (n, v) in victims.iter().enumerate() {
-            let left = (self.eng.room_bytes(Room::Relieve) * 7 / 8).saturating_sub(self.bufs.bytes() as u64);
+            let left = (self.eng.room_bytes(Room::Clean) * 7 / 8).saturating_sub(self.bufs.bytes() as u64);
             let need = u64::from(v.live) * worst;
             if n > 0 && (rep.moved_bytes - start + need > budget || need > left) {
                 break;
@@ -543,7 +543,7 @@ impl State {
                 Err(e) => return Err(e),
             }
         }
-        self.commit_as(Room::Relieve)?;
+        self.commit_as(Room::Clean)?;
         // Whatever the snapshot list says (a delete that failed part way
         // leaves held blocks): no victim holding one is reclaimed.
         ok = self.move_held_out(ok, rep, &chosen)?;
@@ -601,7 +601,7 @@ impl State {
             }
         }
         if any {
-            self.commit_as(Room::Relieve)?;
+            self.commit_as(Room::Clean)?;
         }
         let mut ok = Vec::new();
         for seg in moved {
@@ -780,7 +780,7 @@ impl State {
     /// After buffering a moved chunk: commit when the buffers are full.
     fn relocated(&mut self) -> Result<()> {
         if self.bufs.bytes() >= (64 << 20).min(self.bufs.limit()) || self.group_full() {
-            self.commit_as(Room::Relieve)?;
+            self.commit_as(Room::Clean)?;
         }
         Ok(())
     }

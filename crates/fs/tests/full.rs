@@ -554,3 +554,58 @@ fn fallocate_takes_what_statfs_says_is_free_when_points_hold_part_of_each_segmen
     let left = f.statfs().expect("statfs").bavail * 4096;
     assert!(left <= 2 << 20, "{left} bytes still said free after the fallocate");
 }
+
+/// Random overwrites of a file that keeps a 128 MiB image 70% full, in
+/// 4-64 KiB writes of incompressible data, 2.75 times the image, with
+/// automatic points of history taken as it goes (mkfs's default policy):
+/// the mount suite's fio job (tests/posix, "clean"). CI at ccb7c3e, under
+/// load: a writer's cleaning round copied the blocks the points held out
+/// of its victims into the last segments of the reserve, and from then
+/// on every commit failed: fio got ENOSPC, `zlogfs clean` failed, and the
+/// group pending at unmount was lost (its blocks leaked). The cleaner's
+/// copies now stop two segments short of the end (`Room::Clean`): one is
+/// for the commits of accepted changes and deletes, one for the index.
+/// (The failure depends on the index thread's timing: here it showed in
+/// one run of about twenty before the fix; the mount's fio job under
+/// three busy loops, in one of four to twelve.)
+#[test]
+fn overwrites_at_70_percent_with_points_of_history_never_take_the_commits_room() {
+    let seed = common::seed("overwrites_at_70_percent_with_points_of_history_never_take_the_commits_room");
+    let r = &mut common::rng(seed);
+    let s: Arc<dyn Store> = Arc::new(MemStore::new(Geometry { segment_size: 1 << 20, segment_count: 127 }));
+    let history = fs::HistoryPolicy::DEFAULT;
+    fs::mkfs(s.clone(), &MkfsOptions { history, ..MkfsOptions::default() }).expect("mkfs");
+    let o = FsOptions { commit_interval: None, ..FsOptions::default() };
+    let f = Fs::open(s.clone(), o.clone()).expect("open");
+    let size: u64 = 88 << 20;
+    let ino = f.create(ROOT, b"ow", 0o644, 0, 0).expect("create").ino;
+    // Not laid out first: the file grows as the writes land, so that the
+    // log fills while the cleaner has work (laid out, the failure above
+    // did not show here).
+    let mut model = vec![0u8; size as usize];
+    let mut written = 0u64;
+    while written < size * 11 / 4 {
+        let len = 4096 * r.gen_range(1..=16usize);
+        let off = 4096 * r.gen_range(0..(size as usize - len) / 4096 + 1);
+        r.fill_bytes(&mut model[off..off + len]);
+        f.write(ino, off as u64, &model[off..off + len])
+            .unwrap_or_else(|e| panic!("write of {len} at {off} after {written} bytes: {e}"));
+        written += len as u64;
+        if r.gen_ratio(1, 64) {
+            f.fsync(ino, false).unwrap_or_else(|e| panic!("fsync after {written} bytes: {e}"));
+        }
+    }
+    f.clean(&fs::CleanOptions::default(), &|_| {}).expect("clean on the full image");
+    f.close().expect("close keeps the last group");
+    let f = Fs::open(s, o).expect("reopen");
+    for (n, want) in model.chunks(1 << 20).enumerate() {
+        let at = (n as u64) << 20;
+        // Past the last write's end the file ends (the model holds zeros).
+        let got = f.read(ino, at, want.len()).expect("read");
+        let (here, past) = want.split_at(got.len());
+        assert!(got == here && past.iter().all(|&b| b == 0), "the MiB at {at} reads as written");
+    }
+    let rep = f.check(&|_, _| {}).expect("fsck");
+    assert!(rep.problems.is_empty(), "fsck: {:?}", rep.problems);
+    assert_eq!(rep.leaked_bytes(), 0, "leaked: {:?}", rep.leaked);
+}

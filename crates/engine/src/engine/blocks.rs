@@ -50,7 +50,7 @@ impl Engine {
     /// durable with the next sync; a [`WriteBatch`](super::WriteBatch)
     /// must reference them to keep them. `room` is the class of the write
     /// (how much of the reserve it may use: [`Room::User`] for writers,
-    /// [`Room::Relieve`] for the cleaner's copies). NoSpace comes before
+    /// [`Room::Clean`] for the cleaner's copies). NoSpace comes before
     /// any block is placed.
     pub fn write_blocks(&self, room: Room, blocks: Vec<BlockWrite<'_>>) -> Result<Vec<BlockAddr>> {
         self.check_ok()?;

@@ -109,7 +109,7 @@ impl State {
                 end += 1;
             }
             if self.group.bytes() + est > max {
-                self.commit_as(Room::Relieve)?;
+                self.commit_as(Room::Clean)?;
             }
             let slice_parts = parts.drain(..end - start).collect();
             self.move_held_slice(&whole[start..end], slice_parts)?;
@@ -123,7 +123,7 @@ impl State {
     fn move_held_slice(&mut self, whole: &[BlockAddr], parts: Vec<Vec<HeldPart>>) -> Result<()> {
         // Moving data down, held blocks go down too.
         let to = self.demoting.then_some(zlogfs_engine::Tier::Bulk);
-        let copies = self.eng.copy_blocks(Room::Relieve, whole, to)?;
+        let copies = self.eng.copy_blocks(Room::Clean, whole, to)?;
         let moved = self.eng.seq() + 1;
         self.group.placed(&copies, moved);
         for ((parts, old), new) in parts.into_iter().zip(whole).zip(copies) {
