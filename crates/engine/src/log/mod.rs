@@ -1394,6 +1394,15 @@ mod tests {
             n += 1;
         }
         assert_eq!(w.free_segments(), 2, "the cleaner left a segment to the commits and one to the index");
+        // A successor the index names now (an empty batch) is not the
+        // cleaner's to take: it could not have chosen it.
+        w.write_pending(Room::System).expect("the index names a successor");
+        assert_eq!(w.free_segments(), 1);
+        let seg = w.pos().seg;
+        while w.add_journal(&rec, n, Room::Clean).and_then(|()| w.write_pending(Room::Clean)).is_ok() {
+            n += 1;
+        }
+        assert_eq!(w.pos().seg, seg, "the cleaner moved into the successor the index named");
         while w.add_journal(&rec, n, Room::Relieve).and_then(|()| w.write_pending(Room::Relieve)).is_ok() {
             n += 1;
         }
