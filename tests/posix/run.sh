@@ -339,6 +339,11 @@ fi
 if [[ " $suites " == *" s3 "* ]]; then
     # A real S3 server (moto, from the venv test.sh makes) on 127.0.0.1.
     moto_bin="${ZLOGFS_MOTO_SERVER:-$PWD/target/moto/bin/moto_server}"
+    if [ ! -x "$moto_bin" ]; then
+        echo "no S3 server at $moto_bin: run ./test.sh once (it installs moto into target/moto)," >&2
+        echo "or point ZLOGFS_MOTO_SERVER at a moto_server; or leave s3 out of POSIX_SUITES" >&2
+        exit 2
+    fi
     port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     "$moto_bin" -H 127.0.0.1 -p "$port" >"$work/moto.log" 2>&1 &
     moto_pid=$!
@@ -346,6 +351,11 @@ if [[ " $suites " == *" s3 "* ]]; then
         python3 -c "import socket; socket.create_connection(('127.0.0.1', $port))" 2>/dev/null && break
         sleep 0.1
     done
+    if ! kill -0 "$moto_pid" 2>/dev/null; then
+        echo "the S3 server ($moto_bin) did not start; its output:" >&2
+        cat "$work/moto.log" >&2
+        exit 2
+    fi
     export AWS_ENDPOINT_URL="http://127.0.0.1:$port" AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1
     python3 -c "import urllib.request as u; u.urlopen(u.Request('$AWS_ENDPOINT_URL/posix', method='PUT'))"
     url=s3://posix/img
