@@ -32,8 +32,8 @@ pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use engine::{mkfs, Engine, Op, Options, Snapshot, WriteBatch};
+pub use engine::{mkfs, Engine, Op, Options, ReadPin, Snapshot, WriteBatch};
 pub use error::{Error, Result};
 pub use index::{MAX_KEY, MAX_VALUE};
 pub use log::format::{validate_geometry, BlockAddr, BlockKind, Role, DEFAULT_SEGMENT_SIZE};
-pub use log::{max_block_raw, Tier};
+pub use log::{max_block_raw, SegUsage, Tier};

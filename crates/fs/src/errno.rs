@@ -28,6 +28,7 @@ pub fn errno(e: &Error) -> i32 {
         Error::NotPermitted(_) => libc::EPERM,
         Error::ReadOnly(_) => libc::EROFS,
         Error::NoSpace(_) => libc::ENOSPC,
+        Error::Again(_) => libc::EAGAIN,
         Error::Engine(e) => engine_errno(e),
     }
 }
@@ -75,6 +76,7 @@ mod tests {
             Error::NotPermitted(String::new()),
             Error::ReadOnly(String::new()),
             Error::NoSpace(String::new()),
+            Error::Again(String::new()),
         ];
         let mut seen: Vec<i32> = kinds.iter().map(errno).collect();
         seen.sort_unstable();

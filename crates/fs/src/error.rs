@@ -67,6 +67,11 @@ pub enum Error {
     /// done. The engine's own out-of-space lands here too.
     #[error("no space left: {0}")]
     NoSpace(String),
+    /// Long read-only work (fsck on a mount) gave way to writers that
+    /// needed what it held; nothing was changed, and it may be run again
+    /// (EAGAIN).
+    #[error("{0}")]
+    Again(String),
     /// The engine failed: I/O, damage found on disk, a latched engine.
     #[error(transparent)]
     Engine(EngineError),
@@ -114,6 +119,7 @@ impl Error {
             NotPermitted(m) => NotPermitted(f(m)),
             ReadOnly(m) => ReadOnly(f(m)),
             NoSpace(m) => NoSpace(f(m)),
+            Again(m) => Again(f(m)),
             Engine(e) => Engine(e),
         }
     }

@@ -320,6 +320,7 @@ mod tests {
             Error::NotPermitted(m()),
             Error::ReadOnly(m()),
             Error::NoSpace(m()),
+            Error::Again(m()),
             Error::Engine(io(libc::ENOSPC)),
             Error::Engine(io(libc::EROFS)),
             Error::Engine(EngineError::Failed),

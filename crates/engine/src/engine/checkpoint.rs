@@ -269,7 +269,7 @@ impl Engine {
                 u.live = u.live.saturating_sub(a.len);
             }
         };
-        let oldest = lock(&self.sh.snapshots).keys().next().copied();
+        let oldest = super::oldest_holding(&lock(&self.sh.snapshots));
         core.ckpt.holds.retain(|(_, h)| h.stands(oldest));
         let held: std::collections::HashSet<BlockAddr> = core.ckpt.holds.iter().map(|&(a, _)| a).collect();
         let (ready, later): (Vec<_>, Vec<_>) =

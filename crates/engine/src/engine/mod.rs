@@ -13,7 +13,9 @@
 //! whatever else takes runs out of the list), `ckpt` (one flush,
 //! checkpoint or merge's install at a time), `sync` (the group-commit
 //! leader), `core` (log writer, sequence numbers, memtable switch),
-//! `version` (what readers see). A merge writes its outputs holding only
+//! `version` (what readers see), `snapshots` (the live read points: taken
+//! under `core` where frees are applied and pins made, under `merge` by
+//! merges, alone by snapshots). A merge writes its outputs holding only
 //! `merge`, so that flushes, and the writers that wait for them, go on
 //! meanwhile.
 
@@ -38,6 +40,7 @@ mod compaction;
 mod damage;
 mod journal;
 mod levels;
+mod pins;
 mod recovery;
 
 pub use crate::log::Room;
@@ -48,6 +51,8 @@ use checkpoint::{CkptState, Hold};
 pub use clean::{Reclaimed, SegBlock, Victim};
 pub use damage::DamagedBlock;
 pub use journal::{decode_journal, Op, WriteBatch};
+use pins::{oldest_holding, Pins};
+pub use pins::{ReadPin, Snapshot};
 pub use recovery::{mkfs, read_superblock, read_superblock_noting};
 
 /// Tunables of an open engine (none of them is part of the format).
@@ -191,7 +196,9 @@ struct Shared {
     visible: AtomicU64,
     horizon: AtomicU64,
     failed: AtomicBool,
-    snapshots: Mutex<BTreeMap<u64, usize>>,
+    /// Live snapshots by sequence number: merges keep the versions they
+    /// see; [`Snapshot`]s also hold the blocks freed after them.
+    snapshots: Mutex<BTreeMap<u64, Pins>>,
     /// Kept points of history: sequence numbers below the horizon that
     /// reads may still ask for (ascending); None until the layer above
     /// says, when it keeps history (every version is kept meanwhile).
@@ -298,25 +305,6 @@ impl DeviceStats {
 pub struct Engine {
     sh: Arc<Shared>,
     worker: Option<JoinHandle<()>>,
-}
-
-/// A pinned read point: versions it can see are kept by merges.
-pub struct Snapshot {
-    sh: Arc<Shared>,
-    /// The sequence number it reads at.
-    pub seq: u64,
-}
-
-impl Drop for Snapshot {
-    fn drop(&mut self) {
-        let mut s = lock(&self.sh.snapshots);
-        if let Some(c) = s.get_mut(&self.seq) {
-            *c -= 1;
-            if *c == 0 {
-                s.remove(&self.seq);
-            }
-        }
-    }
 }
 
 impl Engine {
@@ -545,7 +533,7 @@ impl Engine {
             return;
         }
         let durable = core.log.durable_batch;
-        let oldest = lock(&self.sh.snapshots).keys().next().copied();
+        let oldest = oldest_holding(&lock(&self.sh.snapshots));
         let after = core.ckpt.number + 1;
         let mut frees = std::mem::take(&mut core.pending_frees);
         frees.retain(|&(b, first, a)| {
@@ -697,17 +685,6 @@ impl Engine {
     pub fn retains(&self, seq: u64) -> bool {
         let kept = lock(&self.sh.retained).as_ref().is_none_or(|r| r.binary_search(&seq).is_ok());
         kept && lock(&self.sh.withdrawn).binary_search(&seq).is_err()
-    }
-
-    /// Pin the current state for reads at its sequence number.
-    pub fn snapshot(&self) -> Snapshot {
-        // Read the sequence number under the lock a merge takes to choose
-        // its horizon: the merge either sees this snapshot or chose a
-        // horizon at or below the sequence number read here.
-        let mut snaps = lock(&self.sh.snapshots);
-        let seq = self.seq();
-        *snaps.entry(seq).or_insert(0) += 1;
-        Snapshot { sh: self.sh.clone(), seq }
     }
 
     /// Bytes that user data may still take in the log, uncompressed

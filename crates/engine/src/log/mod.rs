@@ -11,6 +11,9 @@
 //! [`scan`] walks the chain from a checkpoint's replay position.
 
 pub mod format;
+mod hold;
+
+pub use hold::HoldFlag;
 
 use std::sync::Arc;
 
@@ -223,6 +226,8 @@ pub struct LogWriter {
     epoch: u32,
     /// Per segment: [`Store::freed`] was called since it was last in use.
     told_freed: Vec<bool>,
+    /// Segments readers of the log as it was keep from reuse.
+    holds: hold::Holds,
 }
 
 /// Free segments ordinary writes leave for deletes, the cleaner and the
@@ -336,6 +341,7 @@ impl LogWriter {
             journal_blocks: Vec::new(),
             epoch: rand::random(),
             told_freed: vec![false; geometry.segment_count as usize],
+            holds: hold::Holds::default(),
         }
     }
 
@@ -344,7 +350,7 @@ impl LogWriter {
     pub fn tell_freed(&mut self) {
         for seg in 0..self.geometry.segment_count {
             let i = seg as usize;
-            if !self.is_free(seg) {
+            if !self.is_takeable(seg) {
                 self.told_freed[i] = false;
             } else if !self.told_freed[i] && self.usage[i].last_batch != 0 {
                 self.told_freed[i] = true;
@@ -441,7 +447,11 @@ impl LogWriter {
 
     /// Choose head `h`'s next segment: a free one on its own device, or
     /// (spilling) on the other one.
-    fn choose_next(&mut self, h: usize, room: Room) -> Result<()> {
+    ///
+    /// `now`: the head needs it now (not the best-effort naming of a
+    /// successor ahead of time), so it may break the read pins' holds
+    /// when only held segments are left ([`LogWriter::break_holds`]).
+    fn choose_next(&mut self, h: usize, room: Room, now: bool) -> Result<()> {
         let need = room.need(self.reserve_segments) as usize;
         if self.heads[h].next_seg != NO_SEGMENT {
             // Named already, perhaps by a class that may go further into
@@ -453,13 +463,11 @@ impl LogWriter {
             return Ok(());
         }
         let free = (0..self.geometry.segment_count).filter(|&s| self.is_free(s)).take(need.max(1)).count();
-        let home = self.home(h);
-        let pick = home
-            .clone()
-            .find(|&s| self.is_free(s))
-            .or_else(|| (0..self.geometry.segment_count).find(|&s| !home.contains(&s) && self.is_free(s)));
-        match pick {
-            Some(seg) if free >= need => {
+        if free < need {
+            return Err(self.no_free_segment());
+        }
+        match self.pick(h, now) {
+            Some(seg) => {
                 let head = &mut self.heads[h];
                 head.next_seg = seg;
                 head.next_named = false;
@@ -467,6 +475,27 @@ impl LogWriter {
             }
             _ => Err(self.no_free_segment()),
         }
+    }
+
+    /// A free segment for head `h`, on its own device first: one no hold
+    /// keeps; with `breaking`, a held one where a device has only those
+    /// (the holds broken), rather than one of the other device.
+    fn pick(&mut self, h: usize, breaking: bool) -> Option<u32> {
+        let home = self.home(h);
+        let other = (0..self.geometry.segment_count).filter(|s| !home.contains(s));
+        for device in [home.clone().collect::<Vec<u32>>(), other.collect()] {
+            if let Some(&s) = device.iter().find(|&&s| self.is_takeable(s)) {
+                return Some(s);
+            }
+            let held = device.iter().copied().find(|&s| self.is_free(s));
+            if held.is_some() {
+                if breaking {
+                    self.break_holds();
+                }
+                return held.filter(|_| breaking);
+            }
+        }
+        None
     }
 
     fn no_free_segment(&self) -> Error {
@@ -618,7 +647,7 @@ impl LogWriter {
     /// and writes one before any journal record
     /// (`Engine::mend_stuck_heads`). The segment it left stays as it is.
     pub fn jump(&mut self, h: usize) -> Result<u32> {
-        self.choose_next(h, Room::System)?;
+        self.choose_next(h, Room::System, true)?;
         Ok(self.move_to_next(h))
     }
 
@@ -657,7 +686,7 @@ impl LogWriter {
 
     /// Move head `h` to its next segment (naming it in a batch first).
     fn advance(&mut self, h: usize, room: Room) -> Result<()> {
-        self.choose_next(h, room)?;
+        self.choose_next(h, room, true)?;
         if !self.heads[h].next_named {
             // An empty batch whose header names the next segment, so that
             // recovery can follow the log there.
@@ -835,7 +864,7 @@ impl LogWriter {
         // Name the successor segment in every batch once there is one.
         if self.heads[h].next_seg == NO_SEGMENT {
             // Best effort: a full device is reported when the segment ends.
-            if let Err(e) = self.choose_next(h, room) {
+            if let Err(e) = self.choose_next(h, room, false) {
                 tracing::debug!("no successor segment named yet: {e}");
             }
         }
@@ -1212,7 +1241,7 @@ mod tests {
 
     /// A writer on `count` segments; with `fast`, the first `fast` are a
     /// fast device's and the bulk head starts after them.
-    fn writer_of(count: u32, fast: Option<u32>) -> LogWriter {
+    pub(super) fn writer_of(count: u32, fast: Option<u32>) -> LogWriter {
         let g = Geometry { segment_size: MIN_SEGMENT_SIZE, segment_count: count };
         let store: Arc<dyn Store> = Arc::new(MemStore::new(g));
         let alt = fast.map(|f| HeadPos { seg: f, offset: 0, next_seg: NO_SEGMENT, seg_prev_crc: 0 });

@@ -197,9 +197,8 @@ impl<'a> Checker<'a> {
 
     /// The bytes of data blocks the segments count live, for progress
     /// while the blocks of several spans are read.
-    pub(super) fn block_bytes_estimate(&self) -> Result<u64> {
-        let usage = self.st.eng.usage_check()?;
-        Ok(usage.iter().map(|(u, own)| u64::from(u.live).saturating_sub(*own)).sum())
+    pub(super) fn block_bytes_estimate(&self) -> u64 {
+        self.usage.iter().map(|(u, own)| u64::from(u.live).saturating_sub(*own)).sum()
     }
 
     /// The checks of the blocks in the maps: their reference lists and
@@ -331,7 +330,7 @@ impl<'a> Checker<'a> {
     /// a leak, which a crash or a failed operation may leave (FORMAT.md
     /// §7) and the cleaner drops, but which nothing else should.
     pub(super) fn segment_usage(&mut self, per_seg: &HashMap<u32, u64>) -> Result<()> {
-        for (seg, (u, own)) in self.st.eng.usage_check()?.into_iter().enumerate() {
+        for (seg, &(u, own)) in self.usage.iter().enumerate() {
             let data = per_seg.get(&(seg as u32)).copied().unwrap_or(0);
             let (live, want) = (u64::from(u.live), data + own);
             if live < want {

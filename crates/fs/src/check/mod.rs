@@ -4,13 +4,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use zlogfs_engine::BlockAddr;
+use zlogfs_engine::{BlockAddr, ReadPin, SegUsage};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::keys::*;
 use crate::ops::namespace::name_str;
+use crate::state::group::Group;
 use crate::state::State;
-use crate::Fs;
+use crate::{Fs, FsOptions};
 
 mod blocks;
 mod history;
@@ -185,6 +186,9 @@ const ORPHAN: u8 = 4;
 /// as all of it allows.
 struct Checker<'a> {
     st: &'a State,
+    /// Each segment's usage and the engine's own bytes in it, counted
+    /// when `st` was pinned.
+    usage: &'a [(SegUsage, u64)],
     /// The image's chunk size (files without their own).
     cs: u64,
     rep: CheckReport,
@@ -234,10 +238,61 @@ impl Fs {
 
     /// [`Fs::check`] with `memory` bytes of tables: less means more passes
     /// over the directory entries and the chunks.
+    ///
+    /// It reads the file system as it was when it started, without its
+    /// lock: requests go on meanwhile (at ten million files a check takes
+    /// minutes). A writer that needs the segments it reads breaks it off:
+    /// then [`Error::Again`], and nothing is reported.
     pub fn check_within(&self, memory: usize, progress: &dyn Fn(u64, u64)) -> Result<CheckReport> {
-        let mut st = self.st();
-        st.commit()?;
-        let mut c = Checker::new(&st, memory);
+        let pinned = Pinned::take(self)?;
+        let rep = pinned.check(memory, progress);
+        // Broken, what it found may come from rewritten segments.
+        pinned.going()?;
+        rep
+    }
+}
+
+/// The file system as it was at one commit, for reading without its
+/// lock: the index pinned there, the segments that held live blocks then
+/// kept from reuse, and their usage counted then.
+struct Pinned {
+    /// A read-only state reading at the pinned sequence number.
+    st: State,
+    usage: Vec<(SegUsage, u64)>,
+    pin: ReadPin,
+}
+
+impl Pinned {
+    /// Under the file system's lock, after a commit: the usage counted
+    /// once the group is written (`usage_check` syncs, so every block the
+    /// index names is counted), the pin, the group as committed.
+    fn take(fs: &Fs) -> Result<Pinned> {
+        let mut live = fs.st();
+        live.commit()?;
+        let eng = live.eng.clone();
+        let usage = eng.usage_check()?;
+        let pin = eng.read_pin();
+        let group = Group::open(&eng)?;
+        drop(live);
+        // The checker reads blocks from the engine, not through a cache.
+        let opts = FsOptions { read_only: true, cache_bytes: 0, dirty_bytes: 0, ..FsOptions::default() };
+        Ok(Pinned { st: State::new(eng, group, &opts, Some(pin.seq())), usage, pin })
+    }
+
+    /// [`Error::Again`] once a writer broke the pin.
+    fn going(&self) -> Result<()> {
+        if self.pin.broken() {
+            return Err(Error::Again(
+                "the check gave way to writers that needed the log's last free segments: \
+                 run it again when the file system has more room (or unmounted)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check(&self, memory: usize, progress: &dyn Fn(u64, u64)) -> Result<CheckReport> {
+        let mut c = Checker::new(&self.st, &self.usage, memory);
         if c.damage() {
             return Ok(c.rep);
         }
@@ -246,11 +301,12 @@ impl Fs {
         let one = spans.len() == 1;
         c.rep.passes.0 = spans.len();
         for (i, &(span, count)) in spans.iter().enumerate() {
+            self.going()?;
             c.inode_span(span, count, i == 0, one)?;
         }
         c.check_reserved();
         let mut per_seg = HashMap::new();
-        let total = c.block_bytes_estimate()?;
+        let total = c.block_bytes_estimate();
         if c.gathering {
             c.segs = (0, None);
             c.rep.passes.1 = 1;
@@ -260,6 +316,7 @@ impl Fs {
             let spans = c.seg_spans();
             c.rep.passes.1 = spans.len();
             for segs in spans {
+                self.going()?;
                 c.segs = segs;
                 c.gather()?;
                 c.block_span(&mut per_seg, progress, total)?;
@@ -275,9 +332,10 @@ impl Fs {
 }
 
 impl<'a> Checker<'a> {
-    fn new(st: &'a State, memory: usize) -> Self {
+    fn new(st: &'a State, usage: &'a [(SegUsage, u64)], memory: usize) -> Self {
         Checker {
             st,
+            usage,
             cs: st.group.chunk_size(),
             rep: CheckReport::default(),
             memory,

@@ -2,31 +2,48 @@
 
 use std::sync::Arc;
 
-use zlogfs_engine::store::{Geometry, MemStore};
+use zlogfs_engine::store::{FaultStore, Geometry};
 
 use super::*;
 use crate::{FsOptions, MkfsOptions};
 
+/// A xorshift stream from `seed`.
+fn stream(seed: u64) -> impl Iterator<Item = u64> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    std::iter::repeat_with(move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    })
+}
+
 /// Bytes of no pattern a codec finds much in (each file its own).
 fn bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % 7) as u8 + b'a'
-        })
-        .collect()
+    stream(seed).take(n).map(|x| (x % 7) as u8 + b'a').collect()
+}
+
+/// Bytes no codec shrinks.
+fn noise(n: usize, seed: u64) -> Vec<u8> {
+    stream(seed).take(n).map(|x| (x >> 32) as u8).collect()
 }
 
 /// A tree of directories, small files (packed: shared blocks), large
 /// files (owned blocks over several segments), empty files, hard links
 /// and xattrs.
 fn tree() -> Fs {
+    tree_of(MkfsOptions::default().history)
+}
+
+/// [`tree`] with automatic points of history kept by `history`, on a
+/// store whose freed segments turn to junk (a check reading one it
+/// should still hold finds damage).
+fn tree_of(history: crate::retention::Policy) -> Fs {
+    let store = FaultStore::new(Geometry { segment_size: 256 << 10, segment_count: 64 });
+    store.junk_freed(true);
     let (_, fs) = crate::testing::fresh_on(
-        Arc::new(MemStore::new(Geometry { segment_size: 256 << 10, segment_count: 64 })),
-        &MkfsOptions { pack_bytes: 32 << 10, chunk_size: 32 << 10, ..MkfsOptions::default() },
+        Arc::new(store),
+        &MkfsOptions { pack_bytes: 32 << 10, chunk_size: 32 << 10, history, ..MkfsOptions::default() },
         crate::testing::quiet(FsOptions::default()),
     );
     for d in 0..4u64 {
@@ -157,4 +174,120 @@ fn many_passes_find_what_one_pass_finds() {
         let many = fs.check_within(memory, &|_, _| {}).unwrap();
         assert_eq!(summary(&many), summary(&one), "damaged, in {memory} bytes");
     }
+}
+
+/// Run a check on another thread; at its first progress report (with
+/// the check under way), run `work` here and let the check go on. What
+/// the check returned, and whether `work` finished while the check was
+/// under way (a check holding the file system's lock would keep it
+/// waiting until the check ends: then false, after 30 s).
+fn check_during(fs: &Fs, work: impl FnOnce()) -> (Result<CheckReport>, bool) {
+    use std::sync::mpsc;
+    let (started, wait_started) = mpsc::channel();
+    let (done, wait_done) = mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let checker = s.spawn(move || {
+            let during = std::cell::Cell::new(None);
+            let rep = fs.check(&|_, _| {
+                if during.get().is_none() {
+                    started.send(()).unwrap();
+                    during.set(Some(wait_done.recv_timeout(std::time::Duration::from_secs(30)).is_ok()));
+                }
+            });
+            (rep, during.get().unwrap_or(false))
+        });
+        wait_started.recv().expect("the check reports progress");
+        work();
+        let _ = done.send(());
+        checker.join().unwrap()
+    })
+}
+
+/// Changes of every kind the checker cross-checks: a chunk overwritten,
+/// a packed file deleted (its shared block's list shrinks), a hard link
+/// made, an xattr set, files created, one renamed; durable.
+fn change_the_tree(fs: &Fs) {
+    let d0 = fs.lookup(ROOT, b"d0").unwrap().ino;
+    let d1 = fs.lookup(ROOT, b"d1").unwrap().ino;
+    let big = fs.lookup(d0, b"f0").unwrap().ino;
+    fs.write(big, 0, &bytes(300_000, 77)).unwrap();
+    fs.unlink(d1, b"f2").unwrap();
+    let f3 = fs.lookup(d1, b"f3").unwrap().ino;
+    fs.link(f3, d0, b"f3-again").unwrap();
+    fs.setxattr(f3, b"user.later", b"y", 0).unwrap();
+    for name in [&b"new"[..], b"newer"] {
+        let n = fs.create(d1, name, 0o644, 0, 0).unwrap().ino;
+        fs.write(n, 0, &bytes(50_000, 78)).unwrap();
+    }
+    fs.rename(d1, b"f4", d0, b"f4-moved", 0).unwrap();
+    fs.sync().unwrap();
+}
+
+/// A check reads the file system as it was when it was pinned: every
+/// pass (links, chunks, shared-block lists, segment usage) finds what a
+/// check before the changes found, though the changes were made and
+/// synced between the pin and the passes, on a store that turns freed
+/// segments to junk.
+#[test]
+fn a_check_reads_the_image_as_it_was_pinned() {
+    let fs = tree_of(crate::retention::Policy::NONE);
+    // A file of segments of its own, whose delete empties them.
+    let old = fs.create(ROOT, b"old", 0o644, 0, 0).unwrap().ino;
+    fs.write(old, 0, &noise(2 << 20, 3)).unwrap();
+    fs.sync().unwrap();
+    let before = fs.check(&|_, _| {}).unwrap();
+    assert!(before.problems.is_empty() && before.leaked.is_empty(), "{}", summary(&before));
+    let pinned = Pinned::take(&fs).unwrap();
+    fs.unlink(ROOT, b"old").unwrap();
+    fs.sync().unwrap();
+    // A checkpoint tells the store which segments are free (junk here).
+    fs.eng.settle().unwrap();
+    change_the_tree(&fs);
+    fs.eng.settle().unwrap();
+    let rep = pinned.check(CHECK_MEMORY, &|_, _| {}).unwrap();
+    assert!(!pinned.pin.broken());
+    assert_eq!(summary(&rep), summary(&before));
+    drop(pinned);
+    let after = fs.check(&|_, _| {}).unwrap();
+    assert!(after.problems.is_empty() && after.leaked.is_empty(), "{}", summary(&after));
+    assert_eq!(after.inodes, before.inodes, "two created, two deleted");
+}
+
+/// A check does not hold the file system's lock: writers go on while it
+/// runs (issue 45: at 10M files a check on a mount held every request
+/// for minutes).
+#[test]
+fn a_check_lets_writers_go_on() {
+    let fs = tree();
+    let (rep, during) = check_during(&fs, || change_the_tree(&fs));
+    assert!(during, "the writes waited for the check");
+    let rep = rep.unwrap();
+    assert!(rep.problems.is_empty() && rep.leaked.is_empty(), "{}", summary(&rep));
+}
+
+/// A writer that needs the segments a check holds takes them: the write
+/// succeeds, and the check says it gave way (EAGAIN) instead of reporting
+/// what it read from rewritten segments. Run again, it is clean.
+#[test]
+fn a_writer_short_of_segments_breaks_off_a_check() {
+    // No automatic points: the blocks a delete frees are free at once.
+    let fs = tree_of(crate::retention::Policy::NONE);
+    let old = fs.create(ROOT, b"old", 0o644, 0, 0).unwrap().ino;
+    fs.write(old, 0, &noise(8 << 20, 1)).unwrap();
+    fs.sync().unwrap();
+    let (rep, during) = check_during(&fs, || {
+        // Its segments empty, held: the new file needs some of them.
+        fs.unlink(ROOT, b"old").unwrap();
+        fs.sync().unwrap();
+        let new = fs.create(ROOT, b"new", 0o644, 0, 0).unwrap().ino;
+        fs.write(new, 0, &noise(8 << 20, 2)).expect("the room a writer was granted");
+        fs.sync().expect("the room a writer was granted");
+    });
+    assert!(during, "the writes waited for the check");
+    match rep {
+        Err(crate::Error::Again(m)) => assert!(m.contains("run it again"), "{m}"),
+        other => panic!("the check went on over rewritten segments: {other:?}"),
+    }
+    let after = fs.check(&|_, _| {}).unwrap();
+    assert!(after.problems.is_empty() && after.leaked.is_empty(), "{}", summary(&after));
 }

@@ -69,7 +69,10 @@ fn clean_if_low(inner: &Inner, eng: &Engine) {
     let es = eng.stats();
     let low = (g.segment_count / 64).max(es.reserve_segments + 4);
     demote_if_fast_low(inner, eng, &es);
-    if es.free_segments + es.pinned_segments >= low {
+    // A check holding the segments it reads (`Engine::read_pin`): those
+    // emptied now could not be taken until it ends (a writer short of
+    // room breaks it).
+    if es.free_segments + es.pinned_segments >= low || eng.read_pinned() {
         return;
     }
     let opts =
@@ -106,7 +109,9 @@ fn rounds(inner: &Inner, opts: &CleanOptions, what: &str) -> CleanReport {
 /// cold ones wait on the bulk one; the index runs that reclaiming
 /// rewrites stay up.
 fn demote_if_fast_low(inner: &Inner, eng: &Engine, es: &EngineStats) {
-    let Some(bulk) = &es.bulk else { return };
+    // While a check holds the segments it reads, those it empties on the
+    // fast device could not be taken (see `clean_if_low`).
+    let Some(bulk) = es.bulk.as_ref().filter(|_| !eng.read_pinned()) else { return };
     let fast = &es.fast;
     let (low, target) = demote_marks(fast.segments);
     if fast.free_segments >= low || bulk.free_segments < target + CLEAN_BURST {
