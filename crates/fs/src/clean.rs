@@ -452,6 +452,13 @@ impl State {
         all
     }
 
+    /// What a round's moves may take of the log: the room of the
+    /// cleaner's class, less an eighth for live data that grows a little
+    /// when repacked.
+    fn clean_room(&self) -> u64 {
+        self.eng.room_bytes(Room::Clean) * 7 / 8
+    }
+
     fn clean_round_inner(
         &mut self,
         opts: &CleanOptions,
@@ -474,7 +481,7 @@ impl State {
         // As many victims as the room the cleaner may use can take (their
         // live data may grow a little when repacked); one that does not
         // fit is passed over (moving it would fail half way).
-        let budget = self.eng.room_bytes(Room::Clean) * 7 / 8;
+        let budget = self.clean_room();
         let mut victims = Vec::new();
         let mut take = 0u64;
         for v in self.candidates(opts, left.min(ROUND) + tried.len()) {
@@ -509,7 +516,7 @@ impl State {
             .collect();
         let mut ok = Vec::new();
         for (n, v) in victims.iter().enumerate() {
-            let left = (self.eng.room_bytes(Room::Clean) * 7 / 8).saturating_sub(self.bufs.bytes() as u64);
+            let left = self.clean_room().saturating_sub(self.bufs.bytes() as u64);
             let need = u64::from(v.live) * worst;
             if n > 0 && (rep.moved_bytes - start + need > budget || need > left) {
                 break;

@@ -481,18 +481,18 @@ impl LogWriter {
     /// keeps; with `breaking`, a held one where a device has only those
     /// (the holds broken), rather than one of the other device.
     fn pick(&mut self, h: usize, breaking: bool) -> Option<u32> {
-        let home = self.home(h);
-        let other = (0..self.geometry.segment_count).filter(|s| !home.contains(s));
-        for device in [home.clone().collect::<Vec<u32>>(), other.collect()] {
-            if let Some(&s) = device.iter().find(|&&s| self.is_takeable(s)) {
+        let (home, count) = (self.home(h), self.geometry.segment_count);
+        for on_home in [true, false] {
+            let device = || (0..count).filter(|s| home.contains(s) == on_home);
+            if let Some(s) = device().find(|&s| self.is_takeable(s)) {
                 return Some(s);
             }
-            let held = device.iter().copied().find(|&s| self.is_free(s));
-            if held.is_some() {
-                if breaking {
-                    self.break_holds();
+            if let Some(s) = device().find(|&s| self.is_free(s)) {
+                if !breaking {
+                    return None;
                 }
-                return held.filter(|_| breaking);
+                self.break_holds();
+                return Some(s);
             }
         }
         None

@@ -109,9 +109,12 @@ fn rounds(inner: &Inner, opts: &CleanOptions, what: &str) -> CleanReport {
 /// cold ones wait on the bulk one; the index runs that reclaiming
 /// rewrites stay up.
 fn demote_if_fast_low(inner: &Inner, eng: &Engine, es: &EngineStats) {
+    let Some(bulk) = &es.bulk else { return };
     // While a check holds the segments it reads, those it empties on the
     // fast device could not be taken (see `clean_if_low`).
-    let Some(bulk) = es.bulk.as_ref().filter(|_| !eng.read_pinned()) else { return };
+    if eng.read_pinned() {
+        return;
+    }
     let fast = &es.fast;
     let (low, target) = demote_marks(fast.segments);
     if fast.free_segments >= low || bulk.free_segments < target + CLEAN_BURST {
